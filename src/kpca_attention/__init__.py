@@ -1,0 +1,21 @@
+"""kpca-attention: the kernel-PCA view of self-attention.
+
+RPC-Attention (Teo & Nguyen, NeurIPS 2024) as drop-in timm layers, the paper's models, robustness
+evaluation, and the KPCA diagnostics of both the paper and its critique (arXiv 2505.07908).
+"""
+
+from .layers import RPCAttention, ScaledAttention, SymmetricAttention, configure, replace_attention
+from .pap import pap, pap_mu, shrink
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "pap",
+    "pap_mu",
+    "shrink",
+    "SymmetricAttention",
+    "RPCAttention",
+    "ScaledAttention",
+    "configure",
+    "replace_attention",
+]

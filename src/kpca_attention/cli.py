@@ -1,0 +1,24 @@
+"""The ``kpca-attention`` command line. Each command lives beside the library code it calls and
+is registered here, so the CLI stays a thin layer over the library."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="kpca-attention",
+    help="RPC-Attention models, robustness evaluation and kernel-PCA diagnostics of attention.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+# --- command registrations (one line per command; keep sorted by area) -----------------------
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

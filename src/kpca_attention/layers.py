@@ -1,0 +1,340 @@
+"""Attention layers of the kernel-PCA view, drop-in for timm's ``Attention``.
+
+Every layer takes timm's constructor arguments (``dim, num_heads, qkv_bias, qk_norm, scale_norm,
+proj_bias, attn_drop, proj_drop, norm_layer, device, dtype``) and ``forward(x, attn_mask=None,
+is_causal=False)`` with ``x`` of shape ``(B, N, C)``, so each can be given to
+``timm.models.vision_transformer.VisionTransformer`` or ``Block`` as ``attn_layer``.
+
+* :class:`SymmetricAttention` - one Linear(dim, 2 dim) for K and V, no Q: softmax(K K^T / sqrt(D)) V.
+* :class:`RPCAttention` - Principal Attention Pursuit (:func:`kpca_attention.pap.pap`) on K, V;
+  ``symmetric=False`` adds queries (the paper's appendix E.9).
+* :class:`ScaledAttention` - Q, K, V with output A (I - S) V (paper Remark 3 / E.1).
+
+Named hook points (TransformerLens style): ``hook_q``, ``hook_k``, ``hook_v`` are identity modules
+that see the per-head ``(B, H, N, D)`` tensors (bias included, after qk-norm); register a forward
+hook on them to read q, k, v of any layer. In symmetric layers ``hook_q`` sees the keys (Q = K).
+
+timm calls ``issubclass(attn_layer, ...)``, so options cannot be bound with ``functools.partial``:
+:func:`configure` makes a subclass with new constructor defaults instead.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .pap import THRESHOLDS, pap
+
+__all__ = [
+    "SymmetricAttention",
+    "RPCAttention",
+    "ScaledAttention",
+    "configure",
+    "replace_attention",
+    "resolve_blocks",
+]
+
+
+class _HeadsAttention(nn.Module):
+    """Shared plumbing: projections to heads, qk-norm, hook points, output projection."""
+
+    #: names of the input projections this layer has, in the order they are stacked
+    projections: tuple[str, ...] = ("q", "k", "v")
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Callable[..., nn.Module] | None = None,
+        device: Any = None,
+        dtype: Any = None,
+        **_ignored: Any,  # e.g. timm's ``depth``; accepted for drop-in compatibility
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        if (qk_norm or scale_norm) and norm_layer is None:
+            raise ValueError("norm_layer must be given when qk_norm or scale_norm is True")
+        dd = {"device": device, "dtype": dtype}
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.attn_dim = dim
+        in_proj = nn.Linear(dim, len(self.projections) * dim, bias=qkv_bias, **dd)
+        # timm's name for the fused projection is ``qkv``; the symmetric one holds only K and V.
+        self.add_module("".join(self.projections), in_proj)
+        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm and "q" in self.projections else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.hook_q, self.hook_k, self.hook_v = nn.Identity(), nn.Identity(), nn.Identity()
+
+    @property
+    def in_proj(self) -> nn.Linear:
+        return getattr(self, "".join(self.projections))
+
+    def split_heads(self, x: Tensor) -> dict[str, Tensor]:
+        """``(B, N, C)`` -> ``{"q"?, "k", "v"}`` each ``(B, H, N, D)``, normed and hooked."""
+        b, n, _ = x.shape
+        parts = self.in_proj(x).reshape(b, n, len(self.projections), self.num_heads, self.head_dim)
+        out = dict(zip(self.projections, parts.permute(2, 0, 3, 1, 4).unbind(0)))
+        out["k"] = self.hook_k(self.k_norm(out["k"]))
+        out["q"] = self.hook_q(self.q_norm(out["q"])) if "q" in out else self.hook_q(out["k"])
+        out["v"] = self.hook_v(out["v"])
+        return out
+
+    def attend(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.attn_dim:
+            raise ValueError(f"{type(self).__name__}: x must be (B, N, {self.attn_dim}), got {tuple(x.shape)}")
+        b, n, _ = x.shape
+        out = self.attend(self.split_heads(x), attn_mask, is_causal)  # (B, H, N, D)
+        out = self.norm(out.transpose(1, 2).reshape(b, n, self.attn_dim))
+        return self.proj_drop(self.proj(out))
+
+    @property
+    def dropout_p(self) -> float:
+        return self.attn_drop.p if self.training else 0.0
+
+
+class SymmetricAttention(_HeadsAttention):
+    """Symmetric softmax attention: ``softmax(K K^T / sqrt(D)) V`` (W_Q = W_K, bias included)."""
+
+    projections = ("k", "v")
+
+    def attend(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        k = qkv["k"]
+        return F.scaled_dot_product_attention(
+            k, k, qkv["v"], attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.dropout_p
+        )
+
+
+class RPCAttention(_HeadsAttention):
+    """Attention with Robust Principal Components: ``n_iter`` steps of PAP on (K, V).
+
+    Args (besides timm's):
+        n_iter: PAP softmax evaluations (official README: 4 in the first layer).
+        lam: lambda of the shrinkage threshold (official: 4).
+        threshold: ``"lambda_mu"`` (official code) or ``"lambda_over_mu"`` (paper).
+        mu_dim: width in mu = N * mu_dim / (4 ||K||_1); None = full width (official code).
+        symmetric: False adds a query projection, softmax(Q (K - S - Y/mu)^T) V (paper E.9).
+        record_trace: keep the per-iteration PAP diagnostics of the last forward in
+            ``self.last_trace`` (off by default: nothing extra is computed).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *args: Any,
+        n_iter: int = 4,
+        lam: float = 4.0,
+        threshold: str = "lambda_mu",
+        mu_dim: int | None = None,
+        symmetric: bool = True,
+        record_trace: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if n_iter < 1:
+            raise ValueError(f"RPCAttention: n_iter must be >= 1, got {n_iter}")
+        if lam <= 0:
+            raise ValueError(f"RPCAttention: lam must be > 0, got {lam}")
+        if threshold not in THRESHOLDS:
+            raise ValueError(f"RPCAttention: unknown threshold {threshold!r}; valid: {', '.join(THRESHOLDS)}")
+        self.projections = ("k", "v") if symmetric else ("q", "k", "v")
+        super().__init__(dim, num_heads, *args, **kwargs)
+        self.n_iter, self.lam, self.threshold, self.mu_dim = n_iter, lam, threshold, mu_dim
+        self.symmetric = symmetric
+        self.record_trace = record_trace
+        self.last_trace: dict | None = None
+
+    def attend(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        result = pap(
+            qkv["k"], qkv["v"], self.n_iter, self.lam,
+            mu_dim=self.mu_dim, threshold=self.threshold,
+            q=None if self.symmetric else qkv["q"],
+            attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.dropout_p,
+            return_info=self.record_trace,
+        )
+        if self.record_trace:
+            result, self.last_trace = result
+        return result
+
+    def extra_repr(self) -> str:
+        return (f"n_iter={self.n_iter}, lam={self.lam}, threshold={self.threshold!r}, "
+                f"mu_dim={self.mu_dim}, symmetric={self.symmetric}")
+
+
+class ScaledAttention(_HeadsAttention):
+    """Scaled Attention (paper Remark 3, appendix E.1): ``A (I - S) V`` with A = softmax(Q K^T / sqrt(D)).
+
+    Args (besides timm's):
+        mode: ``"scalar"``: S = alpha * A_sym with A_sym = softmax(K K^T / sqrt(D)) and one learned
+            alpha per layer (init 0); ``"matrix"``: a learned S of shape (H, N, N) (init 0), which
+            fixes the number of tokens.
+        num_tokens: N, required by ``mode="matrix"``.
+
+    Both modes start as ordinary attention (S = 0). Computed without forming A:
+    ``A (I - S) V = SDPA(Q, K, V - S V)``, where ``S V`` is ``S @ V`` or ``alpha * SDPA(K, K, V)``.
+    """
+
+    MODES = ("scalar", "matrix")
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *args: Any,
+        mode: Literal["scalar", "matrix"] = "scalar",
+        num_tokens: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dim, num_heads, *args, **kwargs)
+        if mode not in self.MODES:
+            raise ValueError(f"ScaledAttention: unknown mode {mode!r}; valid: {', '.join(self.MODES)}")
+        self.mode = mode
+        self.num_tokens = num_tokens
+        if mode == "matrix":
+            if num_tokens is None or num_tokens < 1:
+                raise ValueError("ScaledAttention(mode='matrix') needs num_tokens (the fixed sequence length)")
+            self.scale_s = nn.Parameter(torch.zeros(num_heads, num_tokens, num_tokens))
+        else:
+            self.alpha = nn.Parameter(torch.zeros(1))
+
+    def attend(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        q, k, v = qkv["q"], qkv["k"], qkv["v"]
+        if self.mode == "matrix":
+            n = v.shape[-2]
+            if n != self.num_tokens:
+                raise ValueError(
+                    f"ScaledAttention(mode='matrix') was built for {self.num_tokens} tokens, got {n}"
+                )
+            sv = self.scale_s.to(v.dtype) @ v
+        else:
+            sv = self.alpha * F.scaled_dot_product_attention(k, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        return F.scaled_dot_product_attention(
+            q, k, v - sv, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.dropout_p
+        )
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode!r}, num_tokens={self.num_tokens}"
+
+
+def configure(cls: type[nn.Module], **defaults: Any) -> type[nn.Module]:
+    """A subclass of ``cls`` whose constructor has new keyword defaults (timm needs a class).
+
+    >>> attn_layer = configure(RPCAttention, n_iter=6, lam=4.0)
+    """
+
+    class Configured(cls):  # type: ignore[valid-type, misc]
+        __init__ = functools.partialmethod(cls.__init__, **defaults)  # type: ignore[assignment]
+
+    opts = ", ".join(f"{k}={v!r}" for k, v in defaults.items())
+    Configured.__name__ = Configured.__qualname__ = f"{cls.__name__}[{opts}]"
+    return Configured
+
+
+# ----------------------------------------------------------------------------- replacement
+
+def _projection_slices(layer: nn.Module) -> dict[str, tuple[Tensor, Tensor | None]]:
+    """Weight and bias of each of q, k, v of a timm ``Attention`` or one of this module's layers."""
+    names = getattr(layer, "projections", ("q", "k", "v"))
+    lin = layer.in_proj if isinstance(layer, _HeadsAttention) else getattr(layer, "qkv", None)
+    if not isinstance(lin, nn.Linear):
+        raise TypeError(f"cannot read q/k/v projections of {type(layer).__name__} (no fused qkv Linear)")
+    ws = lin.weight.chunk(len(names), 0)
+    bs = lin.bias.chunk(len(names), 0) if lin.bias is not None else [None] * len(names)
+    out = dict(zip(names, zip(ws, bs)))
+    out.setdefault("q", out["k"])  # symmetric: W_Q = W_K
+    return out
+
+
+@torch.no_grad()
+def _carry_weights(old: nn.Module, new: _HeadsAttention) -> None:
+    src = _projection_slices(old)
+    dst = new.in_proj
+    ws = dst.weight.chunk(len(new.projections), 0)
+    bs = dst.bias.chunk(len(new.projections), 0) if dst.bias is not None else [None] * len(new.projections)
+    for name, w, b in zip(new.projections, ws, bs):
+        w.copy_(src[name][0])
+        if b is not None and src[name][1] is not None:
+            b.copy_(src[name][1])
+    new.proj.load_state_dict(old.proj.state_dict())
+    for norm in ("q_norm", "k_norm", "norm"):
+        a, b = getattr(old, norm, None), getattr(new, norm, None)
+        if isinstance(a, nn.Module) and type(a) is type(b) and not isinstance(a, nn.Identity):
+            b.load_state_dict(a.state_dict())
+
+
+def resolve_blocks(spec: str | int | Iterable[int], depth: int) -> list[int]:
+    """``"all"``, ``"first"``, ``"none"``, an index, or a list of indices -> sorted block indices."""
+    if isinstance(spec, str):
+        table = {"all": list(range(depth)), "first": [0], "none": [], "last": [depth - 1]}
+        if spec in table:
+            return table[spec]
+        try:
+            spec = [int(s) for s in spec.split(",") if s.strip()]
+        except ValueError:
+            raise ValueError(
+                f"unknown block spec {spec!r}; valid: 'all', 'first', 'last', 'none', or indices like '0,3'"
+            ) from None
+    idx = [spec] if isinstance(spec, int) else list(spec)
+    bad = [i for i in idx if not -depth <= i < depth]
+    if bad:
+        raise ValueError(f"block indices {bad} out of range for a model with {depth} blocks")
+    return sorted({i % depth for i in idx})
+
+
+def replace_attention(
+    model: nn.Module,
+    attn_layer: type[nn.Module],
+    blocks: str | int | Sequence[int] = "all",
+    **layer_kwargs: Any,
+) -> list[int]:
+    """Swap the attention of chosen blocks of a timm ``VisionTransformer`` (or anything with
+    ``.blocks[i].attn``) in place, carrying over the weights that have a counterpart: the K and V
+    (and Q, taking W_Q = W_K from a symmetric layer) rows of the input projection, the output
+    projection and the norms. New parameters (e.g. Scaled Attention's S) keep their init.
+
+    Returns the indices of the replaced blocks.
+    """
+    if not hasattr(model, "blocks"):
+        raise TypeError(f"{type(model).__name__} has no .blocks; expected a timm VisionTransformer")
+    chosen = resolve_blocks(blocks, len(model.blocks))
+    for i in chosen:
+        old = model.blocks[i].attn
+        dim = old.proj.in_features
+        qkv_lin = old.in_proj if isinstance(old, _HeadsAttention) else old.qkv
+        kwargs = dict(
+            num_heads=old.num_heads,
+            qkv_bias=qkv_lin.bias is not None,
+            qk_norm=not isinstance(getattr(old, "k_norm", nn.Identity()), nn.Identity),
+            scale_norm=not isinstance(getattr(old, "norm", nn.Identity()), nn.Identity),
+            proj_bias=old.proj.bias is not None,
+            attn_drop=old.attn_drop.p,
+            proj_drop=old.proj_drop.p,
+        )
+        if kwargs["qk_norm"] or kwargs["scale_norm"]:
+            norm = old.k_norm if kwargs["qk_norm"] else old.norm
+            kwargs["norm_layer"] = type(norm)
+        kwargs.update(layer_kwargs)
+        p = next(old.parameters())
+        new = attn_layer(dim, device=p.device, dtype=p.dtype, **kwargs)
+        _carry_weights(old, new)
+        new.train(old.training)
+        model.blocks[i].attn = new
+    return chosen

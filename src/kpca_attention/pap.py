@@ -1,0 +1,341 @@
+"""Principal Attention Pursuit (PAP), Algorithm 1 of Teo & Nguyen (NeurIPS 2024), batched.
+
+Shapes: ``k``, ``v`` (and ``q``) are ``(B, H, N, D)``: batch, heads, tokens, head width.
+
+The official code (github rachtsy/KPCA_code) runs, with L0 = Y0 = 0 and n softmax evaluations::
+
+    mu  = N * C / (4 * ||K_bh||_1)                 one value per (batch, head); C = H * D
+    S_t = shrink(K - L_{t-1} + Y_{t-1} / mu, tau)   tau = lam * mu   (the paper writes lam / mu)
+    X_t = K - S_t - Y_{t-1} / mu
+    L_t = softmax(X_t X_t^T / sqrt(D)) V
+    Y_t = Y_{t-1} + mu (K - L_t - S_t)
+
+Implementation (why it looks different but computes the same numbers):
+
+* The dual only ever appears as ``W = Y / mu``; since mu is constant over the iterations,
+  ``W_t = W_{t-1} + K - L_t - S_t`` and mu enters only through the threshold tau.
+* ``Z - shrink(Z, tau) = clamp(Z, -tau, tau)``. Writing ``C_t = clamp(K - L_{t-1} + W_{t-1})``
+  gives ``X_t = C_t + L_{t-1} - 2 W_{t-1}`` and ``W_t = L_{t-1} - L_t + C_t``: S is never formed,
+  and with L0 = W0 = 0 the first step is just ``X_1 = clamp(K, -tau, tau)``.
+* Each softmax step goes through
+  ``torch.nn.functional.scaled_dot_product_attention`` so no N x N matrix is materialised where
+  SDPA avoids it. Gradients flow through every iteration, mu and tau included (not detached, as
+  in the official code).
+
+Masks:
+
+* ``attn_mask`` is anything SDPA accepts (boolean, True = may attend; or additive float),
+  broadcastable to ``(B, H, N, N)``, or a key-padding mask of shape ``(B, N)`` (boolean, True =
+  real token). A key that no query may attend to is *padding*: it takes no part in mu either.
+* ``is_causal=True``: output i sees nothing from positions > i. The official mu is a mean over
+  the whole sequence and would leak the future, so under a causal mask mu is computed per
+  position from the prefix: ``mu_i = i * C / (4 * sum_{j<=i} ||k_j||_1)`` (equal to the official
+  value at the last position). Every other PAP update is row-wise, hence causal.
+
+Zero keys: ``||K||_1`` is floored at ``eps = torch.finfo(dtype).eps`` (times the token count), so an
+all-zero K gives a large finite mu; S stays 0 (there is nothing to shrink) and the output equals
+symmetric attention of zeros, i.e. the mean of V.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Threshold = Literal["lambda_mu", "lambda_over_mu"]
+THRESHOLDS: tuple[str, ...] = ("lambda_mu", "lambda_over_mu")
+
+__all__ = ["pap", "pap_mu", "shrink", "THRESHOLDS"]
+
+
+def shrink(x: Tensor, tau: Tensor | float) -> Tensor:
+    """Soft-thresholding (the proximal map of tau * ||.||_1): ``sign(x) * max(|x| - tau, 0)``."""
+    return x - torch.clamp(x, -tau, tau) if isinstance(tau, Tensor) else F.softshrink(x, tau)
+
+
+def _check_finite(name: str, t: Tensor) -> None:
+    # A sum is one pass without allocation and propagates NaN/Inf; only when it is not finite
+    # (or overflowed) is the exact elementwise check paid for.
+    if torch.isfinite(t.sum()) or torch.isfinite(t).all():
+        return
+    n_nan = int(torch.isnan(t).sum())
+    n_inf = int(torch.isinf(t).sum())
+    raise ValueError(f"pap: {name} contains non-finite values ({n_nan} NaN, {n_inf} Inf)")
+
+
+def _key_validity(attn_mask: Tensor | None, shape: tuple[int, int, int, int]) -> Tensor | None:
+    """Which keys take part: ``(B, H, N)`` bool, or None when every key does."""
+    if attn_mask is None:
+        return None
+    b, h, n, _ = shape
+    if attn_mask.dtype == torch.bool:
+        valid = attn_mask.any(dim=-2)
+    else:
+        valid = (attn_mask > float("-inf")).any(dim=-2)
+    valid = valid.expand(b, h, n) if valid.dim() == 3 else valid.reshape(*valid.shape[:-1], n)
+    valid = torch.broadcast_to(valid, (b, h, n))
+    return None if bool(valid.all()) else valid
+
+
+def pap_mu(
+    k: Tensor,
+    mu_dim: int | None = None,
+    *,
+    valid: Tensor | None = None,
+    is_causal: bool = False,
+) -> Tensor:
+    """The official step size ``mu = N * mu_dim / (4 * ||K||_1)`` per (batch, head).
+
+    Args:
+        k: keys ``(B, H, N, D)``.
+        mu_dim: the width in the numerator; default ``H * D`` (official code); the paper uses D.
+        valid: ``(B, H, N)`` bool, keys that take part (padding excluded), or None for all.
+        is_causal: compute mu from the prefix at every position (see module docstring).
+
+    Returns:
+        ``(B, H, 1, 1)``, or ``(B, H, N, 1)`` when ``is_causal``.
+    """
+    b, h, n, d = k.shape
+    mu_dim = h * d if mu_dim is None else mu_dim
+    eps = torch.finfo(k.dtype).eps
+    if valid is None and not is_causal:
+        # the common case in one pass without a |K| temporary
+        l1 = torch.linalg.vector_norm(k.flatten(-2), ord=1, dim=-1).unsqueeze(-1)  # (B, H, 1)
+        cnt = torch.full_like(l1, float(n))
+    else:
+        row_l1 = k.abs().sum(-1)  # (B, H, N)
+        count = torch.ones_like(row_l1)
+        if valid is not None:
+            row_l1 = row_l1 * valid
+            count = count * valid
+        if is_causal:
+            l1, cnt = row_l1.cumsum(-1), count.cumsum(-1)
+        else:
+            l1, cnt = row_l1.sum(-1, keepdim=True), count.sum(-1, keepdim=True)
+    cnt = cnt.clamp_min(1.0)
+    mu = cnt * mu_dim / (4.0 * torch.maximum(l1, eps * cnt))
+    return mu.unsqueeze(-1)
+
+
+def _merge_masks(
+    attn_mask: Tensor | None, is_causal: bool, n: int, device: torch.device
+) -> tuple[Tensor | None, bool]:
+    """SDPA takes either a mask or is_causal; combine them into one mask when both are given."""
+    if attn_mask is None or not is_causal:
+        return attn_mask, is_causal
+    causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & causal, False
+    return attn_mask.masked_fill(~causal, float("-inf")), False
+
+
+def _validate(
+    k: Tensor, v: Tensor, q: Tensor | None, n_iter: int, lam: float, threshold: str, dropout_p: float
+) -> None:
+    if k.dim() != 4:
+        raise ValueError(f"pap: k must have shape (B, H, N, D), got {tuple(k.shape)}")
+    if v.dim() != 4 or v.shape[:3] != k.shape[:3]:
+        raise ValueError(
+            f"pap: v must have shape (B, H, N, Dv) with (B, H, N) = {tuple(k.shape[:3])} of k, "
+            f"got {tuple(v.shape)}"
+        )
+    if v.shape[-1] != k.shape[-1]:
+        # L_t (shape of V) is subtracted from K in the next step, so both need width D.
+        raise ValueError(f"pap: v must have the head width of k ({k.shape[-1]}), got {v.shape[-1]}")
+    if q is not None and q.shape != k.shape:
+        raise ValueError(f"pap: q must have the shape of k {tuple(k.shape)}, got {tuple(q.shape)}")
+    if not k.is_floating_point() or v.dtype != k.dtype or (q is not None and q.dtype != k.dtype):
+        raise ValueError(
+            f"pap: k, v (and q) must share one floating dtype, got k {k.dtype}, v {v.dtype}"
+            + (f", q {q.dtype}" if q is not None else "")
+        )
+    if not isinstance(n_iter, int) or n_iter < 1:
+        raise ValueError(f"pap: n_iter must be an integer >= 1, got {n_iter!r}")
+    if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam > 0):
+        raise ValueError(f"pap: lam must be a finite number > 0, got {lam!r}")
+    if threshold not in THRESHOLDS:
+        raise ValueError(f"pap: unknown threshold {threshold!r}; valid: {', '.join(THRESHOLDS)}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"pap: dropout_p must be in [0, 1), got {dropout_p}")
+    _check_finite("k", k)
+    _check_finite("v", v)
+    if q is not None:
+        _check_finite("q", q)
+
+
+def _normalise_mask(attn_mask: Tensor | None, k: Tensor) -> Tensor | None:
+    if attn_mask is None:
+        return None
+    b, _, n, _ = k.shape
+    if attn_mask.dim() == 2 and attn_mask.shape == (b, n) and attn_mask.dtype == torch.bool:
+        return attn_mask[:, None, None, :]  # key padding (B, N) -> (B, 1, 1, N)
+    try:
+        torch.broadcast_shapes(attn_mask.shape, (b, k.shape[1], n, n))
+    except RuntimeError:
+        raise ValueError(
+            f"pap: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, N, N) = "
+            f"{(b, k.shape[1], n, n)}; a key-padding mask must be boolean (B, N) = {(b, n)}"
+        ) from None
+    if attn_mask.dtype != torch.bool and attn_mask.dtype != k.dtype:
+        raise ValueError(f"pap: attn_mask must be bool or {k.dtype}, got {attn_mask.dtype}")
+    if attn_mask.dtype != torch.bool and torch.isnan(attn_mask).any():
+        raise ValueError("pap: additive attn_mask contains NaN")
+    return attn_mask
+
+
+def pap(
+    k: Tensor,
+    v: Tensor,
+    n_iter: int = 4,
+    lam: float = 4.0,
+    *,
+    mu: Tensor | float | None = None,
+    mu_dim: int | None = None,
+    threshold: Threshold = "lambda_mu",
+    q: Tensor | None = None,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    return_info: bool = False,
+) -> Tensor | tuple[Tensor, dict]:
+    """Principal Attention Pursuit: the low-rank output L of RPC-Attention.
+
+    Args:
+        k: keys ``(B, H, N, D)`` (in the symmetric layer also the queries).
+        v: values ``(B, H, N, D)``.
+        n_iter: number of softmax evaluations (>= 1).
+        lam: lambda (> 0); the shrinkage threshold is ``lam * mu`` or ``lam / mu``.
+        mu: explicit step size (scalar, or a tensor broadcastable to ``(B, H, N, 1)``);
+            overrides the official rule of :func:`pap_mu`.
+        mu_dim: width used by the official rule; default ``H * D`` (code), the paper's is ``D``.
+        threshold: ``"lambda_mu"`` (official code, tau = lam * mu) or ``"lambda_over_mu"``
+            (the paper, tau = lam / mu).
+        q: queries ``(B, H, N, D)`` for the asymmetric variant (paper E.9): softmax(Q X^T) V.
+        attn_mask: SDPA mask or ``(B, N)`` key-padding mask (True = real token).
+        is_causal: causal attention, with a prefix mu (nothing from j > i reaches output i).
+        dropout_p: attention dropout, applied to the last softmax only (as the official layer).
+        return_info: also return a dict of per-iteration diagnostics (see :func:`_trace`).
+
+    Returns:
+        ``L`` of shape ``(B, H, N, D)``, or ``(L, info)`` when ``return_info``.
+    """
+    _validate(k, v, q, n_iter, lam, threshold, dropout_p)
+    attn_mask = _normalise_mask(attn_mask, k)
+    valid = _key_validity(attn_mask, tuple(k.shape))
+    if mu is None:
+        mu_t = pap_mu(k, mu_dim, valid=valid, is_causal=is_causal)
+    else:
+        mu_t = torch.as_tensor(mu, dtype=k.dtype, device=k.device)
+        if not torch.isfinite(mu_t).all() or (mu_t <= 0).any():
+            raise ValueError("pap: mu must be finite and > 0")
+    tau = lam * mu_t if threshold == "lambda_mu" else lam / mu_t
+    if tau.dim() < 4:
+        tau = tau.reshape(*([1] * (4 - tau.dim())), *tau.shape)
+    sdpa_mask, sdpa_causal = _merge_masks(attn_mask, is_causal, k.shape[-2], k.device)
+
+    def attend(x: Tensor, last: bool) -> Tensor:
+        return F.scaled_dot_product_attention(
+            x if q is None else q, x, v, attn_mask=sdpa_mask, is_causal=sdpa_causal,
+            dropout_p=dropout_p if last else 0.0,
+        )
+
+    trace = _Trace(k, mu_t, tau, valid) if return_info else None
+    # Without an autograd graph the two state buffers are reused in place: at this size the
+    # page faults of fresh allocations cost more than the arithmetic.
+    in_place = trace is None and not (
+        torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (k, v, q, tau))
+    )
+    neg_tau = -tau
+
+    def clamp(z: Tensor) -> Tensor:
+        # min/max are vectorised; clamp with tensor bounds is ~10x slower on CPU.
+        if in_place:
+            return torch.maximum(torch.minimum(z, tau, out=z), neg_tau, out=z)
+        return torch.maximum(torch.minimum(z, tau), neg_tau)
+
+    # State after step t: L_t and R_t = C_t + L_{t-1}, so that W_t = Y_t / mu = R_t - L_t.
+    # Step 1 (L0 = W0 = 0): X_1 = R_1 = clamp(K).
+    X = R = clamp(k.clone() if in_place else k)
+    L_prev = W_prev = None
+    for t in range(n_iter):
+        last = t == n_iter - 1
+        L = attend(X, last)
+        if trace is not None:
+            trace.record(X, L, L_prev, W_prev)
+            W_prev, L_prev = R - L, L
+        if last:
+            break
+        if in_place:
+            spare = X if X is not R else None
+            E = torch.sub(L, R, out=R)  # E_t = L_t - R_t = -W_t
+            R = clamp(torch.sub(k, E, out=spare).sub_(L)).add_(L)  # R_{t+1} = clamp(K - L_t + W_t) + L_t
+            X = torch.add(R, E, alpha=2.0, out=E)  # X_{t+1} = C_{t+1} + L_t - 2 W_t
+        else:
+            E = L - R
+            R = clamp(torch.sub(k, E).sub_(L)).add_(L)
+            X = torch.add(R, E, alpha=2.0)
+    if trace is not None:
+        return L, trace.info
+    return L
+
+
+class _Trace:
+    """Per-iteration diagnostics of PAP (computed under no_grad, only when asked for).
+
+    Keys of ``info`` (lists with one float per iteration, averaged over batch and heads;
+    ``*_per_head`` lists hold ``(H,)`` tensors averaged over the batch):
+    ``s_density`` fraction of non-zero entries of S; ``tau`` mean threshold; ``k_abs_max`` mean
+    over (batch, head) of max |K|; ``primal_residual`` ||K - L - S||_F / ||K||_F; ``dual_norm``
+    ||Y||_F / ||K||_F; ``l_change`` ||L_t - L_{t-1}||_F / ||L_t||_F (NaN at t = 1).
+    """
+
+    KEYS = ("s_density", "tau", "k_abs_max", "primal_residual", "dual_norm", "l_change")
+
+    def __init__(self, k: Tensor, mu: Tensor, tau: Tensor, valid: Tensor | None) -> None:
+        with torch.no_grad():
+            self.k = k.detach()
+            self.mu = mu.detach()
+            self.tau = tau.detach()
+            # Row weights: padded tokens take no part in the statistics either.
+            self.row_w = None if valid is None else valid.to(k.dtype).unsqueeze(-1)
+            self.k_norm = self._fro(self.k).clamp_min(torch.finfo(k.dtype).tiny)
+            self.k_abs_max = self._masked(self.k.abs()).amax(dim=(-2, -1))
+        self.info: dict[str, list] = {}
+        for key in self.KEYS:
+            self.info[key] = []
+            self.info[key + "_per_head"] = []
+
+    def _masked(self, x: Tensor) -> Tensor:
+        return x if self.row_w is None else x * self.row_w
+
+    def _fro(self, x: Tensor) -> Tensor:
+        return self._masked(x).pow(2).sum(dim=(-2, -1)).sqrt()  # (B, H)
+
+    def _add(self, key: str, per_bh: Tensor) -> None:
+        per_head = per_bh.float().mean(0).cpu()
+        self.info[key].append(float(per_head.mean()))
+        self.info[key + "_per_head"].append(per_head)
+
+    @torch.no_grad()
+    def record(self, X: Tensor, L: Tensor, L_prev: Tensor | None, W_prev: Tensor | None) -> None:
+        """One step: X_t (softmax input), L_t, L_{t-1} and W_{t-1} = Y_{t-1} / mu (None at t = 1)."""
+        X, L = X.detach(), L.detach()
+        W0 = torch.zeros_like(self.k) if W_prev is None else W_prev.detach()
+        S = self.k - X - W0  # from X_t = K - S_t - W_{t-1}
+        nonzero = self._masked((S != 0).to(self.k.dtype)).sum(dim=(-2, -1))
+        n_rows = self.k.shape[-2] if self.row_w is None else self.row_w.sum(dim=(-2, -1))
+        self._add("s_density", nonzero / (n_rows * self.k.shape[-1]))
+        tau_rows = self.tau.expand(*self.k.shape[:3], 1)
+        self._add("tau", self._masked(tau_rows).sum(dim=(-2, -1)) / n_rows)
+        self._add("k_abs_max", self.k_abs_max)
+        residual = self.k - L - S  # = W_t - W_{t-1}
+        self._add("primal_residual", self._fro(residual) / self.k_norm)
+        self._add("dual_norm", self._fro(self.mu * (W0 + residual)) / self.k_norm)
+        if L_prev is None:
+            self._add("l_change", torch.full(self.k.shape[:2], float("nan")))
+        else:
+            self._add("l_change", self._fro(L - L_prev.detach()) / self._fro(L).clamp_min(1e-30))
