@@ -45,6 +45,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 Threshold = Literal["lambda_mu", "lambda_over_mu"]
 THRESHOLDS: tuple[str, ...] = ("lambda_mu", "lambda_over_mu")
@@ -67,16 +68,25 @@ def _check_finite(name: str, t: Tensor) -> None:
     raise ValueError(f"pap: {name} contains non-finite values ({n_nan} NaN, {n_inf} Inf)")
 
 
+def _visible(attn_mask: Tensor) -> Tensor:
+    """Boolean "query i may attend to key j" of a normalised mask, shape ``(..., N | 1, N | 1)``.
+
+    An additive mask hides a key with ``-inf`` or with a large negative number (at most half the
+    dtype's lowest value, the convention of Hugging Face masks): either gives it softmax weight 0.
+    """
+    if attn_mask.dtype == torch.bool:
+        return attn_mask
+    return attn_mask > torch.finfo(attn_mask.dtype).min / 2
+
+
 def _key_validity(attn_mask: Tensor | None, shape: tuple[int, int, int, int]) -> Tensor | None:
-    """Which keys take part: ``(B, H, N)`` bool, or None when every key does."""
+    """Which keys take part: ``(B, H, N)`` bool (False = padding, a key no query may attend to),
+    or None when every key does."""
     if attn_mask is None:
         return None
     b, h, n, _ = shape
-    if attn_mask.dtype == torch.bool:
-        valid = attn_mask.any(dim=-2)
-    else:
-        valid = (attn_mask > float("-inf")).any(dim=-2)
-    valid = valid.expand(b, h, n) if valid.dim() == 3 else valid.reshape(*valid.shape[:-1], n)
+    valid = _visible(attn_mask).any(dim=-2)
+    valid = valid.reshape((1,) * (3 - valid.dim()) + tuple(valid.shape))
     valid = torch.broadcast_to(valid, (b, h, n))
     return None if bool(valid.all()) else valid
 
@@ -85,37 +95,50 @@ def pap_mu(
     k: Tensor,
     mu_dim: int | None = None,
     *,
-    valid: Tensor | None = None,
+    attn_mask: Tensor | None = None,
     is_causal: bool = False,
 ) -> Tensor:
     """The official step size ``mu = N * mu_dim / (4 * ||K||_1)`` per (batch, head).
 
+    With a mask, every query row i gets its own ``mu_i = n_i * mu_dim / (4 * sum_{j in V_i} ||k_j||_1)``
+    over the set V_i of the n_i keys that query i may attend to, so that mu carries nothing across
+    the mask: padded keys take no part, and under a causal mask V_i is the prefix j <= i.
+    Without a mask every V_i is the whole sequence and this is the official value.
+
     Args:
         k: keys ``(B, H, N, D)``.
         mu_dim: the width in the numerator; default ``H * D`` (official code); the paper uses D.
-        valid: ``(B, H, N)`` bool, keys that take part (padding excluded), or None for all.
-        is_causal: compute mu from the prefix at every position (see module docstring).
+        attn_mask: an SDPA mask (bool, True = may attend; or additive float), broadcastable to
+            ``(B, H, N, N)``.
+        is_causal: add the causal mask (V_i = {j <= i}).
 
     Returns:
-        ``(B, H, 1, 1)``, or ``(B, H, N, 1)`` when ``is_causal``.
+        ``(B, H, 1, 1)`` when all queries see the same keys (no mask, key padding), else
+        ``(B, H, N, 1)``. A zero ``||K||_1`` is floored at ``n_i * eps`` (see the module docstring).
     """
     b, h, n, d = k.shape
     mu_dim = h * d if mu_dim is None else mu_dim
     eps = torch.finfo(k.dtype).eps
-    if valid is None and not is_causal:
+    if attn_mask is None and not is_causal:
         # the common case in one pass without a |K| temporary
-        l1 = torch.linalg.vector_norm(k.flatten(-2), ord=1, dim=-1).unsqueeze(-1)  # (B, H, 1)
+        l1 = torch.linalg.vector_norm(k.flatten(-2), ord=1, dim=-1)[:, :, None]  # (B, H, 1)
         cnt = torch.full_like(l1, float(n))
     else:
         row_l1 = k.abs().sum(-1)  # (B, H, N)
-        count = torch.ones_like(row_l1)
-        if valid is not None:
-            row_l1 = row_l1 * valid
-            count = count * valid
-        if is_causal:
-            l1, cnt = row_l1.cumsum(-1), count.cumsum(-1)
+        if attn_mask is None:  # causal only: prefix sums
+            l1 = row_l1.cumsum(-1)
+            cnt = torch.arange(1, n + 1, dtype=k.dtype, device=k.device)
         else:
-            l1, cnt = row_l1.sum(-1, keepdim=True), count.sum(-1, keepdim=True)
+            vis = _visible(attn_mask)
+            vis = torch.broadcast_to(vis, (*vis.shape[:-1], n))
+            if is_causal:
+                vis = vis & torch.ones(n, n, dtype=torch.bool, device=k.device).tril()
+            vis_f = vis.to(k.dtype)  # (..., N | 1, N)
+            if vis.shape[-2] == 1:  # every query sees the same keys (key padding)
+                l1 = (vis_f * row_l1[:, :, None, :]).sum(-1)  # (B, H, 1)
+            else:
+                l1 = (vis_f @ row_l1[..., None]).squeeze(-1)  # (B, H, N)
+            cnt = vis_f.sum(-1)
     cnt = cnt.clamp_min(1.0)
     mu = cnt * mu_dim / (4.0 * torch.maximum(l1, eps * cnt))
     return mu.unsqueeze(-1)
@@ -172,8 +195,15 @@ def _normalise_mask(attn_mask: Tensor | None, k: Tensor) -> Tensor | None:
         return None
     b, _, n, _ = k.shape
     if attn_mask.dim() == 2 and attn_mask.shape == (b, n) and attn_mask.dtype == torch.bool:
+        if b == n:
+            raise ValueError(
+                f"pap: a boolean attn_mask of shape {(b, n)} is ambiguous when B == N: pass a key-padding "
+                "mask as (B, 1, 1, N) or a query-key mask as (1, 1, N, N)"
+            )
         return attn_mask[:, None, None, :]  # key padding (B, N) -> (B, 1, 1, N)
     try:
+        if attn_mask.dim() > 4:
+            raise RuntimeError
         torch.broadcast_shapes(attn_mask.shape, (b, k.shape[1], n, n))
     except RuntimeError:
         raise ValueError(
@@ -225,9 +255,8 @@ def pap(
     """
     _validate(k, v, q, n_iter, lam, threshold, dropout_p)
     attn_mask = _normalise_mask(attn_mask, k)
-    valid = _key_validity(attn_mask, tuple(k.shape))
     if mu is None:
-        mu_t = pap_mu(k, mu_dim, valid=valid, is_causal=is_causal)
+        mu_t = pap_mu(k, mu_dim, attn_mask=attn_mask, is_causal=is_causal)
     else:
         mu_t = torch.as_tensor(mu, dtype=k.dtype, device=k.device)
         if not torch.isfinite(mu_t).all() or (mu_t <= 0).any():
@@ -243,44 +272,127 @@ def pap(
             dropout_p=dropout_p if last else 0.0,
         )
 
-    trace = _Trace(k, mu_t, tau, valid) if return_info else None
-    # Without an autograd graph the two state buffers are reused in place: at this size the
-    # page faults of fresh allocations cost more than the arithmetic.
-    in_place = trace is None and not (
-        torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (k, v, q, tau))
+    trace = _Trace(k, mu_t, tau, _key_validity(attn_mask, tuple(k.shape))) if return_info else None
+    grad_mode = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (k, v, q, tau)
     )
-    neg_tau = -tau
-
-    def clamp(z: Tensor) -> Tensor:
-        # min/max are vectorised; clamp with tensor bounds is ~10x slower on CPU.
-        if in_place:
-            return torch.maximum(torch.minimum(z, tau, out=z), neg_tau, out=z)
-        return torch.maximum(torch.minimum(z, tau), neg_tau)
-
     # State after step t: L_t and R_t = C_t + L_{t-1}, so that W_t = Y_t / mu = R_t - L_t.
     # Step 1 (L0 = W0 = 0): X_1 = R_1 = clamp(K).
-    X = R = clamp(k.clone() if in_place else k)
+    if grad_mode:
+        X = R = _Clamp.apply(k, tau)
+    else:
+        # Without an autograd graph three buffers are reused in place: at this size the page
+        # faults of fresh allocations cost more than the arithmetic.
+        X = R = _clamp_(k.clone(), tau, -tau)
     L_prev = W_prev = None
     for t in range(n_iter):
         last = t == n_iter - 1
         L = attend(X, last)
         if trace is not None:
-            trace.record(X, L, L_prev, W_prev)
+            trace.record(L, L_prev, W_prev)
             W_prev, L_prev = R - L, L
         if last:
             break
-        if in_place:
-            spare = X if X is not R else None
-            E = torch.sub(L, R, out=R)  # E_t = L_t - R_t = -W_t
-            R = clamp(torch.sub(k, E, out=spare).sub_(L)).add_(L)  # R_{t+1} = clamp(K - L_t + W_t) + L_t
-            X = torch.add(R, E, alpha=2.0, out=E)  # X_{t+1} = C_{t+1} + L_t - 2 W_t
+        if grad_mode:
+            R, X = _Update.apply(k, L, R, tau)
         else:
-            E = L - R
-            R = clamp(torch.sub(k, E).sub_(L)).add_(L)
-            X = torch.add(R, E, alpha=2.0)
+            R, X = _update(k, L, R, tau, spare=X if X is not R else None)
     if trace is not None:
         return L, trace.info
     return L
+
+
+# ----------------------------------------------------------------------------- fused update
+#
+# Between two softmax steps PAP does only elementwise work. Left to autograd, it is a dozen passes
+# over (B, H, N, D) each way, and torch.minimum/maximum's backward (which splits the gradient at
+# ties) alone costs more than the attention. The two Functions below do the same arithmetic with
+# a hand-written backward in a few passes; tests/test_pap.py checks them with gradcheck.
+
+
+def _clamp_(z: Tensor, tau: Tensor, neg_tau: Tensor) -> Tensor:
+    """``clamp(z, -tau, tau)`` in place; min/max with out= are vectorised, clamp with tensor
+    bounds is ~10x slower on CPU."""
+    return torch.maximum(torch.minimum(z, tau, out=z), neg_tau, out=z)
+
+
+def _update(
+    k: Tensor, L: Tensor, R: Tensor, tau: Tensor, spare: Tensor | None = None, *, keep_c: bool = False
+) -> tuple[Tensor, ...]:
+    """One PAP update ``(K, L_t, R_t) -> (R_{t+1}, X_{t+1})``, overwriting ``R`` and ``spare``.
+
+    With W_t = R_t - L_t:  C = clamp(K - L_t + W_t, tau),  R_{t+1} = C + L_t,
+    X_{t+1} = C + L_t - 2 W_t = R_{t+1} + 2 (L_t - R_t). With ``keep_c`` also returns C (a fresh
+    tensor, for the backward) and leaves ``R`` alone.
+    """
+    E = torch.sub(L, R) if keep_c else torch.sub(L, R, out=R)  # E_t = L_t - R_t = -W_t
+    C = _clamp_(torch.sub(k, E, out=spare).sub_(L), tau, -tau)  # clamp(K - L_t + W_t)
+    R_next = torch.add(C, L) if keep_c else C.add_(L)
+    X_next = torch.add(R_next, E, alpha=2.0, out=E)
+    return (R_next, X_next, C) if keep_c else (R_next, X_next)
+
+
+def _clamp_backward(g: Tensor, C: Tensor, tau: Tensor, need_tau: bool) -> tuple[Tensor, Tensor | None]:
+    """Gradients of ``C = clamp(Z, -tau, tau)`` w.r.t. Z and tau, given dL/dC = g (not modified).
+
+    Inside (|C| < tau) the gradient passes to Z; outside C = sign(Z) tau, so dC/dtau = C / tau.
+    """
+    inside = torch.abs(C).lt_(tau)  # 1.0 / 0.0 in C's dtype
+    g_z = torch.mul(g, inside, out=inside)
+    g_tau = None
+    if need_tau:
+        g_tau = (g - g_z).mul_(C).sum_to_size(tau.shape).div_(tau)
+    return g_z, g_tau
+
+
+class _Clamp(torch.autograd.Function):
+    """``clamp(z, -tau, tau)`` with a cheap backward (the first PAP step, X_1 = clamp(K))."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, tau: Tensor) -> Tensor:
+        C = _clamp_(z.clone(), tau, -tau)
+        ctx.save_for_backward(C, tau)
+        return C
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor | None]:
+        C, tau = ctx.saved_tensors
+        return _clamp_backward(g, C, tau, ctx.needs_input_grad[1])
+
+
+class _Update(torch.autograd.Function):
+    """:func:`_update` with autograd: ``(K, L_t, R_t, tau) -> (R_{t+1}, X_{t+1})``.
+
+    Backward, with Z = K - 2 L_t + R_t, C = clamp(Z), R' = C + L_t, X' = C + 3 L_t - 2 R_t:
+    dC = dR' + dX';  dZ, dtau from the clamp;  dK = dZ;  dR_t = dZ - 2 dX';  dL_t = dR' + 3 dX' - 2 dZ.
+    """
+
+    @staticmethod
+    def forward(ctx, k: Tensor, L: Tensor, R: Tensor, tau: Tensor) -> tuple[Tensor, Tensor]:
+        R_next, X_next, C = _update(k, L, R, tau, keep_c=True)
+        ctx.save_for_backward(C, tau)
+        return R_next, X_next
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_r: Tensor | None, g_x: Tensor | None) -> tuple[Tensor | None, ...]:
+        C, tau = ctx.saved_tensors
+        if g_r is None and g_x is None:
+            return None, None, None, None
+        if g_r is None or g_x is None:
+            g_c = g_r if g_x is None else g_x
+        else:
+            g_c = g_r + g_x
+        g_z, g_tau = _clamp_backward(g_c, C, tau, ctx.needs_input_grad[3])
+        g_k = g_z if ctx.needs_input_grad[0] else None
+        g_R = g_z if g_x is None else torch.add(g_z, g_x, alpha=-2.0)
+        g_L = g_z.mul(-2.0)
+        if g_r is not None:
+            g_L.add_(g_r)
+        if g_x is not None:
+            g_L.add_(g_x, alpha=3.0)
+        return g_k, g_L, g_R, g_tau
 
 
 class _Trace:
@@ -316,16 +428,19 @@ class _Trace:
         return self._masked(x).pow(2).sum(dim=(-2, -1)).sqrt()  # (B, H)
 
     def _add(self, key: str, per_bh: Tensor) -> None:
-        per_head = per_bh.float().mean(0).cpu()
+        per_head = per_bh.detach().cpu().double().mean(0)
         self.info[key].append(float(per_head.mean()))
         self.info[key + "_per_head"].append(per_head)
 
     @torch.no_grad()
-    def record(self, X: Tensor, L: Tensor, L_prev: Tensor | None, W_prev: Tensor | None) -> None:
-        """One step: X_t (softmax input), L_t, L_{t-1} and W_{t-1} = Y_{t-1} / mu (None at t = 1)."""
-        X, L = X.detach(), L.detach()
+    def record(self, L: Tensor, L_prev: Tensor | None, W_prev: Tensor | None) -> None:
+        """One step: L_t, L_{t-1} and W_{t-1} = Y_{t-1} / mu (both None at t = 1)."""
+        L = L.detach()
         W0 = torch.zeros_like(self.k) if W_prev is None else W_prev.detach()
-        S = self.k - X - W0  # from X_t = K - S_t - W_{t-1}
+        # S_t from its definition, not as K - X_t - W_{t-1}: that difference is zero only up to
+        # rounding and would count every rounding error as a non-zero entry of S.
+        Z = self.k if L_prev is None else self.k - L_prev.detach() + W0  # K - L_{t-1} + W_{t-1}
+        S = Z - torch.maximum(torch.minimum(Z, self.tau), -self.tau)
         nonzero = self._masked((S != 0).to(self.k.dtype)).sum(dim=(-2, -1))
         n_rows = self.k.shape[-2] if self.row_w is None else self.row_w.sum(dim=(-2, -1))
         self._add("s_density", nonzero / (n_rows * self.k.shape[-1]))
