@@ -14,6 +14,9 @@ app = typer.Typer(
 )
 
 # --- command registrations (one line per command; keep sorted by area) -----------------------
+from .train.cli import evaluate_cmd, train_cmd  # noqa: E402, I001
+app.command("train")(train_cmd)
+app.command("evaluate")(evaluate_cmd)
 
 
 def main() -> None:

@@ -1,0 +1,317 @@
+"""Atomic, verifiable checkpoints and exact resume.
+
+Layout of a run directory::
+
+    <output_dir>/
+      config.json                      the TrainConfig of the run
+      checkpoints/
+        latest.json                    {"name": "e0003-s00001234", "finished": false}  (os.replace)
+        e0003-s00001234/               one checkpoint, a directory:
+          model.safetensors            weights of the model (DDP unwrapped)       - safetensors
+          ema.safetensors              EMA weights (only with model_ema)          - safetensors
+          state.pt                     optimizer, lr scheduler, AMP scaler, progress counters,
+                                       RNG states (python, numpy, torch CPU/CUDA) of every rank -
+                                       tensors, lists and numbers only: ``torch.load(weights_only=True)``
+          config.json
+          COMPLETE                     written last: size and SHA-256 of every file above
+
+A checkpoint is written into ``<name>.tmp-<pid>/``, every file is fsync'ed, ``COMPLETE`` goes last,
+then the directory is renamed into place and ``latest.json`` is replaced atomically, so a crash
+leaves either the old or the new checkpoint, never a half-written one that looks whole. Reading
+verifies sizes and hashes against ``COMPLETE``: a corrupt or truncated checkpoint raises
+:class:`CheckpointError` naming the file, never falls back to a fresh start.
+
+Resume semantics: the data order of epoch ``e`` is a function of ``(seed, e)`` (the samplers are
+epoch-seeded), and the random augmentation of each sample is seeded by ``(seed, e, rank, position in
+the epoch)`` (:mod:`kpca_attention.train.data`), so a checkpoint taken after ``k`` batches of an epoch
+resumes by skipping those ``k`` batches without loading them; Mixup, dropout and drop-path draw from
+the process RNGs, which are restored. On the CPU a resumed run therefore equals the uninterrupted
+run bitwise, at epoch boundaries and mid-epoch (``checkpoint_every_steps``); on GPUs up to the
+non-determinism of the kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.torch
+import torch
+from torch import nn
+
+from .config import TrainConfig
+
+__all__ = [
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "resolve_checkpoint",
+    "load_model",
+    "capture_rng",
+    "restore_rng",
+]
+
+MODEL_FILE = "model.safetensors"
+EMA_FILE = "ema.safetensors"
+STATE_FILE = "state.pt"
+CONFIG_FILE = "config.json"
+MARKER_FILE = "COMPLETE"
+LATEST_FILE = "latest.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, corrupt, or does not match the run."""
+
+
+# --- RNG state as tensors / lists (weights_only-loadable) -------------------------------------
+
+
+def capture_rng() -> dict[str, Any]:
+    """The state of python's ``random``, numpy's global RNG, torch's CPU (and CUDA) generators."""
+    version, internal, gauss_next = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss_next],
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    version, internal, gauss_next = state["python"]
+    random.setstate((int(version), tuple(int(x) for x in internal), gauss_next))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some filesystems do not allow opening directories
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """``json.dump`` to a temporary file, fsync, ``os.replace`` (readers never see half a file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def checkpoint_name(epoch: int, global_step: int) -> str:
+    return f"e{epoch:04d}-s{global_step:08d}"
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    *,
+    model: nn.Module,
+    config: TrainConfig,
+    state: dict[str, Any],
+    ema: nn.Module | None = None,
+    finished: bool = False,
+    keep: int = 2,
+) -> Path:
+    """Write one checkpoint of ``run_dir`` atomically and point ``latest.json`` at it.
+
+    Args:
+        model: the unwrapped model (not the DDP wrapper).
+        state: ``torch.save``-able mapping of tensors/lists/numbers: optimizer, scheduler, scaler,
+            rng, progress (``epoch``, ``step_in_epoch``, ``global_step``).
+        finished: mark the run as complete (the demo skips finished runs).
+        keep: how many checkpoints to keep (older ones are deleted after the new one is in place).
+    Returns:
+        The checkpoint directory.
+    """
+    ckpt_root = Path(run_dir) / "checkpoints"
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    progress = state["progress"]
+    name = checkpoint_name(int(progress["epoch"]), int(progress["global_step"]))
+    final = ckpt_root / name
+    tmp = ckpt_root / f".{name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    files = [MODEL_FILE, STATE_FILE, CONFIG_FILE]
+    safetensors.torch.save_model(model, str(tmp / MODEL_FILE))
+    if ema is not None:
+        safetensors.torch.save_model(ema, str(tmp / EMA_FILE))
+        files.append(EMA_FILE)
+    torch.save(state, tmp / STATE_FILE)
+    (tmp / CONFIG_FILE).write_text(config.to_json())
+    for fname in files:
+        _fsync_file(tmp / fname)
+    marker = {
+        "files": {f: {"size": (tmp / f).stat().st_size, "sha256": _sha256(tmp / f)} for f in files},
+        "progress": {k: progress[k] for k in ("epoch", "step_in_epoch", "global_step")},
+        "finished": finished,
+    }
+    write_json_atomic(tmp / MARKER_FILE, marker)
+    _fsync_dir(tmp)
+    if final.exists():  # same name: an earlier attempt of this very step; replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(ckpt_root)
+    write_json_atomic(ckpt_root / LATEST_FILE, {"name": name, "finished": finished})
+    # prune old checkpoints only after the new one is in place
+    ckpts = sorted(p for p in ckpt_root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for old in ckpts[:-keep] if keep > 0 else []:
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory from a run directory, its ``checkpoints/`` folder, or the checkpoint
+    directory itself. Raises FileNotFoundError / CheckpointError naming what is missing."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"checkpoint path {p} does not exist")
+    if (p / MARKER_FILE).exists() or (p / MODEL_FILE).exists():
+        return p
+    for root in (p / "checkpoints", p):
+        latest = root / LATEST_FILE
+        if latest.exists():
+            try:
+                name = json.loads(latest.read_text())["name"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise CheckpointError(
+                    f"{latest} is corrupt ({e}); delete it to pick a checkpoint by hand") from e
+            ckpt = root / name
+            if not ckpt.is_dir():
+                raise CheckpointError(f"{latest} points to {ckpt}, which does not exist")
+            return ckpt
+    raise FileNotFoundError(
+        f"no checkpoint in {p}: expected a run directory with checkpoints/{LATEST_FILE} "
+        f"or a checkpoint directory holding {MARKER_FILE}"
+    )
+
+
+def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
+    """Check every file against the ``COMPLETE`` marker; return the marker."""
+    marker_path = ckpt / MARKER_FILE
+    if not marker_path.exists():
+        raise CheckpointError(
+            f"checkpoint {ckpt} is incomplete: {marker_path} is missing (the write was interrupted)"
+        )
+    try:
+        marker = json.loads(marker_path.read_text())
+        files = marker["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint marker {marker_path} is corrupt: {e}") from e
+    for fname, meta in files.items():
+        f = ckpt / fname
+        if not f.exists():
+            raise CheckpointError(f"checkpoint file {f} is missing")
+        size = f.stat().st_size
+        if size != meta["size"]:
+            raise CheckpointError(
+                f"checkpoint file {f} is truncated or corrupt: {size} bytes, expected {meta['size']}")
+        if _sha256(f) != meta["sha256"]:
+            raise CheckpointError(f"checkpoint file {f} is corrupt: SHA-256 does not match {marker_path}")
+    return marker
+
+
+def read_config(ckpt: Path) -> TrainConfig:
+    f = ckpt / CONFIG_FILE
+    try:
+        return TrainConfig.from_json(f.read_text())
+    except FileNotFoundError as e:
+        raise CheckpointError(f"checkpoint config {f} is missing") from e
+    except (json.JSONDecodeError, ValueError, TypeError) as e:
+        raise CheckpointError(f"checkpoint config {f} is invalid: {e}") from e
+
+
+def load_weights(module: nn.Module, file: Path, device: str | torch.device = "cpu") -> None:
+    """Strict safetensors load (missing or unexpected keys are an error, unlike the official code)."""
+    try:
+        missing, unexpected = safetensors.torch.load_model(
+            module, str(file), strict=False, device=str(device))
+    except Exception as e:  # safetensors raises its own error types for malformed headers
+        raise CheckpointError(f"cannot read weights {file}: {e}") from e
+    if missing or unexpected:
+        raise CheckpointError(
+            f"weights {file} do not match the model: missing {sorted(missing)[:8]}, "
+            f"unexpected {sorted(unexpected)[:8]}"
+        )
+
+
+def load_checkpoint(path: str | Path) -> tuple[Path, TrainConfig, dict[str, Any], dict[str, Any]]:
+    """Verify and read a checkpoint: ``(directory, config, state, marker)``. Weights are loaded
+    separately with :func:`load_weights` into a model built from ``config``."""
+    ckpt = resolve_checkpoint(path)
+    marker = verify_checkpoint(ckpt)
+    config = read_config(ckpt)
+    f = ckpt / STATE_FILE
+    try:
+        state = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"cannot read training state {f}: {e}") from e
+    return ckpt, config, state, marker
+
+
+def load_model(
+    path: str | Path, device: str | torch.device = "cpu", *, ema: bool = False, verify: bool = True
+) -> tuple[nn.Module, TrainConfig]:
+    """Rebuild the trained model of a checkpoint, in eval mode on ``device``.
+
+    Args:
+        path: a run directory (its latest checkpoint is used) or one checkpoint directory.
+        ema: load the EMA weights instead of the raw ones (runs trained with ``model_ema``).
+        verify: check sizes and hashes against the ``COMPLETE`` marker first.
+    Returns:
+        ``(model, config)``: for vision a :class:`~kpca_attention.models.normalize.NormalizedModel`
+        taking images (B, C, H, W) in [0, 1]; for LMs the language model.
+    """
+    from .build import build_model  # local: build imports the model zoo
+
+    ckpt = resolve_checkpoint(path)
+    if verify:
+        verify_checkpoint(ckpt)
+    config = read_config(ckpt)
+    model = build_model(config)
+    wfile = ckpt / (EMA_FILE if ema else MODEL_FILE)
+    if ema and not wfile.exists():
+        raise CheckpointError(f"{ckpt} has no EMA weights ({EMA_FILE}); the run had model_ema=False")
+    load_weights(model, wfile)
+    return model.to(device).eval(), config

@@ -1,0 +1,89 @@
+"""``kpca-attention train`` and ``kpca-attention evaluate``.
+
+Several processes / GPUs: ``torchrun --nproc_per_node 4 -m kpca_attention.cli train --preset deit ...``
+(NCCL on GPUs, gloo on CPU; only rank 0 writes).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .config import PRESETS, apply_overrides, get_preset
+
+__all__ = ["train_cmd", "evaluate_cmd"]
+
+
+def train_cmd(
+    preset: Annotated[str, typer.Option(help=f"Recipe to start from: {', '.join(PRESETS)}.")] = "fmnist-cpu",
+    model: Annotated[str | None, typer.Option(help="Model name, e.g. rpc_symvit_mini_patch4_28.")] = None,
+    dataset: Annotated[str | None, typer.Option(
+        help="Dataset name (fashion-mnist, digits, imagenet, ...).")] = None,
+    data_root: Annotated[str | None, typer.Option(
+        help="Dataset folder (ImageNet, CIFAR, WikiText-103).")] = None,
+    epochs: Annotated[int | None, typer.Option(help="Epochs (the lr schedule spans them).")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many optimizer steps.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Batch size per process.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate (default: the preset's rule).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
+    output_dir: Annotated[str | None, typer.Option("--output-dir", "-o", help="Run directory.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda.")] = None,
+    num_workers: Annotated[int | None, typer.Option(help="DataLoader worker processes.")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Any config field, key=value (repeatable): --set model_kwargs.rpc_iters=6.")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the run in the output directory exactly.")] = False,
+    resume_from: Annotated[str | None, typer.Option(
+        help="Continue from this run or checkpoint directory.")] = None,
+    overwrite: Annotated[bool, typer.Option(
+        help="Start afresh even if the output directory holds a run.")] = False,
+    progress: Annotated[bool, typer.Option(help="Progress bars and per-epoch lines.")] = True,
+    print_config: Annotated[bool, typer.Option(help="Print the resolved config and exit.")] = False,
+) -> None:
+    """Train a model with a named preset plus overrides; metrics to CSV/TensorBoard, atomic checkpoints."""
+    from .loop import train
+
+    explicit = {"model": model, "dataset": dataset, "data_root": data_root, "epochs": epochs,
+                "max_steps": max_steps, "batch_size": batch_size, "lr": lr, "seed": seed,
+                "output_dir": output_dir, "device": device, "num_workers": num_workers}
+    try:
+        cfg = get_preset(preset, **{k: v for k, v in explicit.items() if v is not None})
+        cfg = apply_overrides(cfg, list(set_ or []))
+        if not progress:
+            cfg.progress = False
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    if print_config:
+        typer.echo(cfg.to_json())
+        return
+    result = train(cfg, resume=resume_from or resume, overwrite=overwrite)
+    if result.checkpoint is not None:
+        final = {k: v for k, v in result.final.items() if isinstance(v, float)}
+        summary = {"checkpoint": str(result.checkpoint), "global_step": result.global_step, **final}
+        typer.echo(json.dumps(summary, indent=2))
+
+
+def evaluate_cmd(
+    checkpoint: Annotated[str, typer.Argument(help="Run directory or checkpoint directory.")],
+    dataset: Annotated[str | None, typer.Option(help="Dataset (default: the one trained on).")] = None,
+    split: Annotated[str, typer.Option(help="train | val | test.")] = "val",
+    data_root: Annotated[str | None, typer.Option(help="Dataset folder.")] = None,
+    subset: Annotated[int | None, typer.Option(help="Evaluate on this many examples only.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Batch size.")] = None,
+    ema: Annotated[bool, typer.Option(help="Use the EMA weights.")] = False,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
+    json_out: Annotated[Path | None, typer.Option(
+        "--json", help="Also write the metrics to this JSON file.")] = None,
+) -> None:
+    """Top-1/top-5 accuracy (vision) or perplexity (language models) of a checkpoint."""
+    from .evaluate import evaluate_checkpoint
+
+    res = evaluate_checkpoint(checkpoint, dataset=dataset, split=split, data_root=data_root, subset=subset,
+                              batch_size=batch_size, ema=ema, device=device)
+    text = json.dumps(res, indent=2)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(text + "\n")
+    typer.echo(text)

@@ -1,0 +1,180 @@
+"""Data loading for training: samplers whose order and augmentation are functions of the seed.
+
+* The order of epoch ``e`` comes from an epoch-seeded sampler (torch ``DistributedSampler``, also in
+  one process, or timm's ``RepeatAugSampler`` for repeated augmentation under DDP).
+* :class:`SeededSampler` pairs every index with a seed derived from ``(seed, epoch, rank, position)``
+  and :class:`SeededAugmentation` runs the dataset's random transform under that seed (python,
+  numpy and torch RNGs, restored afterwards). So augmentation does not depend on worker processes or
+  on what ran before, and a mid-epoch resume can skip the first ``k`` batches without loading them.
+  Repeated augmentation keeps its point: the repeats of one image sit at different positions and get
+  different seeds.
+* Every ``DataLoader`` gets its own ``torch.Generator``: creating an iterator otherwise draws a base
+  seed from the global torch RNG, which would make the training trajectory depend on when
+  iterators were created (and break exact resume).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
+
+from .config import TrainConfig
+from .distributed import DistInfo
+
+__all__ = [
+    "SeededSampler",
+    "SeededAugmentation",
+    "seeded_rngs",
+    "preserved_rngs",
+    "mix_seed",
+    "Loaders",
+    "build_loaders",
+    "shard",
+]
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (splitmix64 steps): cheap, well mixed, platform independent."""
+    z = 0x9E3779B97F4A7C15
+    for p in parts:
+        z = (z ^ (int(p) & _MASK64)) & _MASK64
+        z = (z + 0x9E3779B97F4A7C15) & _MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        z = z ^ (z >> 31)
+    return z >> 1
+
+
+@contextmanager
+def preserved_rngs() -> Iterator[None]:
+    """Run a block without disturbing python's, numpy's and torch's (CPU, CUDA) global RNGs."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+@contextmanager
+def seeded_rngs(seed: int) -> Iterator[None]:
+    """Seed python, numpy and torch (CPU) with ``seed`` inside the block; restore them after."""
+    with preserved_rngs():
+        random.seed(seed)
+        np.random.seed(seed % (1 << 32))
+        torch.manual_seed(seed)
+        yield
+
+
+class SeededAugmentation(Dataset):
+    """``ds[(index, seed)]`` = ``base[index]`` computed under :func:`seeded_rngs` ``(seed)``."""
+
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, item: tuple[int, int]) -> Any:
+        index, seed = item
+        with seeded_rngs(seed):
+            return self.base[index]
+
+
+class SeededSampler(Sampler):
+    """Yields ``(index, sample_seed)`` from an epoch-seeded ``base`` sampler, optionally starting at
+    position ``start`` of the epoch (mid-epoch resume). ``set_epoch`` resets ``start`` to 0."""
+
+    def __init__(self, base: Sampler, seed: int, rank: int = 0) -> None:
+        self.base, self.seed, self.rank = base, seed, rank
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+        if hasattr(self.base, "set_epoch"):
+            self.base.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        for pos, index in enumerate(self.base):
+            if pos >= self.start:
+                yield int(index), mix_seed(self.seed, self.epoch, self.rank, pos)
+
+    def __len__(self) -> int:
+        return max(len(self.base) - self.start, 0)  # type: ignore[arg-type]
+
+
+def shard(dataset: Dataset, dist: DistInfo) -> Dataset:
+    """Rank ``r`` of ``w`` gets items ``r, r + w, ...`` (evaluation: every item exactly once)."""
+    if not dist.distributed:
+        return dataset
+    return Subset(dataset, range(dist.rank, len(dataset), dist.world_size))  # type: ignore[arg-type]
+
+
+@dataclass
+class Loaders:
+    train: DataLoader
+    eval: DataLoader | None
+    sampler: SeededSampler
+    info: dict[str, Any]  # num_classes (vision) / vocab_size (lm), ...
+
+    @property
+    def updates_per_epoch(self) -> int:
+        return len(self.sampler.base) // self.train.batch_size  # type: ignore[arg-type, operator]
+
+
+def _base_sampler(train_set: Dataset, cfg: TrainConfig, dist: DistInfo) -> Sampler:
+    if dist.distributed and cfg.repeated_aug > 1:
+        from timm.data.distributed_sampler import RepeatAugSampler
+
+        return RepeatAugSampler(train_set, num_replicas=dist.world_size, rank=dist.rank,
+                                shuffle=True, num_repeats=cfg.repeated_aug)
+    # DistributedSampler also in one process: epoch-seeded shuffling with our seed.
+    return DistributedSampler(train_set, num_replicas=dist.world_size, rank=dist.rank,
+                              shuffle=True, seed=cfg.seed, drop_last=True)
+
+
+def _loader(ds: Dataset, batch_size: int, cfg: TrainConfig, dist: DistInfo, *, sampler: Sampler | None,
+            drop_last: bool, seed: int) -> DataLoader:
+    return DataLoader(
+        ds, batch_size=batch_size, sampler=sampler, shuffle=False, drop_last=drop_last,
+        num_workers=cfg.num_workers, pin_memory=dist.device.type == "cuda",
+        generator=torch.Generator().manual_seed(seed),
+        persistent_workers=False,  # workers must see the sampler's new epoch
+    )
+
+
+def build_loaders(cfg: TrainConfig, dist: DistInfo, *, with_eval: bool = True) -> Loaders:
+    """Train (and eval) loaders for ``cfg.task``."""
+    if cfg.task == "vision":
+        from .build import vision_datasets
+
+        train_set, eval_set, info = vision_datasets(cfg, with_eval=with_eval)
+    else:
+        from .build import lm_datasets
+
+        train_set, eval_set, info = lm_datasets(cfg, with_eval=with_eval)
+    if len(train_set) < cfg.batch_size * dist.world_size:
+        raise ValueError(
+            f"training set has {len(train_set)} examples, fewer than one global batch "
+            f"({cfg.batch_size} x {dist.world_size} processes); lower batch_size or raise train_subset"
+        )
+    sampler = SeededSampler(_base_sampler(train_set, cfg, dist), cfg.seed, dist.rank)
+    train = _loader(SeededAugmentation(train_set), cfg.batch_size, cfg, dist, sampler=sampler,
+                    drop_last=True, seed=mix_seed(cfg.seed, dist.rank, 1))
+    ev = None
+    if eval_set is not None:
+        ev = _loader(shard(eval_set, dist), cfg.eval_batch_size, cfg, dist, sampler=None,
+                     drop_last=False, seed=mix_seed(cfg.seed, dist.rank, 2))
+    return Loaders(train=train, eval=ev, sampler=sampler, info=info)

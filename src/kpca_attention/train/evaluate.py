@@ -1,0 +1,129 @@
+"""Evaluation: top-1/top-5 accuracy for vision models, perplexity for language models.
+
+``kpca-attention evaluate CHECKPOINT [--dataset NAME] [--split val] [--ema]`` rebuilds the model with
+:func:`kpca_attention.train.load_model` and prints (and optionally writes as JSON) the metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from .distributed import all_reduce_sum
+
+__all__ = ["evaluate_vision", "evaluate_lm", "evaluate_checkpoint"]
+
+
+def _autocast(device: torch.device, amp: bool) -> Any:
+    return torch.autocast(device.type, dtype=torch.bfloat16 if device.type == "cpu" else torch.float16) \
+        if amp else nullcontext()
+
+
+@torch.no_grad()
+def evaluate_vision(
+    model: nn.Module,
+    loader: DataLoader,
+    device: torch.device | str = "cpu",
+    *,
+    amp: bool = False,
+    progress: bool = False,
+    desc: str = "eval",
+) -> dict[str, float]:
+    """Top-1 / top-5 accuracy (fractions) and mean cross-entropy over ``loader`` of (images, labels),
+    images (B, C, H, W) in [0, 1]. Under DDP each rank passes its shard; counts are summed over ranks."""
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct1, correct5, loss_sum, n
+    for x, y in tqdm(loader, desc=desc, disable=not progress, leave=False):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with _autocast(device, amp):
+            logits = model(x)
+        logits = logits.float()
+        k = min(5, logits.shape[-1])
+        topk = logits.topk(k, dim=-1).indices
+        hit = topk == y[:, None]
+        sums[0] += hit[:, 0].sum()
+        sums[1] += hit.any(dim=-1).sum()
+        sums[2] += F.cross_entropy(logits, y, reduction="sum").double()
+        sums[3] += y.numel()
+    all_reduce_sum(sums)
+    model.train(was_training)
+    n = max(sums[3].item(), 1.0)
+    return {"top1": sums[0].item() / n, "top5": sums[1].item() / n, "loss": sums[2].item() / n,
+            "n": sums[3].item()}
+
+
+@torch.no_grad()
+def evaluate_lm(
+    model: nn.Module,
+    loader: DataLoader,
+    device: torch.device | str = "cpu",
+    *,
+    amp: bool = False,
+    progress: bool = False,
+    desc: str = "eval",
+) -> dict[str, float]:
+    """Token-level cross-entropy and perplexity over non-overlapping windows ``(x, y)`` (B, L).
+
+    This is the fast per-epoch estimate; the paper's sliding-window protocol is
+    :func:`kpca_attention.models.lm.perplexity` (used by ``kpca-attention evaluate``)."""
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss_sum, tokens
+    for x, y in tqdm(loader, desc=desc, disable=not progress, leave=False):
+        x, y = x.to(device), y.to(device)
+        with _autocast(device, amp):
+            _, loss = model(x, y)
+        sums[0] += loss.double() * y.numel()
+        sums[1] += y.numel()
+    all_reduce_sum(sums)
+    model.train(was_training)
+    n = max(sums[1].item(), 1.0)
+    mean = sums[0].item() / n
+    return {"loss": mean, "ppl": math.exp(min(mean, 700.0)), "tokens": sums[1].item()}
+
+
+def evaluate_checkpoint(
+    path: str,
+    *,
+    dataset: str | None = None,
+    split: str = "val",
+    data_root: str | None = None,
+    subset: int | None = None,
+    batch_size: int | None = None,
+    ema: bool = False,
+    device: str = "auto",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Metrics of a checkpoint on a dataset (default: the one it was trained on)."""
+    from .checkpoint import load_model
+    from .distributed import resolve_device
+
+    dev = resolve_device(device)
+    model, cfg = load_model(path, dev, ema=ema)
+    if dataset is not None:
+        cfg.dataset = dataset
+    if data_root is not None:
+        cfg.data_root = data_root
+    bs = batch_size or cfg.eval_batch_size
+    if cfg.task == "vision":
+        from ..data.images import build_image_dataset
+
+        ds = build_image_dataset(cfg.dataset, split, root=cfg.data_root, img_size=cfg.img_size, subset=subset)
+        loader = DataLoader(ds, batch_size=bs, shuffle=False, num_workers=cfg.num_workers)
+        metrics = evaluate_vision(model, loader, dev, progress=progress,
+                                  desc=f"evaluate {cfg.dataset}/{split}")
+    else:
+        from .lm import lm_sliding_perplexity
+
+        metrics = lm_sliding_perplexity(model, cfg, split=split, subset=subset, device=dev, progress=progress)
+    return {"checkpoint": str(path), "model": cfg.model, "dataset": cfg.dataset, "split": split, **metrics}

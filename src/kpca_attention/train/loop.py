@@ -1,0 +1,346 @@
+"""The training loop (vision classification and causal language modelling), one process or DDP."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
+
+from . import checkpoint as ckpt_mod
+from .build import build_model
+from .config import TrainConfig
+from .data import build_loaders, preserved_rngs
+from .distributed import DistInfo, barrier, cleanup_distributed, gather_objects, init_distributed
+from .evaluate import evaluate_lm, evaluate_vision
+from .logger import MetricLogger
+
+__all__ = ["train", "TrainResult", "Callback", "RESUMABLE_CHANGES"]
+
+#: signature of a training callback: ``callback(model, epoch, logger)`` (see the package docstring)
+Callback = Callable[[nn.Module, int, MetricLogger], None]
+
+#: config fields that may differ between a checkpoint and the run resuming it (they do not change the
+#: trajectory, or - epochs, max_steps - extend it deliberately)
+RESUMABLE_CHANGES = frozenset({
+    "epochs", "max_steps", "output_dir", "progress", "num_workers", "log_every_steps",
+    "checkpoint_every_steps", "eval_every_epochs", "eval_batch_size", "eval_subset", "device", "preset",
+})
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    checkpoint: Path | None  # the last checkpoint written (None on ranks > 0)
+    history: list[dict[str, Any]] = field(default_factory=list)  # epochs.csv rows of this process's view
+    global_step: int = 0
+
+    @property
+    def final(self) -> dict[str, Any]:
+        return self.history[-1] if self.history else {}
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+
+
+def _check_resume_config(saved: TrainConfig, cfg: TrainConfig, where: Path) -> None:
+    a, b = saved.to_dict(), cfg.to_dict()
+    diff = {k: (a[k], b[k]) for k in a if k not in RESUMABLE_CHANGES and a[k] != b.get(k)}
+    if diff:
+        lines = ", ".join(f"{k}: checkpoint {v[0]!r} vs now {v[1]!r}" for k, v in sorted(diff.items()))
+        raise ValueError(f"cannot resume from {where}: the config differs in {lines} "
+                         f"(only {', '.join(sorted(RESUMABLE_CHANGES))} may change)")
+
+
+class _Trainer:
+    def __init__(self, cfg: TrainConfig, dist: DistInfo, callbacks: Sequence[Callback],
+                 resume: bool | str | Path, overwrite: bool) -> None:
+        self.cfg, self.dist, self.callbacks = cfg, dist, list(callbacks)
+        self.run_dir = Path(cfg.output_dir)
+        self.resume_from: Path | None = None
+        if resume:
+            self.resume_from = self.run_dir if resume is True else Path(resume)
+        elif (self.run_dir / "checkpoints" / ckpt_mod.LATEST_FILE).exists() and not overwrite:
+            raise FileExistsError(
+                f"{self.run_dir} already holds a training run; pass resume=True (--resume) to continue it "
+                "or overwrite=True (--overwrite) to start again"
+            )
+
+    # ------------------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        cfg, dist = self.cfg, self.dist
+        dev = dist.device
+        state: dict[str, Any] | None = None
+        ckpt_dir: Path | None = None
+        if self.resume_from is not None:
+            ckpt_dir, saved_cfg, state, marker = ckpt_mod.load_checkpoint(self.resume_from)
+            _check_resume_config(saved_cfg, cfg, ckpt_dir)
+
+        # identical initial weights on every rank (DDP also broadcasts rank 0's)
+        _seed_all(cfg.seed)
+        model = build_model(cfg).to(dev)
+        loaders = build_loaders(cfg, dist)
+        updates_per_epoch = loaders.updates_per_epoch
+        if updates_per_epoch < 1:
+            raise ValueError("the training set gives no full batch per process; lower batch_size")
+
+        import timm.optim
+        import timm.scheduler
+
+        lr = cfg.learning_rate(dist.world_size)
+        opt_kw: dict[str, Any] = {}
+        if cfg.opt_eps is not None:
+            opt_kw["eps"] = cfg.opt_eps
+        if cfg.opt_betas is not None:
+            opt_kw["betas"] = tuple(cfg.opt_betas)
+        optimizer = timm.optim.create_optimizer_v2(model, opt=cfg.opt, lr=lr, weight_decay=cfg.weight_decay,
+                                                   **opt_kw)
+        warmup_epochs = cfg.warmup_epochs
+        if cfg.warmup_steps is not None:
+            warmup_epochs = cfg.warmup_steps / updates_per_epoch
+        on_steps = cfg.sched_on_steps or cfg.warmup_steps is not None
+        scheduler, _ = timm.scheduler.create_scheduler_v2(
+            optimizer, sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=warmup_epochs,
+            warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, step_on_epochs=not on_steps,
+            updates_per_epoch=updates_per_epoch,
+        )
+        amp = cfg.amp if cfg.amp is not None else dev.type == "cuda"
+        scaler = torch.amp.GradScaler(dev.type, enabled=amp and dev.type == "cuda")
+        amp_dtype = torch.float16 if dev.type == "cuda" else torch.bfloat16
+
+        def autocast() -> Any:
+            return torch.autocast(dev.type, dtype=amp_dtype) if amp else nullcontext()
+        ema = None
+        if cfg.model_ema:
+            from timm.utils import ModelEmaV3
+
+            ema = ModelEmaV3(model, decay=cfg.model_ema_decay)
+
+        mixup_fn = None
+        if cfg.task == "vision":
+            from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+
+            if cfg.mixup > 0 or cfg.cutmix > 0:
+                from timm.data import Mixup
+
+                if cfg.batch_size % 2:
+                    raise ValueError(f"Mixup/CutMix need an even batch size, got {cfg.batch_size}")
+                mixup_fn = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
+                                 switch_prob=cfg.mixup_switch_prob, mode=cfg.mixup_mode,
+                                 label_smoothing=cfg.smoothing, num_classes=loaders.info["num_classes"])
+                criterion: nn.Module = SoftTargetCrossEntropy()
+            elif cfg.smoothing > 0:
+                criterion = LabelSmoothingCrossEntropy(smoothing=cfg.smoothing)
+            else:
+                criterion = nn.CrossEntropyLoss()
+
+        progress = {"epoch": 0, "step_in_epoch": 0, "global_step": 0,
+                    "epoch_loss_sum": 0.0, "epoch_batches": 0, "epoch_samples": 0, "epoch_time": 0.0}
+        if state is not None and ckpt_dir is not None:
+            ckpt_mod.load_weights(model, ckpt_dir / ckpt_mod.MODEL_FILE)
+            if ema is not None:
+                ckpt_mod.load_weights(ema.module, ckpt_dir / ckpt_mod.EMA_FILE)
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            scaler.load_state_dict(state["scaler"])
+            progress.update(state["progress"])
+            rngs = state["rng"]
+            if len(rngs) != dist.world_size:
+                raise ValueError(f"{ckpt_dir} was written by {len(rngs)} processes, now {dist.world_size}: "
+                                 "exact resume needs the same number")
+            ckpt_mod.restore_rng(rngs[dist.rank])  # the lr itself is in the optimizer state
+        else:
+            # per-rank streams for dropout / drop path / Mixup
+            _seed_all(cfg.seed + 1000003 * dist.rank)
+
+        net: nn.Module = model
+        if dist.distributed:
+            net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+
+        logger = MetricLogger(self.run_dir, enabled=dist.is_main,
+                              resume_epoch=progress["epoch"] if state is not None else None,
+                              resume_step=progress["global_step"] if state is not None else None)
+        if dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.json").write_text(cfg.to_json())
+        last_ckpt: Path | None = ckpt_dir
+
+        def save(finished: bool) -> None:
+            nonlocal last_ckpt
+            # every rank's RNG state, so a DDP run resumes exactly too
+            rng_all = gather_objects(ckpt_mod.capture_rng())
+            if dist.is_main:
+                st = {
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "scaler": scaler.state_dict(),
+                    "progress": dict(progress),
+                    "rng": rng_all,
+                    "world_size": dist.world_size,
+                }
+                last_ckpt = ckpt_mod.save_checkpoint(self.run_dir, model=model, config=cfg, state=st,
+                                                     ema=ema.module if ema is not None else None,
+                                                     finished=finished)
+            barrier()
+
+        total_steps = cfg.epochs * updates_per_epoch
+        if cfg.max_steps is not None:
+            total_steps = min(total_steps, cfg.max_steps)
+        done = progress["global_step"] >= total_steps
+        epoch = progress["epoch"]
+        while not done and epoch < cfg.epochs:
+            sampler = loaders.sampler
+            start = progress["step_in_epoch"]
+            sampler.set_epoch(epoch, start=start * cfg.batch_size)
+            if start == 0:
+                progress.update(epoch_loss_sum=0.0, epoch_batches=0, epoch_samples=0, epoch_time=0.0)
+            logger.epoch = epoch
+            net.train()
+            bar = tqdm(loaders.train, total=updates_per_epoch, initial=start, leave=False, dynamic_ncols=True,
+                       disable=not (cfg.progress and dist.is_main), desc=f"epoch {epoch + 1}/{cfg.epochs}")
+            t0 = time.perf_counter()
+            window_t, window_n = time.perf_counter(), 0
+            for x, y in bar:
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                if mixup_fn is not None:
+                    x, y = mixup_fn(x, y)
+                with autocast():
+                    if cfg.task == "vision":
+                        loss = criterion(net(x), y)
+                    else:
+                        _, loss = net(x, y)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"loss is {loss.item()} at step {progress['global_step']} "
+                                             f"(epoch {epoch}); lower the lr or check the data")
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                if cfg.clip_grad is not None:
+                    scaler.unscale_(optimizer)
+                    nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+                scaler.step(optimizer)
+                scaler.update()
+                progress["global_step"] += 1
+                progress["step_in_epoch"] += 1
+                if ema is not None:
+                    ema.update(model, step=progress["global_step"])
+                if on_steps:
+                    scheduler.step_update(num_updates=progress["global_step"])
+                loss_v = loss.item()
+                n_local = y.shape[0]
+                progress["epoch_loss_sum"] += loss_v
+                progress["epoch_batches"] += 1
+                progress["epoch_samples"] += n_local * dist.world_size
+                window_n += n_local * dist.world_size
+                logger.step = progress["global_step"]
+                if progress["global_step"] % cfg.log_every_steps == 0:
+                    now = time.perf_counter()
+                    ips = window_n / max(now - window_t, 1e-9)
+                    window_t, window_n = now, 0
+                    cur_lr = optimizer.param_groups[0]["lr"]
+                    logger.log_step({"loss": loss_v, "lr": cur_lr, "images_per_s": ips})
+                    bar.set_postfix(loss=f"{loss_v:.3f}", lr=f"{cur_lr:.2e}", ips=f"{ips:.0f}")
+                stop = progress["global_step"] >= total_steps
+                epoch_end = progress["step_in_epoch"] >= updates_per_epoch
+                if (cfg.checkpoint_every_steps and progress["global_step"] % cfg.checkpoint_every_steps == 0
+                        and not stop and not epoch_end):
+                    progress["epoch_time"] += time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    save(finished=False)
+                if stop:
+                    break
+            bar.close()
+            progress["epoch_time"] += time.perf_counter() - t0
+            done = progress["global_step"] >= total_steps
+            epoch_end = progress["step_in_epoch"] >= updates_per_epoch
+            if not (epoch_end or done):  # loader ran dry early: should not happen with drop_last
+                raise RuntimeError(f"epoch {epoch} ended after {progress['step_in_epoch']} of "
+                                   f"{updates_per_epoch} batches")
+            metrics: dict[str, float] = {
+                "train_loss": progress["epoch_loss_sum"] / max(progress["epoch_batches"], 1),
+                "lr": optimizer.param_groups[0]["lr"],
+                "images_per_s": progress["epoch_samples"] / max(progress["epoch_time"], 1e-9),
+                "epoch_time_s": progress["epoch_time"],
+            }
+            if epoch_end:
+                # per-epoch schedulers (DeiT) step here; per-step ones ignore this call
+                scheduler.step(epoch + 1)
+            last_round = done or epoch + 1 >= cfg.epochs
+            if loaders.eval is not None and ((epoch + 1) % cfg.eval_every_epochs == 0 or last_round):
+                with preserved_rngs():
+                    metrics.update(self._evaluate(net, loaders.eval, amp, prefix=""))
+                    if ema is not None:
+                        metrics.update(self._evaluate(ema.module, loaders.eval, amp, prefix="ema_"))
+            if self.callbacks and dist.is_main:
+                with preserved_rngs():
+                    self._run_callbacks(model, epoch, logger)
+            row = logger.end_epoch(metrics)
+            logger.step = progress["global_step"]
+            if dist.is_main and cfg.progress:
+                shown = ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k not in ("epoch", "step"))
+                tqdm.write(f"[{cfg.model}] epoch {epoch + 1}/{cfg.epochs} "
+                           f"step {progress['global_step']}: {shown}")
+            if epoch_end:
+                epoch += 1
+                progress.update(epoch=epoch, step_in_epoch=0)
+            save(finished=done or epoch >= cfg.epochs)
+        if progress["global_step"] >= total_steps and last_ckpt is not None and dist.is_main:
+            # a resumed run that had nothing left to do: make sure the marker says finished
+            latest = Path(cfg.output_dir) / "checkpoints" / ckpt_mod.LATEST_FILE
+            ckpt_mod.write_json_atomic(latest, {"name": last_ckpt.name, "finished": True})
+        logger.close()
+        return TrainResult(run_dir=self.run_dir, checkpoint=last_ckpt if dist.is_main else None,
+                           history=list(logger.epoch_rows), global_step=progress["global_step"])
+
+    def _evaluate(self, net: nn.Module, loader: Any, amp: bool, prefix: str) -> dict[str, float]:
+        fn = evaluate_vision if self.cfg.task == "vision" else evaluate_lm
+        res = fn(net, loader, self.dist.device, amp=amp, progress=self.cfg.progress and self.dist.is_main,
+                 desc=f"{prefix}eval")
+        keep = ("top1", "top5", "loss") if self.cfg.task == "vision" else ("loss", "ppl")
+        return {f"{prefix}eval_{k}": res[k] for k in keep}
+
+    def _run_callbacks(self, model: nn.Module, epoch: int, logger: MetricLogger) -> None:
+        was_training = model.training
+        model.eval()
+        try:
+            for cb in self.callbacks:
+                cb(model, epoch, logger)
+        finally:
+            model.train(was_training)
+
+
+def train(
+    cfg: TrainConfig,
+    *,
+    callbacks: Sequence[Callback] = (),
+    resume: bool | str | Path = False,
+    overwrite: bool = False,
+) -> TrainResult:
+    """Train ``cfg`` (in this process, or as one rank of a ``torchrun`` job).
+
+    Args:
+        callbacks: called on rank 0 at the end of every epoch as ``cb(model, epoch, logger)``; see
+            :mod:`kpca_attention.train`.
+        resume: ``True`` continues the run in ``cfg.output_dir``; a path continues from that run or
+            checkpoint directory (written to ``cfg.output_dir``).
+        overwrite: start afresh even if ``cfg.output_dir`` already holds a run.
+    """
+    dist = init_distributed(cfg.device)
+    owns_group = dist.distributed
+    try:
+        return _Trainer(cfg, dist, callbacks, resume, overwrite).run()
+    finally:
+        if owns_group:
+            cleanup_distributed()
+

@@ -1,0 +1,163 @@
+"""Training loop: presets and overrides, exact (mid-epoch) resume, the lr schedule, callbacks,
+evaluation and load_model. Tiny models (one block) on a few hundred scikit-learn digits."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from kpca_attention.models import NormalizedModel
+from kpca_attention.train import (
+    PRESETS,
+    TrainConfig,
+    apply_overrides,
+    evaluate_checkpoint,
+    get_preset,
+    load_model,
+    train,
+)
+from kpca_attention.train.logger import read_csv
+
+TINY = dict(
+    epochs=2, train_subset=96, eval_subset=48, batch_size=16, eval_batch_size=48, progress=False,
+    log_every_steps=1, model_kwargs={"depth": 1, "embed_dim": 48}, num_workers=0,
+)
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """Tiny models: one thread is fastest, and it avoids OpenMP spin-waiting on a shared, busy CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny(tmp_path, name="run", **kw) -> TrainConfig:
+    opts = {**TINY, **kw}
+    return get_preset("digits-cpu", output_dir=str(tmp_path / name), **opts)
+
+
+def weights(result) -> dict[str, torch.Tensor]:
+    return load_file(str(result.checkpoint / "model.safetensors"))
+
+
+def assert_same_weights(a, b, atol=0.0):
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=atol, msg=f"tensor {k} differs")
+
+
+# --- config -----------------------------------------------------------------------------------
+
+def test_presets_build_and_deit_recipe():
+    for name in PRESETS:
+        cfg = get_preset(name)
+        assert cfg.preset == name
+    deit = get_preset("deit")
+    assert (deit.opt, deit.weight_decay, deit.sched, deit.warmup_epochs) == ("adamw", 0.05, "cosine", 5.0)
+    assert (deit.warmup_lr, deit.min_lr, deit.drop_path, deit.smoothing) == (1e-6, 1e-5, 0.1, 0.1)
+    assert (deit.mixup, deit.cutmix, deit.reprob, deit.repeated_aug) == (0.8, 1.0, 0.25, 3)
+    assert deit.auto_augment == "rand-m9-mstd0.5-inc1" and deit.model_ema and deit.epochs == 300
+    # linear scaling rule: 5e-4 * global batch / 512
+    assert deit.learning_rate(world_size=8) == pytest.approx(5e-4 * deit.batch_size * 8 / 512)
+    lm = get_preset("lm")
+    assert (lm.opt, lm.lr, lm.warmup_steps, lm.batch_size, lm.context) == ("adam", 2.5e-4, 2000, 96, 256)
+
+
+def test_overrides_parse_and_reject_unknown():
+    cfg = apply_overrides(get_preset("fmnist-cpu"), [
+        "lr=3e-3", "amp=false", "img_size=None", "model_kwargs.rpc_iters=6", "opt_betas=(0.9, 0.95)",
+        "model=rpc_symvit_mini_patch4_28",
+    ])
+    assert cfg.lr == 3e-3 and cfg.amp is False and cfg.img_size is None
+    assert cfg.model_kwargs == {"rpc_iters": 6} and cfg.opt_betas == (0.9, 0.95)
+    assert cfg.model == "rpc_symvit_mini_patch4_28"
+    with pytest.raises(ValueError, match="unknown config key 'learning_rate'"):
+        apply_overrides(cfg, ["learning_rate=1"])
+    with pytest.raises(ValueError, match="unknown preset"):
+        get_preset("imagenet-fast")
+    with pytest.raises(ValueError, match="batch_size"):
+        apply_overrides(cfg, ["batch_size=0"])
+    assert TrainConfig.from_json(cfg.to_json()) == cfg
+
+
+# --- exact resume -----------------------------------------------------------------------------
+
+def test_resume_mid_epoch_equals_uninterrupted_run(tmp_path):
+    """Mixup/CutMix, drop path and random crops all draw random numbers: a run stopped after 3 steps
+    (mid-epoch: 6 steps per epoch) and resumed must still end bitwise where the uninterrupted run ends."""
+    aug = dict(mixup=0.8, cutmix=1.0, drop_path=0.1, smoothing=0.1)
+    full = train(tiny(tmp_path, "full", **aug))
+    part = train(tiny(tmp_path, "part", max_steps=3, checkpoint_every_steps=2, **aug))
+    assert part.global_step == 3 and part.checkpoint.name == "e0000-s00000003"
+    resumed = train(tiny(tmp_path, "part", **aug), resume=True)
+    assert resumed.global_step == full.global_step == 12
+    assert_same_weights(full, resumed)
+    # the metric files read as one uninterrupted run
+    h_full, h_res = read_csv(tmp_path / "full" / "epochs.csv"), read_csv(tmp_path / "part" / "epochs.csv")
+    assert [r["epoch"] for r in h_res] == [0, 1]
+    for a, b in zip(h_full, h_res, strict=True):
+        assert a["train_loss"] == b["train_loss"] and a["eval_top1"] == b["eval_top1"]
+    steps = read_csv(tmp_path / "part" / "steps.csv")
+    assert [r["step"] for r in steps] == list(range(1, 13))
+
+
+def test_resume_refuses_changed_recipe_and_fresh_start_over_existing_run(tmp_path):
+    train(tiny(tmp_path, max_steps=1))
+    with pytest.raises(ValueError, match="lr"):
+        train(tiny(tmp_path, lr=0.5), resume=True)
+    with pytest.raises(FileExistsError, match="resume"):
+        train(tiny(tmp_path))
+
+
+# --- schedule, callbacks, evaluation ----------------------------------------------------------
+
+def test_scheduler_is_stepped_warmup_then_cosine(tmp_path):
+    cfg = tiny(tmp_path, epochs=3, lr=1e-3, warmup_epochs=1.0, warmup_lr=1e-5, min_lr=1e-5)
+    train(cfg)
+    lrs = [r["lr"] for r in read_csv(tmp_path / "run" / "steps.csv")]  # lr after each of 18 steps
+    assert len(lrs) == 18
+    # linear warm-up from 1e-5 over epoch 1 (6 steps), then timm's cosine (warm-up inside the cosine span)
+    for t in range(1, 6):
+        assert lrs[t - 1] == pytest.approx(1e-5 + t * (1e-3 - 1e-5) / 6, rel=1e-6)
+    for t in range(6, 19):
+        cosine = 1e-5 + 0.5 * (1e-3 - 1e-5) * (1 + math.cos(math.pi * t / 18))
+        assert lrs[t - 1] == pytest.approx(cosine, rel=1e-6)
+    assert lrs[-1] == pytest.approx(1e-5)
+
+
+def test_callbacks_log_and_do_not_change_the_trajectory(tmp_path):
+    calls = []
+
+    def cb(model, epoch, logger):
+        assert isinstance(model, NormalizedModel) and not model.training
+        x = torch.rand(4, 1, 28, 28)  # draws from the global RNG on purpose
+        random.random()
+        with torch.no_grad():
+            logger.log({"probe_mean_logit": model(x).mean().item()})
+        calls.append((epoch, logger.step))
+
+    plain = train(tiny(tmp_path, "plain"))
+    with_cb = train(tiny(tmp_path, "cb"), callbacks=[cb])
+    assert calls == [(0, 6), (1, 12)]
+    assert_same_weights(plain, with_cb)
+    rows = read_csv(tmp_path / "cb" / "epochs.csv")
+    assert all(math.isfinite(r["probe_mean_logit"]) for r in rows)
+    assert (tmp_path / "cb" / "tb").is_dir()
+
+
+def test_load_model_and_evaluate_checkpoint(tmp_path):
+    res = train(tiny(tmp_path, eval_subset=None, epochs=1))
+    model, cfg = load_model(tmp_path / "run")
+    assert isinstance(model, NormalizedModel) and not model.training and cfg.model == "symvit_mini_patch4_28"
+    out = evaluate_checkpoint(str(tmp_path / "run"), progress=False)
+    assert out["n"] == 360  # digits: 20% held out
+    # the loop's last evaluation used the same weights and the same held-out set
+    assert out["top1"] == pytest.approx(res.final["eval_top1"])
+    assert 0.0 <= out["top1"] <= out["top5"] <= 1.0
