@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .pap import THRESHOLDS, pap
+from .pap import THRESHOLDS, _visible, pap
 
 __all__ = [
     "SymmetricAttention",
@@ -59,9 +59,20 @@ class _HeadsAttention(nn.Module):
         norm_layer: Callable[..., nn.Module] | None = None,
         device: Any = None,
         dtype: Any = None,
-        **_ignored: Any,  # e.g. timm's ``depth``; accepted for drop-in compatibility
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        gated: bool = False,
+        depth: int = 0,
     ) -> None:
         super().__init__()
+        # timm's Attention takes these too; only their defaults are supported here. An unknown
+        # keyword is a TypeError (not swallowed), so a misspelt option of configure() is caught.
+        del depth  # timm's block index, used by none of these layers
+        if gated or dim_out not in (None, dim) or attn_head_dim not in (None, dim // max(num_heads, 1)):
+            raise ValueError(
+                f"{type(self).__name__} supports timm's attn_head_dim, dim_out and gated only at their "
+                f"defaults (got attn_head_dim={attn_head_dim}, dim_out={dim_out}, gated={gated})"
+            )
         if dim % num_heads != 0:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         if (qk_norm or scale_norm) and norm_layer is None:
@@ -73,7 +84,8 @@ class _HeadsAttention(nn.Module):
         in_proj = nn.Linear(dim, len(self.projections) * dim, bias=qkv_bias, **dd)
         # timm's name for the fused projection is ``qkv``; the symmetric one holds only K and V.
         self.add_module("".join(self.projections), in_proj)
-        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm and "q" in self.projections else nn.Identity()
+        has_q = "q" in self.projections
+        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm and has_q else nn.Identity()
         self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
         self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
@@ -89,7 +101,7 @@ class _HeadsAttention(nn.Module):
         """``(B, N, C)`` -> ``{"q"?, "k", "v"}`` each ``(B, H, N, D)``, normed and hooked."""
         b, n, _ = x.shape
         parts = self.in_proj(x).reshape(b, n, len(self.projections), self.num_heads, self.head_dim)
-        out = dict(zip(self.projections, parts.permute(2, 0, 3, 1, 4).unbind(0)))
+        out = dict(zip(self.projections, parts.permute(2, 0, 3, 1, 4).unbind(0), strict=True))
         out["k"] = self.hook_k(self.k_norm(out["k"]))
         out["q"] = self.hook_q(self.q_norm(out["q"])) if "q" in out else self.hook_q(out["k"])
         out["v"] = self.hook_v(out["v"])
@@ -100,7 +112,9 @@ class _HeadsAttention(nn.Module):
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         if x.dim() != 3 or x.shape[-1] != self.attn_dim:
-            raise ValueError(f"{type(self).__name__}: x must be (B, N, {self.attn_dim}), got {tuple(x.shape)}")
+            raise ValueError(
+                f"{type(self).__name__}: x must be (B, N, {self.attn_dim}), got {tuple(x.shape)}"
+            )
         b, n, _ = x.shape
         out = self.attend(self.split_heads(x), attn_mask, is_causal)  # (B, H, N, D)
         out = self.norm(out.transpose(1, 2).reshape(b, n, self.attn_dim))
@@ -190,6 +204,8 @@ class ScaledAttention(_HeadsAttention):
 
     Both modes start as ordinary attention (S = 0). Computed without forming A:
     ``A (I - S) V = SDPA(Q, K, V - S V)``, where ``S V`` is ``S @ V`` or ``alpha * SDPA(K, K, V)``.
+    Masks (``attn_mask``, ``is_causal``) apply to A_sym and, in matrix mode, to the learned S as well
+    (entries that A may not attend to are zeroed), so S V brings in no hidden or future token.
     """
 
     MODES = ("scalar", "matrix")
@@ -210,7 +226,9 @@ class ScaledAttention(_HeadsAttention):
         self.num_tokens = num_tokens
         if mode == "matrix":
             if num_tokens is None or num_tokens < 1:
-                raise ValueError("ScaledAttention(mode='matrix') needs num_tokens (the fixed sequence length)")
+                raise ValueError(
+                    "ScaledAttention(mode='matrix') needs num_tokens >= 1 (the fixed sequence length)"
+                )
             self.scale_s = nn.Parameter(torch.zeros(num_heads, num_tokens, num_tokens))
         else:
             self.alpha = nn.Parameter(torch.zeros(1))
@@ -223,9 +241,16 @@ class ScaledAttention(_HeadsAttention):
                 raise ValueError(
                     f"ScaledAttention(mode='matrix') was built for {self.num_tokens} tokens, got {n}"
                 )
-            sv = self.scale_s.to(v.dtype) @ v
+            # S gets the mask of A, so that S V brings in nothing A may not see (padding, future).
+            s = self.scale_s.to(v.dtype)
+            if is_causal:
+                s = s.tril()
+            if attn_mask is not None:
+                s = torch.where(_visible(attn_mask), s, 0.0)
+            sv = s @ v
         else:
-            sv = self.alpha * F.scaled_dot_product_attention(k, k, v, attn_mask=attn_mask, is_causal=is_causal)
+            a_sym_v = F.scaled_dot_product_attention(k, k, v, attn_mask=attn_mask, is_causal=is_causal)
+            sv = self.alpha * a_sym_v
         return F.scaled_dot_product_attention(
             q, k, v - sv, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.dropout_p
         )
@@ -258,7 +283,7 @@ def _projection_slices(layer: nn.Module) -> dict[str, tuple[Tensor, Tensor | Non
         raise TypeError(f"cannot read q/k/v projections of {type(layer).__name__} (no fused qkv Linear)")
     ws = lin.weight.chunk(len(names), 0)
     bs = lin.bias.chunk(len(names), 0) if lin.bias is not None else [None] * len(names)
-    out = dict(zip(names, zip(ws, bs)))
+    out = dict(zip(names, zip(ws, bs, strict=True), strict=True))
     out.setdefault("q", out["k"])  # symmetric: W_Q = W_K
     return out
 
@@ -269,7 +294,7 @@ def _carry_weights(old: nn.Module, new: _HeadsAttention) -> None:
     dst = new.in_proj
     ws = dst.weight.chunk(len(new.projections), 0)
     bs = dst.bias.chunk(len(new.projections), 0) if dst.bias is not None else [None] * len(new.projections)
-    for name, w, b in zip(new.projections, ws, bs):
+    for name, w, b in zip(new.projections, ws, bs, strict=True):
         w.copy_(src[name][0])
         if b is not None and src[name][1] is not None:
             b.copy_(src[name][1])
@@ -318,6 +343,8 @@ def replace_attention(
     for i in chosen:
         old = model.blocks[i].attn
         dim = old.proj.in_features
+        if getattr(old, "gate", None) is not None or old.proj.out_features != dim:
+            raise ValueError(f"block {i}: gated attention or dim_out != dim cannot be replaced")
         qkv_lin = old.in_proj if isinstance(old, _HeadsAttention) else old.qkv
         kwargs = dict(
             num_heads=old.num_heads,

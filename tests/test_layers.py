@@ -1,0 +1,261 @@
+"""The attention layers inside a small timm VisionTransformer, and replace_attention."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from timm.layers import Attention
+from timm.models.vision_transformer import VisionTransformer
+
+from kpca_attention.layers import (
+    RPCAttention,
+    ScaledAttention,
+    SymmetricAttention,
+    configure,
+    replace_attention,
+    resolve_blocks,
+)
+from kpca_attention.pap import pap
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+DIM, HEADS, DEPTH, N_TOKENS = 48, 3, 2, 17  # 32 px / patch 8 = 16 patches + CLS
+HEAD_DIM = DIM // HEADS
+
+LAYERS = {
+    "symmetric": SymmetricAttention,
+    "rpc": configure(RPCAttention, n_iter=2),
+    "rpc_asym": configure(RPCAttention, n_iter=2, symmetric=False),
+    "scaled_scalar": configure(ScaledAttention, mode="scalar"),
+    "scaled_matrix": configure(ScaledAttention, mode="matrix", num_tokens=N_TOKENS),
+}
+
+
+def vit(attn_layer=Attention, seed: int = 0, **kwargs) -> VisionTransformer:
+    torch.manual_seed(seed)
+    return VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=DIM, depth=DEPTH, num_heads=HEADS, num_classes=10,
+        attn_layer=attn_layer, **kwargs,
+    )
+
+
+def images(b: int = 2, seed: int = 1) -> torch.Tensor:
+    return torch.rand(b, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+def randomise_scaled(model: torch.nn.Module) -> torch.nn.Module:
+    """Make the zero-initialised Scaled Attention parameters (alpha, S) non-trivial."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("alpha", "scale_s")):
+                p.normal_(0, 0.1)
+    return model
+
+
+@pytest.fixture(scope="module", params=list(LAYERS))
+def layer_name(request) -> str:
+    return request.param
+
+
+def test_forward_backward_finite(layer_name: str) -> None:
+    model = vit(LAYERS[layer_name])
+    assert all(isinstance(b.attn, LAYERS[layer_name]) for b in model.blocks)
+    out = model(images())
+    assert out.shape == (2, 10)
+    out.square().sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+    # the new parameters of Scaled Attention start at 0 but do learn
+    for name, p in model.named_parameters():
+        if name.endswith(("alpha", "scale_s")):
+            assert p.grad.abs().sum() > 0, name
+
+
+def test_state_dict_round_trip(layer_name: str) -> None:
+    model = randomise_scaled(vit(LAYERS[layer_name], seed=0))
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    buf.seek(0)
+    other = vit(LAYERS[layer_name], seed=1)
+    x = images()
+    assert not torch.equal(model.eval()(x), other.eval()(x))
+    other.load_state_dict(torch.load(buf, weights_only=True), strict=True)
+    assert torch.equal(model(x), other(x))
+
+
+def test_parameter_count_symmetric_vs_asymmetric() -> None:
+    def count(m):
+        return sum(p.numel() for p in m.parameters())
+
+    asym, sym = count(vit(Attention)), count(vit(SymmetricAttention))
+    # no query projection: DIM x DIM weights + DIM biases fewer per block (timm: qkv_bias=True)
+    assert asym - sym == DEPTH * (DIM * DIM + DIM)
+    assert count(vit(LAYERS["rpc"])) == sym
+    assert count(vit(LAYERS["rpc_asym"])) == asym
+    assert count(vit(LAYERS["scaled_scalar"])) == asym + DEPTH
+    assert count(vit(LAYERS["scaled_matrix"])) == asym + DEPTH * HEADS * N_TOKENS**2
+
+
+def test_hooks_see_heads(layer_name: str) -> None:
+    model = vit(LAYERS[layer_name]).eval()
+    seen: dict[str, tuple] = {}
+    attn = model.blocks[1].attn
+    for name in ("hook_q", "hook_k", "hook_v"):
+        getattr(attn, name).register_forward_hook(
+            lambda mod, inp, out, name=name: seen.__setitem__(name, tuple(out.shape))
+        )
+    model(images(b=2))
+    assert seen == {name: (2, HEADS, N_TOKENS, HEAD_DIM) for name in ("hook_q", "hook_k", "hook_v")}
+
+
+def test_causal_and_masked_forward(layer_name: str) -> None:
+    """timm's attn_mask / is_causal reach the layers; under is_causal nothing flows backwards."""
+    model = randomise_scaled(vit(LAYERS[layer_name])).eval()
+    x = images()
+    x2 = x.clone()
+    x2[:, :, 24:, 24:] = torch.rand(2, 3, 8, 8)  # the last patch = the last token only
+    with torch.no_grad():
+        a = model.forward_features(x, is_causal=True)
+        b = model.forward_features(x2, is_causal=True)
+    assert torch.isfinite(a).all()
+    torch.testing.assert_close(a[:, :-1], b[:, :-1], rtol=0, atol=1e-6)
+    assert not torch.allclose(a[:, -1], b[:, -1])
+
+    # a boolean mask hiding the last 5 tokens as keys: changing them does not move the others
+    mask = torch.ones(2, 1, N_TOKENS, N_TOKENS, dtype=torch.bool)
+    mask[..., -5:] = False
+    x3 = x.clone()
+    x3[:, :, 24:, :] = torch.rand(2, 3, 8, 32)  # the last four patches
+    with torch.no_grad():
+        a = model.forward_features(x, attn_mask=mask)
+        b = model.forward_features(x3, attn_mask=mask)
+        unmasked = model.forward_features(x)
+    torch.testing.assert_close(a[:, :-5], b[:, :-5], rtol=0, atol=1e-6)
+    assert not torch.allclose(a[:, :-5], unmasked[:, :-5])
+
+
+def test_record_trace() -> None:
+    model = vit(configure(RPCAttention, n_iter=3, record_trace=True))
+    assert model.blocks[0].attn.last_trace is None
+    model(images())
+    trace = model.blocks[0].attn.last_trace
+    assert len(trace["s_density"]) == 3 and len(trace["s_density_per_head"]) == 3
+    assert trace["s_density_per_head"][0].shape == (HEADS,)
+    plain = vit(LAYERS["rpc"])
+    plain(images())
+    assert plain.blocks[0].attn.last_trace is None
+
+
+def test_rpc_dropout_only_in_training() -> None:
+    model = vit(configure(RPCAttention, n_iter=2), attn_drop_rate=0.3)
+    x = images()
+    model.train()
+    assert not torch.equal(model(x), model(x))
+    model.eval()
+    assert torch.equal(model(x), model(x))
+
+
+def test_scaled_matrix_wrong_length() -> None:
+    layer = ScaledAttention(DIM, HEADS, mode="matrix", num_tokens=N_TOKENS)
+    with pytest.raises(ValueError, match=r"built for 17 tokens, got 10"):
+        layer(torch.randn(2, 10, DIM))
+    with pytest.raises(ValueError, match=r"needs num_tokens"):
+        ScaledAttention(DIM, HEADS, mode="matrix")
+    with pytest.raises(ValueError, match=r"unknown mode 'vector'"):
+        ScaledAttention(DIM, HEADS, mode="vector")
+
+
+def test_layer_argument_errors() -> None:
+    with pytest.raises(TypeError):
+        configure(RPCAttention, n_iters=3)(DIM, HEADS)  # a misspelt option is not swallowed
+    with pytest.raises(ValueError, match="gated"):
+        SymmetricAttention(DIM, HEADS, gated=True)
+    with pytest.raises(ValueError, match="divisible"):
+        SymmetricAttention(DIM, 5)
+    with pytest.raises(ValueError, match="unknown threshold"):
+        RPCAttention(DIM, HEADS, threshold="paper")
+    with pytest.raises(ValueError, match="n_iter"):
+        RPCAttention(DIM, HEADS, n_iter=0)
+    with pytest.raises(ValueError, match=r"x must be \(B, N, 48\)"):
+        SymmetricAttention(DIM, HEADS)(torch.randn(2, 5, 47))
+    with pytest.raises(ValueError, match="out of range"):
+        resolve_blocks([0, 5], DEPTH)
+    assert resolve_blocks("first", 4) == [0] and resolve_blocks("0,-1", 4) == [0, 3]
+
+
+# ----------------------------------------------------------------------------- replace_attention
+
+
+def _qkv_heads(attn: Attention, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q, k, v of a timm Attention from its qkv rows, (B, H, N, D)."""
+    b, n, _ = x.shape
+    qkv = F.linear(x, attn.qkv.weight, attn.qkv.bias).reshape(b, n, 3, HEADS, HEAD_DIM)
+    return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def test_replace_with_symmetric_carries_weights() -> None:
+    model = vit(Attention).eval()
+    old = model.blocks[0].attn
+    x = torch.randn(2, N_TOKENS, DIM)
+    _, k, v = _qkv_heads(old, x)
+    with torch.no_grad():
+        attn = torch.softmax(k @ k.transpose(-2, -1) / math.sqrt(HEAD_DIM), dim=-1)
+        expected = old.proj((attn @ v).transpose(1, 2).reshape(2, N_TOKENS, DIM))
+    assert replace_attention(model, SymmetricAttention, blocks="first") == [0]
+    new = model.blocks[0].attn
+    assert isinstance(new, SymmetricAttention) and isinstance(model.blocks[1].attn, Attention)
+    assert not new.training
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_replace_rpc_one_step_huge_threshold_is_symmetric() -> None:
+    model_sym, model_rpc = vit(Attention).eval(), vit(Attention).eval()
+    replace_attention(model_sym, SymmetricAttention)
+    assert replace_attention(model_rpc, RPCAttention, n_iter=1, lam=1e8) == [0, 1]
+    assert model_rpc.blocks[1].attn.n_iter == 1
+    x = images()
+    with torch.no_grad():
+        torch.testing.assert_close(model_rpc(x), model_sym(x), rtol=0, atol=1e-6)
+        # and the layer computes pap on the carried K, V
+        layer = model_rpc.blocks[0].attn
+        h = torch.randn(2, N_TOKENS, DIM)
+        heads = layer.split_heads(h)
+        out = pap(heads["k"], heads["v"], 1, 1e8).transpose(1, 2).reshape(2, N_TOKENS, DIM)
+        torch.testing.assert_close(layer(h), layer.proj(out))
+
+
+@pytest.mark.parametrize("mode", ["scalar", "matrix"])
+def test_replace_with_scaled_at_init_is_the_original(mode: str) -> None:
+    model = vit(Attention).eval()
+    x = images()
+    with torch.no_grad():
+        before = model(x)
+        h = torch.randn(2, N_TOKENS, DIM, generator=torch.Generator().manual_seed(3))
+        layer_out = model.blocks[1].attn(h)
+    kwargs = {"num_tokens": N_TOKENS} if mode == "matrix" else {}
+    replace_attention(model, ScaledAttention, blocks=[1], mode=mode, **kwargs)
+    with torch.no_grad():
+        assert torch.equal(model(x), before)
+        assert torch.equal(model.blocks[1].attn(h), layer_out)
+
+
+def test_replace_symmetric_to_asymmetric_takes_q_from_k() -> None:
+    model = vit(SymmetricAttention).eval()
+    sym = model.blocks[0].attn
+    replace_attention(model, configure(RPCAttention, symmetric=False), blocks=0)
+    new = model.blocks[0].attn
+    w_q, w_k, w_v = new.qkv.weight.chunk(3, 0)
+    w_k_old, w_v_old = sym.kv.weight.chunk(2, 0)
+    assert torch.equal(w_q, w_k_old) and torch.equal(w_k, w_k_old) and torch.equal(w_v, w_v_old)
+    assert torch.equal(new.proj.weight, sym.proj.weight)
+
+
+def test_replace_rejects_non_vit() -> None:
+    with pytest.raises(TypeError, match="no .blocks"):
+        replace_attention(torch.nn.Linear(2, 2), SymmetricAttention)
