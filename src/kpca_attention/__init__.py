@@ -4,6 +4,7 @@ RPC-Attention (Teo & Nguyen, NeurIPS 2024) as drop-in timm layers, the paper's m
 evaluation, and the KPCA diagnostics of both the paper and its critique (arXiv 2505.07908).
 """
 
+from . import models  # noqa: F401  (registers the paper's vision models in timm)
 from .layers import RPCAttention, ScaledAttention, SymmetricAttention, configure, replace_attention
 from .pap import pap, pap_mu, shrink
 

@@ -1,0 +1,390 @@
+"""Image datasets yielding ``(image, label)`` with ``image`` a float tensor ``(C, H, W)`` in [0, 1].
+
+Normalisation is left to the model (:class:`kpca_attention.models.NormalizedModel` with the ``mean`` and
+``std`` of :func:`dataset_info`), so corruptions and attacks work in pixel space.
+
+=================  ==========================================================================================
+``fashion-mnist``  the embedded default: Debian package ``dataset-fashion-mnist`` (idx files under
+                   ``/usr/share/datasets/fashion-mnist``), 60k train / 10k test, 1 x 28 x 28, 10 classes
+``digits``         scikit-learn's 8 x 8 digits (1797 images, shipped with scikit-learn), resized to 28 px by
+                   default so the ``*_mini_patch4_28`` models apply unchanged; a fixed seeded 80/20 split;
+                   a tiny fallback for tests
+``imagenet``       ImageNet-1K as an ImageFolder tree ``root/{train,val}/<wnid>/*.JPEG``; DeiT transforms
+                   through ``timm.data.create_transform``
+``imagefolder``    any ImageFolder tree ``root/<split>/<class>/*``
+``cifar10/100``    torchvision's ``cifar-10-batches-py`` / ``cifar-100-python`` under ``root`` (read with
+                   ``download=False``), or an ImageFolder tree ``root/{train,test}/<class>/*.png``
+=================  ==========================================================================================
+
+Splits: ``"train"``, ``"test"`` and ``"val"``. Datasets with only one held-out set (Fashion-MNIST, digits,
+CIFAR, ImageNet's ``val``) answer both ``"test"`` and ``"val"`` with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset, Subset
+from torchvision.transforms import v2
+
+from ..models.normalize import IMAGENET_MEAN, IMAGENET_STD
+
+__all__ = [
+    "ImageDatasetInfo",
+    "TensorImageDataset",
+    "build_image_dataset",
+    "dataset_info",
+    "DATASETS",
+    "FASHION_MNIST_ROOT",
+]
+
+#: where the Debian package ``dataset-fashion-mnist`` puts the idx files (override: $FASHION_MNIST_ROOT)
+FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
+SPLITS = ("train", "test", "val")
+
+FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                         "Sneaker", "Bag", "Ankle boot")
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+@dataclass(frozen=True)
+class ImageDatasetInfo:
+    """What a model for this dataset needs: classes, channels, native size, normalisation statistics.
+
+    ``mean`` and ``std`` are per channel, for images in [0, 1] (give them to ``NormalizedModel``).
+    ``class_names`` is None when it depends on a folder not given.
+    """
+
+    num_classes: int
+    in_chans: int
+    img_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    class_names: tuple[str, ...] | None = None
+
+
+_INFO: dict[str, ImageDatasetInfo] = {
+    # Fashion-MNIST statistics of the training set (pixel mean / std over all 60k images).
+    "fashion-mnist": ImageDatasetInfo(10, 1, 28, (0.2860,), (0.3530,), FASHION_MNIST_CLASSES),
+    # digits: 0..16 scaled to [0, 1] and stored as uint8; statistics over all 1797 images at 8 x 8.
+    "digits": ImageDatasetInfo(10, 1, 28, (0.3053,), (0.3759,), tuple(str(i) for i in range(10))),
+    "imagenet": ImageDatasetInfo(1000, 3, 224, IMAGENET_MEAN, IMAGENET_STD, None),
+    "imagefolder": ImageDatasetInfo(0, 3, 224, IMAGENET_MEAN, IMAGENET_STD, None),
+    "cifar10": ImageDatasetInfo(10, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616),
+                                CIFAR10_CLASSES),
+    "cifar100": ImageDatasetInfo(100, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), None),
+}
+DATASETS: tuple[str, ...] = tuple(_INFO)
+
+
+def _check_name(name: str) -> str:
+    key = name.lower().replace("_", "-")
+    key = {"fashion_mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "imagenet-1k": "imagenet",
+           "cifar-10": "cifar10", "cifar-100": "cifar100"}.get(key, key)
+    if key not in _INFO:
+        raise ValueError(f"unknown image dataset {name!r}; valid: {', '.join(DATASETS)}")
+    return key
+
+
+def _check_split(split: str) -> str:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+    return split
+
+
+def dataset_info(name: str, root: str | os.PathLike | None = None) -> ImageDatasetInfo:
+    """Classes, channels, native image size and normalisation statistics of a dataset.
+
+    For ``imagefolder`` (and ``imagenet``/``cifar100`` class names) give ``root`` to read the classes.
+    """
+    key = _check_name(name)
+    info = _INFO[key]
+    if root is not None and key in ("imagefolder", "imagenet", "cifar100"):
+        ds = build_image_dataset(key, "train", root=root)
+        classes = tuple(_classes_of(ds))
+        info = ImageDatasetInfo(len(classes), info.in_chans, info.img_size, info.mean, info.std, classes)
+    return info
+
+
+def _classes_of(ds: Dataset) -> Sequence[str]:
+    while isinstance(ds, Subset):
+        ds = ds.dataset
+    return ds.classes
+
+
+# ----------------------------------------------------------------------------- in-memory datasets
+
+class TensorImageDataset(Dataset):
+    """Images held in memory as uint8 ``(N, C, H, W)``; items are ``(float (C, H', W') in [0, 1], int)``.
+
+    ``transform`` (optional) maps the float image in [0, 1] to the output image (resize, augmentation).
+    """
+
+    def __init__(
+        self,
+        images: Tensor,
+        labels: Tensor,
+        classes: Sequence[str],
+        transform: Callable[[Tensor], Tensor] | None = None,
+    ) -> None:
+        if images.dim() != 4 or images.dtype != torch.uint8:
+            raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
+        if labels.shape != (images.shape[0],):
+            raise ValueError(f"labels must be ({images.shape[0]},), got {tuple(labels.shape)}")
+        self.images, self.labels = images, labels.long()
+        self.classes = list(classes)
+        self.targets = self.labels.tolist()  # torchvision convention, used for class-balanced sampling
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, i: int) -> tuple[Tensor, int]:
+        x = self.images[i].float().div_(255.0)
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, int(self.labels[i])
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    """An idx file (the MNIST format: magic, dims as big-endian int32, then uint8 data), gzip or not."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise ValueError(f"{path}: not a uint8 idx file (magic {raw[:4].hex()})")
+    ndim = raw[3]
+    dims = np.frombuffer(raw, dtype=">i4", count=ndim, offset=4)
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(dims)):
+        raise ValueError(f"{path}: truncated idx file ({data.size} bytes of data, dims {dims.tolist()})")
+    return data.reshape(tuple(int(d) for d in dims))
+
+
+def _find(root: Path, stem: str) -> Path | None:
+    for cand in (root / f"{stem}.gz", root / stem):
+        if cand.is_file():
+            return cand
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _load_fashion_mnist(root: str, train: bool) -> tuple[Tensor, Tensor]:
+    base = Path(root)
+    prefix = "train" if train else "t10k"
+    img_path = _find(base, f"{prefix}-images-idx3-ubyte")
+    lab_path = _find(base, f"{prefix}-labels-idx1-ubyte")
+    if img_path is None or lab_path is None:
+        raise FileNotFoundError(
+            f"Fashion-MNIST not found: expected {prefix}-images-idx3-ubyte.gz and "
+            f"{prefix}-labels-idx1-ubyte.gz in {base}. Install the Debian package "
+            "(sudo apt-get install dataset-fashion-mnist), or pass root= (or set $FASHION_MNIST_ROOT) "
+            "to a folder holding the four idx files."
+        )
+    images = torch.from_numpy(_read_idx(img_path).copy()).unsqueeze(1)  # (N, 1, 28, 28)
+    labels = torch.from_numpy(_read_idx(lab_path).astype(np.int64))
+    if images.shape[0] != labels.shape[0]:
+        raise ValueError(f"{img_path} has {images.shape[0]} images but {lab_path} {labels.shape[0]} labels")
+    return images, labels
+
+
+@functools.lru_cache(maxsize=1)
+def _load_digits() -> tuple[Tensor, Tensor]:
+    from sklearn.datasets import load_digits  # shipped with scikit-learn: no download
+
+    d = load_digits()
+    images = torch.from_numpy(np.round(d.images * (255.0 / 16.0)).astype(np.uint8)).unsqueeze(1)  # (N,1,8,8)
+    return images, torch.from_numpy(d.target.astype(np.int64))
+
+
+def _small_transform(
+    img_size: int, native: int, train: bool, hflip: bool
+) -> Callable[[Tensor], Tensor] | None:
+    """Resize (if needed); for training a padded random crop (+ horizontal flip where it is a symmetry)."""
+    steps: list[Callable] = []
+    if img_size != native:
+        steps.append(v2.Resize((img_size, img_size), antialias=True))
+    if train:
+        steps.append(v2.RandomCrop(img_size, padding=max(1, img_size // 8)))
+        if hflip:
+            steps.append(v2.RandomHorizontalFlip())
+    return v2.Compose(steps) if steps else None
+
+
+# ----------------------------------------------------------------------------- folder datasets
+
+class _NormalizedSpace(torch.nn.Module):
+    """Apply a transform written for normalised tensors (timm's RandomErasing, 'pixel' mode draws N(0, 1)
+    noise) to an image in [0, 1]: normalise, transform, map back. Erased pixels are not clipped, so after
+    the model's own normalisation they are exactly DeiT's N(0, 1) noise."""
+
+    def __init__(
+        self, inner: Callable[[Tensor], Tensor], mean: Sequence[float], std: Sequence[float]
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("mean", torch.tensor(mean).view(-1, 1, 1))
+        self.register_buffer("std", torch.tensor(std).view(-1, 1, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.inner((x - self.mean) / self.std) * self.std + self.mean
+
+
+def deit_transform(
+    img_size: int = 224,
+    train: bool = False,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    **kw: Any,
+) -> Callable:
+    """DeiT's ImageNet transforms through ``timm.data.create_transform``, outputs in [0, 1].
+
+    Training (DeiT defaults, override through ``kw``): RandomResizedCrop (bicubic), flip, colour jitter 0.3,
+    RandAugment ``rand-m9-mstd0.5-inc1``, random erasing 0.25 ('pixel' mode, in normalised space).
+    Evaluation: resize to img_size / 0.875 (bicubic), centre crop.
+    """
+    from timm.data import create_transform
+    from timm.data.random_erasing import RandomErasing
+
+    zeros, ones = (0.0,) * len(mean), (1.0,) * len(mean)  # identity Normalize: the model normalises
+    if not train:
+        return create_transform(img_size, is_training=False, interpolation=kw.pop("interpolation", "bicubic"),
+                                crop_pct=kw.pop("crop_pct", 0.875), mean=zeros, std=ones, **kw)
+    re_prob = kw.pop("re_prob", 0.25)
+    re_mode = kw.pop("re_mode", "pixel")
+    re_count = kw.pop("re_count", 1)
+    opts = dict(color_jitter=0.3, auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic")
+    opts.update(kw)
+    tf = create_transform(img_size, is_training=True, re_prob=0.0, mean=zeros, std=ones, **opts)
+    if re_prob > 0:
+        erase = RandomErasing(re_prob, mode=re_mode, max_count=re_count, device="cpu")
+        tf = v2.Compose([tf, _NormalizedSpace(erase, mean, std)])
+    return tf
+
+
+def _split_dir(root: Path, split: str, name: str) -> Path:
+    aliases = {"train": ("train",), "val": ("val", "validation", "test"),
+               "test": ("test", "val", "validation")}
+    for cand in aliases[split]:
+        if (root / cand).is_dir():
+            return root / cand
+    raise FileNotFoundError(
+        f"{name}: no folder for split {split!r} under {root} (looked for {', '.join(aliases[split])}); "
+        f"expected an ImageFolder tree {root}/<split>/<class>/<image>"
+    )
+
+
+def _need_root(name: str, root: str | os.PathLike | None) -> Path:
+    if root is None:
+        raise ValueError(f"{name}: root= is required (the folder holding the dataset); nothing is downloaded")
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"{name}: root {path} does not exist or is not a folder")
+    return path
+
+
+def _cifar(key: str, root: Path, split: str, img_size: int, train_tf: bool) -> Dataset:
+    from torchvision import datasets
+
+    info = _INFO[key]
+    tf_small = _small_transform(img_size, 32, train_tf, hflip=True)
+    to_tensor = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+    transform = v2.Compose([to_tensor, tf_small]) if tf_small is not None else to_tensor
+    folder = "cifar-10-batches-py" if key == "cifar10" else "cifar-100-python"
+    # torchvision wants the parent of the batches folder; accept either
+    base = root.parent if root.name == folder else root
+    if (base / folder).is_dir():
+        cls = datasets.CIFAR10 if key == "cifar10" else datasets.CIFAR100
+        return cls(str(base), train=split == "train", transform=transform, download=False)
+    try:
+        return datasets.ImageFolder(str(_split_dir(root, split, key)), transform=transform)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(
+            f"{key}: neither {root / folder} (torchvision's python batches) nor an ImageFolder tree "
+            f"{root}/{{train,test}}/<class>/*.png found ({info.num_classes} classes expected); nothing is "
+            "downloaded"
+        ) from e
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def build_image_dataset(
+    name: str,
+    split: str,
+    root: str | os.PathLike | None = None,
+    img_size: int | None = None,
+    train_transform: bool = False,
+    *,
+    subset: int | None = None,
+    subset_seed: int | None = 0,
+    **kw: Any,
+) -> Dataset:
+    """A dataset of ``(image (C, H, W) float in [0, 1], label int)``.
+
+    Args:
+        name: one of :data:`DATASETS` (``fashion-mnist``, ``digits``, ``imagenet``, ``imagefolder``,
+            ``cifar10``, ``cifar100``).
+        split: ``"train"``, ``"test"`` or ``"val"`` (see the module docstring for single-held-out sets).
+        root: dataset folder; Fashion-MNIST defaults to ``$FASHION_MNIST_ROOT`` or the Debian package's.
+        img_size: output size (square); default the dataset's native size (:func:`dataset_info`).
+        train_transform: augment for training (small images: padded random crop, flip where valid;
+            ImageNet / folders: DeiT's transforms, see :func:`deit_transform`, ``kw`` goes there).
+        subset: keep only this many examples (for fast CPU runs): a random sample drawn with
+            ``subset_seed`` (fixed: 0), or the first ``subset`` when ``subset_seed`` is None.
+    """
+    key = _check_name(name)
+    split = _check_split(split)
+    info = _INFO[key]
+    size = int(img_size or info.img_size)
+    if size < 1:
+        raise ValueError(f"img_size must be >= 1, got {img_size}")
+    train = split == "train"
+
+    ds: Dataset
+    if key == "fashion-mnist":
+        base = str(Path(root or os.environ.get("FASHION_MNIST_ROOT", FASHION_MNIST_ROOT)).expanduser())
+        images, labels = _load_fashion_mnist(base, train)
+        ds = TensorImageDataset(images, labels, FASHION_MNIST_CLASSES,
+                                _small_transform(size, 28, train_transform, hflip=True))
+    elif key == "digits":
+        images, labels = _load_digits()
+        # fixed split: a seeded permutation, first 80% train, rest test/val
+        perm = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(0))
+        n_train = int(0.8 * images.shape[0])
+        idx = perm[:n_train] if train else perm[n_train:]
+        # digits are not mirror-symmetric: no flips
+        ds = TensorImageDataset(images[idx], labels[idx], info.class_names or (),
+                                _small_transform(size, 8, train_transform, hflip=False))
+    elif key in ("imagenet", "imagefolder"):
+        from torchvision import datasets
+
+        path = _need_root(key, root)
+        folder = _split_dir(path, split, key)
+        ds = datasets.ImageFolder(str(folder), transform=deit_transform(size, train_transform, **kw))
+        if key == "imagenet" and len(ds.classes) != 1000:
+            raise ValueError(f"imagenet: {folder} has {len(ds.classes)} class folders, expected 1000 "
+                             "(use name='imagefolder' for other trees)")
+    else:  # cifar10 / cifar100
+        ds = _cifar(key, _need_root(key, root), split, size, train_transform)
+
+    if subset is not None:
+        if subset < 1:
+            raise ValueError(f"subset must be >= 1, got {subset}")
+        n = len(ds)
+        if subset < n:
+            if subset_seed is None:
+                idx_list = list(range(subset))
+            else:
+                g = torch.Generator().manual_seed(subset_seed)
+                idx_list = torch.randperm(n, generator=g)[:subset].sort().values.tolist()
+            ds = Subset(ds, idx_list)
+    return ds

@@ -1,0 +1,65 @@
+"""The paper's models: vision transformers registered in timm, and causal language models.
+
+Importing this package (done by ``import kpca_attention``) registers the vision models in timm, so
+``timm.create_model("rpc_symvit_tiny_patch16_224", rpc_iters=6)`` works. :func:`create_model` is a thin
+wrapper that also builds the language models and names the valid choices for an unknown name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import timm
+from torch import nn
+
+from . import lm, vit
+from .lm import LM_MODELS, LM_PRESETS, CausalLM, LMConfig, create_lm, perplexity
+from .normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizedModel
+from .vit import RPC_DEFAULTS, VISION_MODELS
+
+__all__ = [
+    "list_models",
+    "create_model",
+    "NormalizedModel",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "RPC_DEFAULTS",
+    "VISION_MODELS",
+    "LM_MODELS",
+    "LM_PRESETS",
+    "LMConfig",
+    "CausalLM",
+    "create_lm",
+    "perplexity",
+    "lm",
+    "vit",
+]
+
+
+def list_models(kind: str | None = None) -> list[str]:
+    """This package's model names: ``kind="vision"`` (timm-registered), ``"lm"``, or None for both."""
+    table = {"vision": list(VISION_MODELS), "lm": list(LM_MODELS)}
+    if kind is None:
+        return [n for names in table.values() for n in names]
+    if kind not in table:
+        raise ValueError(f"unknown kind {kind!r}; valid: {', '.join(table)} or None")
+    return table[kind]
+
+
+def create_model(name: str, **kwargs: Any) -> nn.Module:
+    """Build a model of this package by name (see :func:`list_models`); any other timm name also works.
+
+    Vision models go through ``timm.create_model(name, **kwargs)``; language models through
+    :func:`~kpca_attention.models.lm.create_lm` (``vocab_size=`` required, ``preset="paper" | "small"``
+    and LMConfig fields as keywords).
+    """
+    if name in LM_MODELS:
+        if "vocab_size" not in kwargs:
+            raise TypeError(f"{name}: vocab_size= is required for a language model")
+        return create_lm(name, **kwargs)
+    if name in VISION_MODELS or timm.is_model(name):
+        return timm.create_model(name, **kwargs)
+    raise ValueError(
+        f"unknown model {name!r}; valid names of this package: {', '.join(list_models())} "
+        "(any timm model name is accepted too)"
+    )

@@ -1,0 +1,313 @@
+"""Decoder-only language models with causal attention from :mod:`kpca_attention.layers` (paper Sec. 4.2).
+
+=============  ===============================================================================
+``lm``         asymmetric softmax attention (timm's ``Attention``): the baseline
+``symlm``      causal :class:`~kpca_attention.layers.SymmetricAttention` in every layer
+``rpc_symlm``  causal :class:`~kpca_attention.layers.RPCAttention` (PAP under the causal mask, prefix mu)
+               in ``rpc_layers`` (paper: layers 1-4, 4 iterations, lambda 4), symmetric elsewhere
+=============  ===============================================================================
+
+Architecture: token embedding + learned positional embedding, dropout, ``n_layer`` pre-norm blocks,
+final LayerNorm, output head (a Linear tied to the embedding, or ``torch.nn.AdaptiveLogSoftmaxWithLoss``
+as in the paper when ``adaptive_softmax_cutoffs`` is set). The blocks are timm's
+``timm.models.vision_transformer.Block`` (pre-norm, GELU MLP of width ``d_ff``) called with
+``is_causal=True``: the same block the vision models use, so the attention layer is the only difference
+between the families and between vision and text. The paper's code base (not public) is a
+Transformer-XL-style LM; pre-norm is the stable choice at 16 layers and is what we use.
+
+Weight init as timm's ViT: truncated normal (std 0.02) on every Linear, zero biases; embeddings N(0, 0.02).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.layers import Attention
+from timm.models.vision_transformer import Block, init_weights_vit_timm
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..layers import RPCAttention, SymmetricAttention, configure, resolve_blocks
+
+__all__ = ["LMConfig", "CausalLM", "LM_MODELS", "LM_PRESETS", "create_lm", "perplexity"]
+
+#: model name -> attention family
+LM_MODELS: dict[str, str] = {"lm": "softmax", "symlm": "symmetric", "rpc_symlm": "rpc"}
+
+
+@dataclass
+class LMConfig:
+    """Configuration of :class:`CausalLM`. Defaults are the paper's WikiText-103 model (Sec. 4.2):
+    16 layers, 8 heads, d_model 128 (head width 16), feed-forward 2048, dropout 0.1, context 256.
+
+    ``rpc_*`` apply to ``rpc_symlm`` only; ``rpc_layers`` takes what
+    :func:`kpca_attention.layers.resolve_blocks` takes (``"first"``, ``"all"``, ``"0,1,2,3"``, a list).
+    ``adaptive_softmax_cutoffs`` (e.g. ``(20000, 40000, 200000)`` for WikiText-103's 267k words) switches
+    the output to ``nn.AdaptiveLogSoftmaxWithLoss``; None (default) keeps a full softmax, right for small
+    vocabularies. ``tie_weights`` ties the full-softmax head to the token embedding.
+    """
+
+    vocab_size: int
+    n_layer: int = 16
+    n_head: int = 8
+    d_model: int = 128
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attn_dropout: float = 0.0
+    context: int = 256
+    adaptive_softmax_cutoffs: tuple[int, ...] | None = None
+    adaptive_softmax_div_value: float = 4.0
+    tie_weights: bool = True
+    rpc_layers: Any = field(default_factory=lambda: [0, 1, 2, 3])
+    rpc_iters: int = 4
+    rpc_lambda: float = 4.0
+    rpc_threshold: str = "lambda_mu"
+    rpc_mu_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 2:
+            raise ValueError(f"LMConfig: vocab_size must be >= 2, got {self.vocab_size}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"LMConfig: d_model ({self.d_model}) must be divisible by n_head "
+                             f"({self.n_head})")
+        for name in ("n_layer", "n_head", "d_model", "d_ff", "context"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LMConfig: {name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attn_dropout < 1.0:
+            raise ValueError("LMConfig: dropout and attn_dropout must be in [0, 1)")
+        if self.adaptive_softmax_cutoffs is not None:
+            cut = tuple(int(c) for c in self.adaptive_softmax_cutoffs)
+            if not cut or list(cut) != sorted(set(cut)) or cut[0] < 1 or cut[-1] >= self.vocab_size:
+                raise ValueError(
+                    f"LMConfig: adaptive_softmax_cutoffs must increase strictly within (0, vocab_size="
+                    f"{self.vocab_size}), got {self.adaptive_softmax_cutoffs}"
+                )
+            self.adaptive_softmax_cutoffs = cut
+        self.rpc_layers = resolve_blocks(self.rpc_layers, self.n_layer)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+#: named configurations (keyword overrides of LMConfig); ``small`` trains on a CPU in minutes
+LM_PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    # 4 layers, RPC in the first one (the paper's 4 of 16 layers, scaled: a quarter of the depth)
+    "small": dict(n_layer=4, n_head=4, d_model=64, d_ff=256, dropout=0.1, context=64, rpc_layers=[0]),
+}
+
+
+def _attn_layer(family: str, cfg: LMConfig, layer: int) -> type[nn.Module]:
+    if family == "softmax":
+        return Attention
+    if family == "rpc" and layer in cfg.rpc_layers:
+        return configure(RPCAttention, n_iter=cfg.rpc_iters, lam=cfg.rpc_lambda,
+                         threshold=cfg.rpc_threshold, mu_dim=cfg.rpc_mu_dim)
+    return SymmetricAttention
+
+
+class CausalLM(nn.Module):
+    """Decoder-only transformer: ``forward(idx (B, T) long, targets (B, T) long | None)``.
+
+    Returns ``(logits, loss)``:
+
+    * full softmax: ``logits (B, T, vocab)``; ``loss`` the mean cross-entropy when ``targets`` is given;
+    * adaptive softmax: with ``targets`` -> ``(None, loss)`` (full logits are not needed for the loss and
+      are costly for a 267k vocabulary); without -> ``(log_probs (B, T, vocab), None)``.
+    """
+
+    def __init__(self, cfg: LMConfig, attention: str = "symmetric") -> None:
+        super().__init__()
+        families = tuple(LM_MODELS.values())
+        if attention not in families:
+            raise ValueError(f"CausalLM: unknown attention {attention!r}; valid: {', '.join(families)}")
+        self.cfg, self.attention = cfg, attention
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Parameter(torch.zeros(1, cfg.context, cfg.d_model))
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList([
+            Block(cfg.d_model, cfg.n_head, mlp_ratio=cfg.d_ff / cfg.d_model, qkv_bias=True,
+                  proj_drop=cfg.dropout, attn_drop=cfg.attn_dropout,
+                  attn_layer=_attn_layer(attention, cfg, i))
+            for i in range(cfg.n_layer)
+        ])
+        self.norm = nn.LayerNorm(cfg.d_model)
+        if cfg.adaptive_softmax_cutoffs is not None:
+            self.head = None
+            self.adaptive = nn.AdaptiveLogSoftmaxWithLoss(
+                cfg.d_model, cfg.vocab_size, list(cfg.adaptive_softmax_cutoffs),
+                div_value=cfg.adaptive_softmax_div_value,
+            )
+        else:
+            self.adaptive = None
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    @property
+    def rpc_blocks(self) -> list[int]:
+        return [i for i, b in enumerate(self.blocks) if isinstance(b.attn, RPCAttention)]
+
+    def reset_parameters(self) -> None:
+        for m in self.modules():  # timm's ViT init: trunc_normal(0.02) on Linear, zero bias
+            if m is not self:
+                init_weights_vit_timm(m, needs_reset=True)
+        nn.init.normal_(self.tok_emb.weight, std=0.02)
+        nn.init.normal_(self.pos_emb, std=0.02)
+        if self.head is not None and self.cfg.tie_weights:
+            self.head.weight = self.tok_emb.weight
+
+    def hidden(self, idx: Tensor) -> Tensor:
+        """Final hidden states ``(B, T, d_model)`` (after the last LayerNorm) of tokens ``idx (B, T)``."""
+        if idx.dim() != 2 or idx.dtype != torch.long:
+            raise ValueError(f"idx must be a (B, T) long tensor, got {idx.dtype} {tuple(idx.shape)}")
+        t = idx.shape[1]
+        if not 1 <= t <= self.cfg.context:
+            raise ValueError(f"sequence length {t} must be in [1, context={self.cfg.context}]")
+        x = self.drop(self.tok_emb(idx) + self.pos_emb[:, :t])
+        for blk in self.blocks:
+            x = blk(x, is_causal=True)
+        return self.norm(x)
+
+    def nll_from_hidden(self, h: Tensor, targets: Tensor) -> Tensor:
+        """Per-position negative log-likelihood ``(...)`` of ``targets (...)`` given hidden ``(..., C)``."""
+        if targets.shape != h.shape[:-1]:
+            raise ValueError(f"targets {tuple(targets.shape)} must match hidden states {tuple(h.shape[:-1])}")
+        flat_h, flat_t = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
+        if self.adaptive is not None:
+            nll = -self.adaptive(flat_h, flat_t).output
+        else:
+            nll = F.cross_entropy(self.head(flat_h), flat_t, reduction="none")
+        return nll.view(targets.shape)
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
+        h = self.hidden(idx)
+        if targets is not None and targets.shape != idx.shape:
+            raise ValueError(f"targets {tuple(targets.shape)} must have the shape of idx {tuple(idx.shape)}")
+        if self.adaptive is not None:
+            if targets is not None:
+                return None, self.adaptive(h.reshape(-1, h.shape[-1]), targets.reshape(-1)).loss
+            return self.adaptive.log_prob(h.reshape(-1, h.shape[-1])).view(*idx.shape, -1), None
+        logits = self.head(h)
+        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss
+
+
+def create_lm(name: str, vocab_size: int, preset: str = "paper", **overrides: Any) -> CausalLM:
+    """``lm``, ``symlm`` or ``rpc_symlm`` at a preset of :data:`LM_PRESETS` with LMConfig overrides."""
+    if name not in LM_MODELS:
+        raise ValueError(f"unknown language model {name!r}; valid: {', '.join(LM_MODELS)}")
+    if preset not in LM_PRESETS:
+        raise ValueError(f"unknown LM preset {preset!r}; valid: {', '.join(LM_PRESETS)}")
+    fields = {f.name for f in dataclasses.fields(LMConfig)}
+    bad = sorted(set(overrides) - fields)
+    if bad:
+        raise TypeError(f"unknown LMConfig field(s) {bad}; valid: {', '.join(sorted(fields))}")
+    cfg = LMConfig(vocab_size=vocab_size, **{**LM_PRESETS[preset], **overrides})
+    return CausalLM(cfg, LM_MODELS[name])
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def _windows(n_tokens: int, context: int, stride: int) -> list[tuple[int, int]]:
+    """``(end, n_scored)`` of each window: inputs ``ids[end - L : end]``, targets
+    ``ids[end - L + 1 : end + 1]``, the last ``n_scored`` of them scored (the first window scores all
+    of its positions)."""
+    first = min(context, n_tokens - 1)
+    out = [(first, first)]
+    end = first
+    while end < n_tokens - 1:
+        step = min(stride, n_tokens - 1 - end)
+        end += step
+        out.append((end, step))
+    return out
+
+
+@torch.no_grad()
+def perplexity(
+    model: nn.Module,
+    token_ids: Tensor | Sequence[int],
+    context: int,
+    batch_size: int = 1,
+    stride: int = 1,
+    progress: bool = True,
+) -> float:
+    """Perplexity of ``token_ids`` with the paper's sliding-window protocol.
+
+    Windows of ``L = context`` tokens slide one token at a time; each window scores only its last
+    position, except the first window, which scores all of its positions. So every token after the
+    first is predicted exactly once, and from exactly ``min(L, position)`` preceding tokens: the most
+    context the model can use. ``batch_size`` windows run in one forward (same numbers as batch 1:
+    the model is put in eval mode and every window has the same length).
+
+    ``stride > 1`` is a faster APPROXIMATION of this protocol: windows advance by ``stride`` and score
+    their last ``stride`` positions, so a token sees between ``L - stride + 1`` and ``L`` preceding
+    tokens instead of exactly ``L`` (``stride = L`` is non-overlapping evaluation). Perplexity grows
+    as ``stride`` grows; report ``stride`` with the number.
+
+    Args:
+        model: a :class:`CausalLM` (its ``hidden``/``nll_from_hidden`` are used, so an adaptive softmax
+            never forms full logits), or any module whose ``forward(idx)`` returns ``(logits, _)``.
+        token_ids: 1-D token ids (at least 2).
+        context: window length L (at most the model's context).
+        batch_size: windows per forward.
+        stride: 1 for the paper's protocol; > 1 for the approximation above.
+        progress: show a tqdm bar.
+
+    Returns:
+        ``exp(mean negative log-likelihood)`` over all predicted tokens (natural log).
+    """
+    ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+    if ids.numel() < 2:
+        raise ValueError(f"perplexity needs at least 2 tokens, got {ids.numel()}")
+    if context < 1 or stride < 1 or batch_size < 1:
+        raise ValueError(f"context, stride and batch_size must be >= 1, got {context}, {stride}, "
+                         f"{batch_size}")
+    model_ctx = getattr(getattr(model, "cfg", None), "context", None)
+    if model_ctx is not None and context > model_ctx:
+        raise ValueError(f"context {context} exceeds the model's context {model_ctx}")
+    if stride > context:
+        raise ValueError(f"stride {stride} must be <= context {context} (tokens would be skipped)")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        windows = _windows(ids.numel(), context, stride)
+        total, count = 0.0, 0
+        # the first window may be shorter than the rest (when the text is shorter than L)
+        first_end, _ = windows[0]
+        total += float(_window_nll(model, ids, [first_end], first_end, device).sum())
+        count += first_end
+        rest = windows[1:]
+        bar = tqdm(total=len(rest), desc="perplexity", unit="win", disable=not progress or not rest)
+        for start in range(0, len(rest), batch_size):
+            chunk = rest[start : start + batch_size]
+            ends = [e for e, _ in chunk]
+            nll = _window_nll(model, ids, ends, context, device)  # (b, L)
+            scored = torch.tensor([k for _, k in chunk], device=device)
+            pos = torch.arange(context, device=device)
+            mask = pos.unsqueeze(0) >= (context - scored).unsqueeze(1)
+            total += float(nll.masked_fill(~mask, 0.0).sum())
+            count += int(scored.sum())
+            bar.update(len(chunk))
+        bar.close()
+    finally:
+        model.train(was_training)
+    return math.exp(total / count)
+
+
+def _window_nll(model: nn.Module, ids: Tensor, ends: list[int], length: int, device: torch.device) -> Tensor:
+    """Per-position NLL ``(len(ends), length)`` of windows ``ids[e - length : e]`` predicting
+    ``ids[e - length + 1 : e + 1]``."""
+    offs = torch.arange(-length, 0)
+    idx = torch.stack([ids[e + offs] for e in ends]).to(device)
+    tgt = torch.stack([ids[e + offs + 1] for e in ends]).to(device)
+    if hasattr(model, "hidden") and hasattr(model, "nll_from_hidden"):
+        return model.nll_from_hidden(model.hidden(idx), tgt)
+    logits, _ = model(idx)
+    return F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), reduction="none").view(tgt.shape)

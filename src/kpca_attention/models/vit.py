@@ -1,0 +1,241 @@
+"""The paper's vision transformers, registered in timm (importing :mod:`kpca_attention` registers them).
+
+Every model is a timm ``VisionTransformer`` built through ``build_model_with_cfg`` with timm's own
+weight init (``weight_init=""``: truncated normal 0.02 on every Linear, zeros on biases); the official
+code's init was silently a no-op and is not copied. Only the attention layer differs:
+
+=====================================  =========================================================
+``symvit_*``                           :class:`~kpca_attention.layers.SymmetricAttention` in every block
+``rpc_symvit_*``                       :class:`~kpca_attention.layers.RPCAttention` (symmetric) in
+                                       ``rpc_layers``, symmetric attention elsewhere
+``scaled_vit_*``                       :class:`~kpca_attention.layers.ScaledAttention` (``scaled=``)
+``rpc_vit_*``                          asymmetric RPC (queries, paper E.9) in ``rpc_layers``, timm's
+                                       ``Attention`` elsewhere
+``rpc_symasym_vit_*``                  symmetric RPC in ``rpc_layers`` (default: the first block), timm's
+                                       ``Attention`` elsewhere ("Sym/Asym", paper E.9)
+``vit_mini_*``                         plain timm attention at the small-image sizes (timm has no such
+                                       configuration; the 224-px ``vit_*`` stay timm's own)
+=====================================  =========================================================
+
+Sizes: ``*_tiny/small/base_patch16_224`` are DeiT's (192/384/768 wide, 12 blocks, 3/6/12 heads).
+``*_mini_patch4_28`` (Fashion-MNIST, 1 channel) and ``*_mini_patch4_32`` (CIFAR, 3 channels) are 96 wide,
+6 blocks, 3 heads (head width 32), MLP ratio 2, patch 4: 49 or 64 patches plus the class token.
+
+RPC options (keyword arguments of every ``rpc_*`` entry point): ``rpc_iters`` (4: PAP softmax
+evaluations), ``rpc_lambda`` (4.0), ``rpc_layers`` (``"first"``, ``"all"``, an index or a list of
+indices; default ``"first"``, the official README's setting), ``rpc_threshold`` (``"lambda_mu"`` as in
+the official code, or ``"lambda_over_mu"`` as in the paper) and ``rpc_mu_dim`` (None = full width, as
+the official code). The RPC layers are swapped in with :func:`~kpca_attention.layers.replace_attention`
+after timm's init, carrying the K/V (and Q) weights over, so ``rpc_symvit_X`` and ``symvit_X`` built
+under the same seed start from identical weights.
+
+All entry points take timm's keyword arguments (``num_classes``, ``in_chans``, ``img_size``,
+``drop_path_rate``, ...). None has pretrained weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from timm.layers import Attention
+from timm.models import build_model_with_cfg, register_model
+from timm.models._registry import generate_default_cfgs
+from timm.models.vision_transformer import VisionTransformer
+
+from ..layers import RPCAttention, ScaledAttention, SymmetricAttention, configure, replace_attention
+from .normalize import IMAGENET_MEAN, IMAGENET_STD
+
+__all__ = ["VISION_MODELS", "ARCHS", "RPC_DEFAULTS"]
+
+FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+_IMAGENET_CFG = dict(num_classes=1000, input_size=(3, 224, 224), mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                     crop_pct=0.875)
+
+#: architecture of each size: timm VisionTransformer arguments + the default cfg (classes, input, stats)
+ARCHS: dict[str, dict[str, Any]] = {
+    "tiny_patch16_224": dict(
+        arch=dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
+        cfg=_IMAGENET_CFG,
+    ),
+    "small_patch16_224": dict(
+        arch=dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
+        cfg=_IMAGENET_CFG,
+    ),
+    "base_patch16_224": dict(
+        arch=dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+        cfg=_IMAGENET_CFG,
+    ),
+    # Small images: patch 4 keeps 7x7 (28 px) or 8x8 (32 px) tokens; 96 wide / 6 deep / 3 heads trains to
+    # ~85% on Fashion-MNIST in a few CPU minutes (see docs) while keeping a ViT-tiny-like head width.
+    "mini_patch4_28": dict(
+        arch=dict(img_size=28, patch_size=4, embed_dim=96, depth=6, num_heads=3, mlp_ratio=2.0),
+        cfg=dict(num_classes=10, input_size=(1, 28, 28), mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD,
+                 crop_pct=1.0),
+    ),
+    "mini_patch4_32": dict(
+        arch=dict(img_size=32, patch_size=4, embed_dim=96, depth=6, num_heads=3, mlp_ratio=2.0),
+        cfg=dict(num_classes=10, input_size=(3, 32, 32), mean=CIFAR10_MEAN, std=CIFAR10_STD, crop_pct=1.0),
+    ),
+}
+
+#: official-default RPC settings (README: 4 iterations in the first layer, lambda 4)
+RPC_DEFAULTS: dict[str, Any] = dict(
+    rpc_iters=4, rpc_lambda=4.0, rpc_layers="first", rpc_threshold="lambda_mu", rpc_mu_dim=None
+)
+
+#: family -> (sizes it exists in, one-line description)
+FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
+    "symvit": (("tiny_patch16_224", "small_patch16_224", "base_patch16_224", "mini_patch4_28",
+                "mini_patch4_32"),
+               "SymViT: symmetric softmax attention (K and V only) in every block"),
+    "rpc_symvit": (("tiny_patch16_224", "small_patch16_224", "base_patch16_224", "mini_patch4_28",
+                    "mini_patch4_32"),
+                   "RPC-SymViT: symmetric RPC-Attention (PAP) in rpc_layers, symmetric attention elsewhere"),
+    "scaled_vit": (("tiny_patch16_224", "mini_patch4_28", "mini_patch4_32"),
+                   "Scaled Attention A (I - S) V (scaled='scalar' | 'matrix') in every block"),
+    "rpc_vit": (("tiny_patch16_224", "mini_patch4_28", "mini_patch4_32"),
+                "asymmetric RPC (with queries) in rpc_layers, ordinary attention elsewhere"),
+    "rpc_symasym_vit": (("tiny_patch16_224", "mini_patch4_28", "mini_patch4_32"),
+                        "symmetric RPC in rpc_layers (default first), ordinary asymmetric attention "
+                        "elsewhere"),
+    "vit": (("mini_patch4_28", "mini_patch4_32"), "plain timm ViT at a small-image size"),
+}
+
+
+def _model_name(family: str, size: str) -> str:
+    return f"{family}_{size}"
+
+
+VISION_MODELS: tuple[str, ...] = tuple(
+    _model_name(fam, size) for fam, (sizes, _) in FAMILIES.items() for size in sizes
+)
+
+def _size_of(name: str) -> str:
+    for size in ARCHS:
+        if name.endswith("_" + size):
+            return size
+    raise KeyError(name)
+
+
+def _build_default_cfgs() -> Any:
+    return generate_default_cfgs({
+        name: dict(url="", first_conv="patch_embed.proj", classifier="head", **ARCHS[_size_of(name)]["cfg"])
+        for name in VISION_MODELS
+    })
+
+
+default_cfgs = _build_default_cfgs()
+
+
+# ----------------------------------------------------------------------------- builders
+
+def _create(variant: str, pretrained: bool, attn_layer: type, **kwargs: Any) -> VisionTransformer:
+    if pretrained:
+        raise ValueError(f"{variant}: no pretrained weights exist; train it (kpca-attention train) and load "
+                         "the checkpoint instead")
+    arch = dict(ARCHS[_size_of(variant)]["arch"])
+    arch.update(kwargs)
+    return build_model_with_cfg(VisionTransformer, variant, pretrained=False, attn_layer=attn_layer, **arch)
+
+
+def _pop_rpc(kwargs: dict[str, Any]) -> dict[str, Any]:
+    opts = {k: kwargs.pop(k, v) for k, v in RPC_DEFAULTS.items()}
+    unknown = [k for k in kwargs if k.startswith("rpc_")]
+    if unknown:
+        raise TypeError(f"unknown RPC option(s) {unknown}; valid: {', '.join(RPC_DEFAULTS)}")
+    return opts
+
+
+def _with_rpc(model: VisionTransformer, opts: dict[str, Any], symmetric: bool) -> VisionTransformer:
+    blocks = opts["rpc_layers"]
+    chosen = replace_attention(
+        model, RPCAttention, blocks if isinstance(blocks, (str, int)) else list(blocks),
+        n_iter=opts["rpc_iters"], lam=opts["rpc_lambda"], threshold=opts["rpc_threshold"],
+        mu_dim=opts["rpc_mu_dim"], symmetric=symmetric,
+    )
+    model.rpc_blocks = chosen  # recorded for reports and checkpoints
+    return model
+
+
+def _build_symvit(variant: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    return _create(variant, pretrained, SymmetricAttention, **kwargs)
+
+
+def _build_rpc_symvit(variant: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    opts = _pop_rpc(kwargs)
+    return _with_rpc(_create(variant, pretrained, SymmetricAttention, **kwargs), opts, symmetric=True)
+
+
+def _build_rpc_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    opts = _pop_rpc(kwargs)
+    return _with_rpc(_create(variant, pretrained, Attention, **kwargs), opts, symmetric=False)
+
+
+def _build_rpc_symasym_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    opts = _pop_rpc(kwargs)
+    return _with_rpc(_create(variant, pretrained, Attention, **kwargs), opts, symmetric=True)
+
+
+def _build_scaled_vit(
+    variant: str, pretrained: bool = False, scaled: str = "scalar", **kwargs: Any
+) -> VisionTransformer:
+    if scaled not in ScaledAttention.MODES:
+        raise ValueError(f"{variant}: unknown scaled={scaled!r}; valid: {', '.join(ScaledAttention.MODES)}")
+    layer_opts: dict[str, Any] = {"mode": scaled}
+    if scaled == "matrix":
+        # S is (H, N, N): the token count is fixed by the image and patch size (+ prefix tokens).
+        if kwargs.get("dynamic_img_size"):
+            raise ValueError(f"{variant}: scaled='matrix' fixes the token count; dynamic_img_size is not "
+                             "supported")
+        arch = dict(ARCHS[_size_of(variant)]["arch"], **kwargs)
+        cfg_size = ARCHS[_size_of(variant)]["cfg"]["input_size"][-1]
+        img = arch.get("img_size", cfg_size)
+        patch = arch["patch_size"]
+        h, w = (img, img) if isinstance(img, int) else tuple(img)
+        p_h, p_w = (patch, patch) if isinstance(patch, int) else tuple(patch)
+        prefix = int(arch.get("class_token", True)) + int(arch.get("reg_tokens", 0))
+        if h % p_h or w % p_w:
+            raise ValueError(f"{variant}: img_size {img} is not a multiple of patch_size {patch}")
+        layer_opts["num_tokens"] = (h // p_h) * (w // p_w) + prefix
+    return _create(variant, pretrained, configure(ScaledAttention, **layer_opts), **kwargs)
+
+
+def _build_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    return _create(variant, pretrained, Attention, **kwargs)
+
+
+_BUILDERS: dict[str, Callable[..., VisionTransformer]] = {
+    "symvit": _build_symvit,
+    "rpc_symvit": _build_rpc_symvit,
+    "scaled_vit": _build_scaled_vit,
+    "rpc_vit": _build_rpc_vit,
+    "rpc_symasym_vit": _build_rpc_symasym_vit,
+    "vit": _build_vit,
+}
+
+
+def _entrypoint(family: str, size: str) -> Callable[..., VisionTransformer]:
+    name = _model_name(family, size)
+    builder = _BUILDERS[family]
+
+    def fn(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+        return builder(name, pretrained=pretrained, **kwargs)
+
+    # timm's registry keys on __name__ and reads the module's default_cfgs through __module__
+    fn.__name__ = fn.__qualname__ = name
+    fn.__module__ = __name__
+    sizes_doc = ARCHS[size]["arch"]
+    fn.__doc__ = f"{FAMILIES[family][1]}; {sizes_doc}."
+    return fn
+
+
+def _register_all(names: Iterable[tuple[str, str]]) -> None:
+    for family, size in names:
+        fn = register_model(_entrypoint(family, size))
+        globals()[fn.__name__] = fn
+
+
+_register_all((fam, size) for fam, (sizes, _) in FAMILIES.items() for size in sizes)
