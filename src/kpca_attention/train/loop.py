@@ -20,7 +20,14 @@ from . import checkpoint as ckpt_mod
 from .build import build_model
 from .config import TrainConfig
 from .data import build_loaders, preserved_rngs
-from .distributed import DistInfo, barrier, cleanup_distributed, gather_objects, init_distributed
+from .distributed import (
+    DistInfo,
+    all_reduce_sum,
+    barrier,
+    cleanup_distributed,
+    gather_objects,
+    init_distributed,
+)
 from .evaluate import evaluate_lm, evaluate_vision
 from .logger import MetricLogger
 
@@ -161,6 +168,7 @@ class _Trainer:
                 raise ValueError(f"{ckpt_dir} was written by {len(rngs)} processes, now {dist.world_size}: "
                                  "exact resume needs the same number")
             ckpt_mod.restore_rng(rngs[dist.rank])  # the lr itself is in the optimizer state
+            progress["epoch_loss_sum"] = float(state["epoch_loss_sums"][dist.rank])  # this rank's own
         else:
             # per-rank streams for dropout / drop path / Mixup
             _seed_all(cfg.seed + 1000003 * dist.rank)
@@ -180,14 +188,15 @@ class _Trainer:
         def save(finished: bool) -> None:
             nonlocal last_ckpt
             # every rank's RNG state, so a DDP run resumes exactly too
-            rng_all = gather_objects(ckpt_mod.capture_rng())
+            per_rank = gather_objects((ckpt_mod.capture_rng(), progress["epoch_loss_sum"]))
             if dist.is_main:
                 st = {
                     "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(),
                     "scaler": scaler.state_dict(),
                     "progress": dict(progress),
-                    "rng": rng_all,
+                    "rng": [r for r, _ in per_rank],
+                    "epoch_loss_sums": [s for _, s in per_rank],
                     "world_size": dist.world_size,
                 }
                 last_ckpt = ckpt_mod.save_checkpoint(self.run_dir, model=model, config=cfg, state=st,
@@ -267,8 +276,11 @@ class _Trainer:
             if not (epoch_end or done):  # loader ran dry early: should not happen with drop_last
                 raise RuntimeError(f"epoch {epoch} ended after {progress['step_in_epoch']} of "
                                    f"{updates_per_epoch} batches")
+            # mean training loss of the epoch over all ranks (each logged step shows rank 0's own)
+            loss_sums = all_reduce_sum(torch.tensor([progress["epoch_loss_sum"], progress["epoch_batches"]],
+                                                    dtype=torch.float64, device=dev))
             metrics: dict[str, float] = {
-                "train_loss": progress["epoch_loss_sum"] / max(progress["epoch_batches"], 1),
+                "train_loss": loss_sums[0].item() / max(loss_sums[1].item(), 1.0),
                 "lr": optimizer.param_groups[0]["lr"],
                 "images_per_s": progress["epoch_samples"] / max(progress["epoch_time"], 1e-9),
                 "epoch_time_s": progress["epoch_time"],
