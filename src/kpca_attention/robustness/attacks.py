@@ -1,0 +1,361 @@
+"""Adversarial attacks in pixel space.
+
+Images are in [0, 1] and the model normalises inside (``NormalizedModel``), so every ``eps`` here is
+in pixel units (Linf eps = 1/255 is one grey level). The official RPC-Attention code attacked
+ImageNet-*normalised* tensors without clipping, so its eps was about 4.4x larger in pixel units
+(1 / std ~ 4.4) and its adversarial images left the valid range; this module does not repeat that.
+
+Where the attack exists in a maintained library we call it:
+
+==========  ======  ===============================================================================
+method      norm    implementation
+==========  ======  ===============================================================================
+fgsm        Linf    ``torchattacks.FGSM``
+pgd         Linf    ``torchattacks.PGD`` (paper: 20 steps, step 0.15 * eps, eps = 1..6 / 255)
+cw          L2      ``torchattacks.CW`` (minimum-norm; results beyond the L2 budget ``eps`` are reverted)
+spsa        Linf    ``torchattacks.SPSA`` (gradient-free)
+square      Linf    ``torchattacks.Square`` (score-based black box)
+autoattack  Linf    ``pyautoattack.AutoAttack`` version "standard" (APGD-CE, APGD-T, FAB-T, Square)
+noise       Linf    uniform noise in [-eps, eps] (a baseline, not an attack: three lines, written here)
+sld         L1      sparse L1 descent (Tramer & Boneh 2019), written here: neither torchattacks nor
+                    pyautoattack has it (torchattacks' EADL1 is the elastic-net attack, a different
+                    method); the L1-ball-and-box projection is pyautoattack's ``L1_projection``.
+==========  ======  ===============================================================================
+
+The model is put in eval mode for the attack and every submodule's mode is restored afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from .common import eval_mode, model_device, topk_accuracy
+
+METHODS: tuple[str, ...] = ("fgsm", "pgd", "cw", "spsa", "noise", "sld", "square", "autoattack")
+NORMS: dict[str, str] = {
+    "fgsm": "Linf", "pgd": "Linf", "cw": "L2", "spsa": "Linf",
+    "noise": "Linf", "sld": "L1", "square": "Linf", "autoattack": "Linf",
+}  # fmt: skip
+
+# Default eps grids for sweeps, in pixel units. Linf: the paper's 1..6 / 255. L2 (CW) and L1 (SLD)
+# budgets scale with the image size; these are for the 28-32 px demo images and ImageNet users should
+# pass their own (e.g. L2 0.25..3, L1 up to 10-20 at 224 px).
+DEFAULT_EPS: dict[str, tuple[float, ...]] = {
+    **{m: tuple(k / 255 for k in range(1, 7))
+       for m in ("fgsm", "pgd", "spsa", "noise", "square", "autoattack")},
+    "cw": (0.1, 0.25, 0.5, 1.0, 1.5),
+    "sld": (1.0, 2.0, 4.0, 8.0),
+}
+
+
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "fgsm": (), "pgd": ("steps", "alpha", "random_start"), "cw": ("c", "kappa", "steps", "lr"),
+    "spsa": ("nb_iter", "delta", "lr", "nb_sample", "max_batch_size"), "noise": (),
+    "sld": ("steps", "step_size", "sparsity"), "square": ("n_queries", "p_init"),
+    "autoattack": ("version", "attacks", "batch_size"),
+}  # fmt: skip
+
+
+def _check_inputs(
+    images: Tensor, labels: Tensor, method: str, eps: float, options: Mapping[str, Any]
+) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unknown attack {method!r}; valid: {', '.join(METHODS)}")
+    unknown = sorted(set(options) - set(OPTIONS[method]) - {"seed"})
+    if unknown:
+        raise TypeError(f"unknown options for {method}: {', '.join(unknown)}; "
+                        f"valid: {', '.join((*OPTIONS[method], 'seed'))}")
+    if images.dim() != 4:
+        raise ValueError(f"expected images (B, C, H, W), got shape {tuple(images.shape)}")
+    if labels.shape != (images.shape[0],):
+        raise ValueError(f"expected labels ({images.shape[0]},), got {tuple(labels.shape)}")
+    if not images.is_floating_point() or images.min() < 0 or images.max() > 1:
+        raise ValueError("images must be floats in [0, 1] (the model normalises inside); got range "
+                         f"[{images.min().item():.3g}, {images.max().item():.3g}]")
+    if not (eps >= 0) or (math.isinf(eps) and method != "cw"):
+        raise ValueError(f"eps must be a finite number >= 0 (inf is allowed for cw only), got {eps}")
+
+
+def perturbation_norm(delta: Tensor, norm: str) -> Tensor:
+    """Per-example norm of ``delta`` ``(B, ...)``: ``norm`` in ``"Linf"``, ``"L2"``, ``"L1"``."""
+    flat = delta.flatten(1)
+    if norm == "Linf":
+        return flat.abs().amax(dim=1)
+    if norm == "L2":
+        return flat.norm(p=2, dim=1)
+    if norm == "L1":
+        return flat.abs().sum(dim=1)
+    raise ValueError(f"unknown norm {norm!r}; valid: Linf, L2, L1")
+
+
+def sparse_l1_descent(
+    model: nn.Module,
+    images: Tensor,
+    labels: Tensor,
+    eps: float,
+    steps: int = 20,
+    step_size: float | None = None,
+    sparsity: float = 0.95,
+) -> Tensor:
+    """Sparse L1 descent (Tramer & Boneh, "Adversarial Training and Robustness for Multiple
+    Perturbations", NeurIPS 2019): PGD in the L1 ball where each step moves only the coordinates
+    whose |gradient| is in the top ``1 - sparsity`` fraction (by the sign of the gradient, the step
+    normalised to L1 length ``step_size``), followed by the exact projection onto
+    {||delta||_1 <= eps} intersected with the box [0, 1].
+
+    As in Tramer & Boneh's SLIDE, coordinates that sit on the box boundary with the gradient pushing
+    them outwards are excluded before picking the top coordinates, so steps are not wasted.
+    ``step_size`` defaults to 2.5 * eps / steps (the usual PGD heuristic).
+
+    Args:
+        images: ``(B, C, H, W)`` in [0, 1]. labels: ``(B,)``.
+    Returns:
+        adversarial images ``(B, C, H, W)`` in [0, 1] with ||x_adv - x||_1 <= eps (up to float error).
+    """
+    from pyautoattack.autopgd_base import L1_projection
+
+    if not 0 <= sparsity < 1:
+        raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
+    step = 2.5 * eps / steps if step_size is None else step_size
+    x = images.detach()
+    delta = torch.zeros_like(x)
+    n = x[0].numel()
+    k = max(1, int(round((1 - sparsity) * n)))
+    for _ in range(steps):
+        delta.requires_grad_(True)
+        loss = F.cross_entropy(model(x + delta), labels)
+        (grad,) = torch.autograd.grad(loss, delta)
+        delta = delta.detach()
+        g = grad.flatten(1)
+        xa = (x + delta).flatten(1)
+        blocked = ((xa <= 0) & (g < 0)) | ((xa >= 1) & (g > 0))
+        score = g.abs().masked_fill(blocked, -1.0)
+        idx = score.topk(k, dim=1).indices
+        direction = torch.zeros_like(g).scatter_(1, idx, g.gather(1, idx).sign())
+        direction = direction / direction.abs().sum(dim=1, keepdim=True).clamp_min(1e-12)
+        d = delta.flatten(1) + step * direction
+        d = d + L1_projection(x.flatten(1), d, eps).to(d.dtype)  # into L1 ball and [0, 1] box
+        delta = (x + d.view_as(x)).clamp(0, 1) - x  # clamp only mops up float round-off
+    return (x + delta).detach()
+
+
+def build_autoattack(
+    model: nn.Module,
+    eps: float,
+    n_classes: int,
+    version: str = "standard",
+    attacks: Sequence[str] | None = None,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> Any:
+    """A ``pyautoattack.AutoAttack`` (Linf) with the number of target classes fitted to the model.
+
+    ``version="standard"`` runs APGD-CE, APGD-T, FAB-T and Square (5000 queries), as in Croce & Hein
+    2020; ``attacks=[...]`` picks a subset (version "custom"), e.g. ``["apgd-ce", "apgd-t"]``.
+    """
+    from pyautoattack import AutoAttack
+
+    if n_classes < 2:
+        raise ValueError(f"AutoAttack needs at least 2 classes, got {n_classes}")
+    if attacks is not None:
+        aa = AutoAttack(model, eps=eps, norm="Linf", version="custom", attacks=list(attacks),
+                        device=device, seed=seed)
+    else:
+        aa = AutoAttack(model, eps=eps, norm="Linf", version=version, device=device, seed=seed)
+    # pyautoattack sets 9 target classes (right for CIFAR-10 and ImageNet); with fewer classes its
+    # targeted attacks would ask for targets that do not exist.
+    aa.apgd_targeted.n_target_classes = min(9, n_classes - 1)
+    aa.fab.n_target_classes = min(9, n_classes - 1)
+    aa.verbose = False
+    return aa
+
+
+def _autoattack(model: nn.Module, x: Tensor, y: Tensor, eps: float, opts: dict[str, Any]) -> Tensor:
+    with torch.no_grad():
+        n_classes = int(model(x[:1]).shape[1])
+    aa = build_autoattack(model, eps, n_classes, version=opts.pop("version", "standard"),
+                          attacks=opts.pop("attacks", None), seed=opts.pop("seed", 0), device=x.device)
+    x_adv, _ = aa.run_standard_evaluation(x, y, batch_size=opts.pop("batch_size", len(x)))
+    return x_adv
+
+
+def attack(
+    model: nn.Module,
+    images: Tensor,
+    labels: Tensor,
+    method: str,
+    eps: float,
+    **options: Any,
+) -> Tensor:
+    """Adversarial images for ``model`` (which takes [0, 1] images, normalisation inside).
+
+    Args:
+        images: ``(B, C, H, W)`` float in [0, 1]. labels: ``(B,)`` class indices.
+        method: one of :data:`METHODS`.
+        eps: budget in pixel units, in the method's norm (:data:`NORMS`). For ``cw``, CW is a
+            minimum-norm attack: adversarial images with L2 perturbation above ``eps`` are replaced by
+            the clean image (``eps=inf`` keeps them all).
+        options: per method, with the paper's defaults -
+            pgd: ``steps=20``, ``alpha=0.15*eps``, ``random_start=True``;
+            cw: ``c=1``, ``kappa=0``, ``steps=50``, ``lr=0.01``;
+            spsa: ``nb_iter=40``, ``delta=0.01``, ``lr=0.01``, ``nb_sample=128``, ``max_batch_size=64``;
+            square: ``n_queries=5000``, ``p_init=0.8``; sld: ``steps=20``, ``step_size``, ``sparsity=0.95``;
+            autoattack: ``version="standard"`` or ``attacks=[...]``;
+            all: ``seed=0`` (the global torch RNG is left untouched).
+
+    Returns:
+        adversarial images ``(B, C, H, W)`` in [0, 1], on the images' device.
+    """
+    _check_inputs(images, labels, method, eps, options)
+    opts = dict(options)
+    seed = int(opts.pop("seed", 0))
+    device = model_device(model)
+    x = images.detach().to(device)
+    y = labels.to(device).long()
+    if eps == 0:
+        return images.detach().clone()
+
+    import torchattacks as ta
+
+    with eval_mode(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        if method == "fgsm":
+            adv = ta.FGSM(model, eps=eps)(x, y)
+        elif method == "pgd":
+            adv = ta.PGD(model, eps=eps, alpha=opts.pop("alpha", 0.15 * eps), steps=opts.pop("steps", 20),
+                         random_start=opts.pop("random_start", True))(x, y)
+        elif method == "cw":
+            adv = ta.CW(model, c=opts.pop("c", 1.0), kappa=opts.pop("kappa", 0.0),
+                        steps=opts.pop("steps", 50), lr=opts.pop("lr", 0.01))(x, y)
+            too_far = perturbation_norm(adv - x, "L2") > eps
+            adv = torch.where(too_far.view(-1, 1, 1, 1), x, adv)
+        elif method == "spsa":
+            adv = ta.SPSA(model, eps=eps, delta=opts.pop("delta", 0.01), lr=opts.pop("lr", 0.01),
+                          nb_iter=opts.pop("nb_iter", 40), nb_sample=opts.pop("nb_sample", 128),
+                          max_batch_size=opts.pop("max_batch_size", 64))(x, y)
+        elif method == "square":
+            adv = ta.Square(model, norm="Linf", eps=eps, n_queries=opts.pop("n_queries", 5000),
+                            p_init=opts.pop("p_init", 0.8), seed=seed)(x, y)
+        elif method == "noise":
+            adv = (x + torch.empty_like(x).uniform_(-eps, eps)).clamp(0, 1)
+        elif method == "sld":
+            adv = sparse_l1_descent(model, x, y, eps, steps=opts.pop("steps", 20),
+                                    step_size=opts.pop("step_size", None),
+                                    sparsity=opts.pop("sparsity", 0.95))
+        else:  # autoattack
+            opts["seed"] = seed
+            adv = _autoattack(model, x, y, eps, opts)
+    return adv.detach().clamp(0, 1).to(images.device)
+
+
+def _batches(data: Dataset | tuple[Tensor, Tensor], n: int | None, batch_size: int):
+    """Yield ``(images, labels)`` batches of the first ``n`` examples (all when ``None``)."""
+    if isinstance(data, tuple):
+        x, y = data
+        n = len(x) if n is None else min(n, len(x))
+        for i in range(0, n, batch_size):
+            yield x[i : min(i + batch_size, n)], y[i : min(i + batch_size, n)]
+        return
+    if n is not None:
+        data = torch.utils.data.Subset(data, range(min(n, len(data))))  # type: ignore[arg-type]
+    for x, y in DataLoader(data, batch_size=batch_size, shuffle=False):
+        yield x, torch.as_tensor(y)
+
+
+def evaluate_attack(
+    model: nn.Module,
+    data: Dataset | tuple[Tensor, Tensor],
+    method: str,
+    eps: float,
+    n: int | None = None,
+    batch_size: int = 64,
+    progress: bool = True,
+    **options: Any,
+) -> dict[str, float]:
+    """Top-1/top-5 accuracy (fractions) of ``model`` on adversarial versions of the first ``n``
+    examples of ``data`` (a dataset of ``(image in [0, 1], label)`` or a pair of tensors), with the
+    mean and max perturbation norm in the method's norm (measured, so the budget can be checked)."""
+    logits, labels, norms = [], [], []
+    device = model_device(model)
+    batches = list(_batches(data, n, batch_size))
+    for x, y in tqdm(batches, desc=f"{method} eps={eps:.4g}", disable=not progress, leave=False):
+        adv = attack(model, x, y, method, eps, **options)
+        norms.append(perturbation_norm(adv - x, NORMS[method]).cpu())
+        with eval_mode(model), torch.no_grad():
+            logits.append(model(adv.to(device)).float().cpu())
+        labels.append(y.cpu().long())
+    if not logits:
+        raise ValueError("no examples to attack")
+    lg, lb, nm = torch.cat(logits), torch.cat(labels), torch.cat(norms)
+    return {**topk_accuracy(lg, lb), "n": len(lb), "norm": NORMS[method],
+            "mean_norm": nm.mean().item(), "max_norm": nm.max().item()}
+
+
+def eps_sweep(
+    model: nn.Module,
+    data: Dataset | tuple[Tensor, Tensor],
+    method: str,
+    eps_list: Sequence[float] | None = None,
+    n: int | None = None,
+    batch_size: int = 64,
+    progress: bool = True,
+    **options: Any,
+) -> list[dict[str, float]]:
+    """:func:`evaluate_attack` at each eps (default :data:`DEFAULT_EPS`), plus eps = 0 (clean)."""
+    eps_values = [0.0, *(DEFAULT_EPS[method] if eps_list is None else eps_list)]
+    return [{"eps": float(e), **evaluate_attack(model, data, method, e, n, batch_size, progress, **options)}
+            for e in dict.fromkeys(eps_values)]
+
+
+def plot_eps_sweep(
+    sweeps: Mapping[str, Mapping[str, Sequence[Mapping[str, float]]]],
+    path: str | os.PathLike,
+    title: str | None = None,
+) -> Path:
+    """Top-1 (solid) and top-5 (dashed) accuracy against eps, one panel per attack and one colour per
+    model (the shape of the paper's Fig. 3, left). ``sweeps[model][method]`` = :func:`eps_sweep`
+    output. Linf budgets are shown in units of 1/255."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(m for s in sweeps.values() for m in s))
+    if not methods:
+        raise ValueError("nothing to plot")
+    fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.4), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, method in zip(axes[0], methods, strict=True):
+        scale = 255.0 if NORMS[method] == "Linf" else 1.0
+        for i, (label, per_method) in enumerate(sweeps.items()):
+            if method not in per_method:
+                continue
+            rows = sorted(per_method[method], key=lambda r: r["eps"])
+            e = [r["eps"] * scale for r in rows]
+            c = colours[i % len(colours)]
+            ax.plot(e, [100 * r["top1"] for r in rows], "o-", color=c, label=f"{label} top-1")
+            ax.plot(e, [100 * r["top5"] for r in rows], "s--", color=c, alpha=0.6, label=f"{label} top-5")
+        unit = " (x 1/255)" if scale == 255.0 else ""
+        ax.set_xlabel(f"{NORMS[method]} eps{unit}")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title(method.upper())
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

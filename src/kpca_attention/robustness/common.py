@@ -1,0 +1,98 @@
+"""Small pieces shared by the robustness suites: exact model-mode restoration, batched logits over
+a dataset, top-k accuracy, atomic JSON results."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put every submodule in eval mode and restore each one's own flag afterwards.
+
+    ``model.train(was_training)`` is not enough: it would also switch submodules that the caller had
+    deliberately left in eval mode (frozen BatchNorm, say), so the flags are saved one by one.
+    """
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
+def model_device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+@torch.no_grad()
+def collect_logits(
+    model: nn.Module,
+    dataset: Dataset,
+    batch_size: int = 128,
+    num_workers: int = 0,
+    progress: bool = True,
+    desc: str = "eval",
+) -> tuple[Tensor, Tensor]:
+    """Logits ``(N, K)`` (float32, CPU) and labels ``(N,)`` of ``model`` over ``dataset``.
+
+    ``dataset[i]`` is ``(image (C, H, W) in [0, 1], label)``; the model takes [0, 1] images
+    (normalisation inside). Runs in eval mode; the model's modes are restored afterwards.
+    """
+    device = model_device(model)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    logits, labels = [], []
+    with eval_mode(model):
+        for x, y in tqdm(loader, desc=desc, disable=not progress, leave=False):
+            logits.append(model(x.to(device)).float().cpu())
+            labels.append(torch.as_tensor(y))
+    if not logits:
+        raise ValueError(f"{desc}: the dataset is empty")
+    return torch.cat(logits), torch.cat(labels).long()
+
+
+def topk_accuracy(logits: Tensor, labels: Tensor, ks: tuple[int, ...] = (1, 5)) -> dict[str, float]:
+    """``{"top1": ..., "top5": ...}`` as fractions; k larger than the number of classes is clipped."""
+    out = {}
+    top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
+    for k in ks:
+        hit = (top[:, : min(k, logits.shape[1])] == labels.view(-1, 1)).any(dim=1)
+        out[f"top{k}"] = hit.float().mean().item()
+    return out
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON through a temporary file and ``os.replace``: a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: str | os.PathLike) -> Any | None:
+    """The JSON in ``path``, or ``None`` when it is missing or unreadable (then it is recomputed)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
