@@ -161,3 +161,17 @@ def test_load_model_and_evaluate_checkpoint(tmp_path):
     # the loop's last evaluation used the same weights and the same held-out set
     assert out["top1"] == pytest.approx(res.final["eval_top1"])
     assert 0.0 <= out["top1"] <= out["top5"] <= 1.0
+
+
+def test_language_model_trains_and_reloads_with_its_vocabulary(tmp_path):
+    cfg = get_preset("bible-cpu", output_dir=str(tmp_path / "lm"), model="rpc_symlm", train_subset=48,
+                     eval_subset=4, batch_size=8, context=32, progress=False,
+                     model_kwargs={"preset": "small", "n_layer": 1, "rpc_layers": [0]})
+    res = train(cfg)
+    row = res.final
+    assert row["eval_ppl"] == pytest.approx(math.exp(row["eval_loss"]))
+    assert row["tokens_per_s"] > 0 and row["eval_ppl"] < 64  # below uniform over the char vocabulary
+    model, cfg2 = load_model(tmp_path / "lm")
+    assert cfg2.task == "lm" and len(model.vocab) == 64 and model.vocab.level == "char"
+    out = evaluate_checkpoint(str(tmp_path / "lm"), subset=200, stride=32, batch_size=8, progress=False)
+    assert math.isfinite(out["ppl"]) and out["tokens"] == 200

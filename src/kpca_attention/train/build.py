@@ -22,8 +22,9 @@ def vision_info(cfg: TrainConfig) -> Any:
     return dataset_info(cfg.dataset, root=cfg.data_root if cfg.dataset in ("imagefolder",) else None)
 
 
-def build_model(cfg: TrainConfig) -> nn.Module:
-    """The model of ``cfg``: vision models wrapped in ``NormalizedModel`` (they take [0, 1] images)."""
+def build_model(cfg: TrainConfig, vocab: Any | None = None) -> nn.Module:
+    """The model of ``cfg``: vision models wrapped in ``NormalizedModel`` (they take [0, 1] images);
+    language models get ``vocab`` (default: built from the corpus) as ``model.vocab``."""
     from ..models import NormalizedModel, create_model
 
     if cfg.task == "vision":
@@ -39,7 +40,7 @@ def build_model(cfg: TrainConfig) -> nn.Module:
         return NormalizedModel(net, info.mean, info.std)
     from .lm import build_lm
 
-    return build_lm(cfg)
+    return build_lm(cfg, vocab)
 
 
 Splits = tuple[Dataset, "Dataset | None", dict[str, Any]]

@@ -37,6 +37,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,7 @@ STATE_FILE = "state.pt"
 CONFIG_FILE = "config.json"
 MARKER_FILE = "COMPLETE"
 LATEST_FILE = "latest.json"
+VOCAB_FILE = "vocab.json"
 
 
 class CheckpointError(RuntimeError):
@@ -148,6 +150,7 @@ def save_checkpoint(
     ema: nn.Module | None = None,
     finished: bool = False,
     keep: int = 2,
+    extra_files: dict[str, Callable[[Path], None]] | None = None,
 ) -> Path:
     """Write one checkpoint of ``run_dir`` atomically and point ``latest.json`` at it.
 
@@ -157,6 +160,8 @@ def save_checkpoint(
             rng, progress (``epoch``, ``step_in_epoch``, ``global_step``).
         finished: mark the run as complete (the demo skips finished runs).
         keep: how many checkpoints to keep (older ones are deleted after the new one is in place).
+        extra_files: ``{file name: writer(path)}`` for more files (an LM's ``vocab.json``); they are
+            hashed into ``COMPLETE`` like the rest.
     Returns:
         The checkpoint directory.
     """
@@ -176,6 +181,9 @@ def save_checkpoint(
         files.append(EMA_FILE)
     torch.save(state, tmp / STATE_FILE)
     (tmp / CONFIG_FILE).write_text(config.to_json())
+    for fname, writer in (extra_files or {}).items():
+        writer(tmp / fname)
+        files.append(fname)
     for fname in files:
         _fsync_file(tmp / fname)
     marker = {
@@ -301,7 +309,8 @@ def load_model(
         verify: check sizes and hashes against the ``COMPLETE`` marker first.
     Returns:
         ``(model, config)``: for vision a :class:`~kpca_attention.models.normalize.NormalizedModel`
-        taking images (B, C, H, W) in [0, 1]; for LMs the language model.
+        taking images (B, C, H, W) in [0, 1]; for LMs the language model, with the training
+        vocabulary as ``model.vocab`` (a :class:`kpca_attention.data.text.Vocab`).
     """
     from .build import build_model  # local: build imports the model zoo
 
@@ -309,7 +318,16 @@ def load_model(
     if verify:
         verify_checkpoint(ckpt)
     config = read_config(ckpt)
-    model = build_model(config)
+    vocab = None
+    if config.task == "lm":
+        from ..data.text import Vocab
+
+        vf = ckpt / VOCAB_FILE
+        try:
+            vocab = Vocab.load(vf)
+        except (FileNotFoundError, ValueError) as e:
+            raise CheckpointError(f"language-model vocabulary {vf} is missing or invalid: {e}") from e
+    model = build_model(config, vocab)
     wfile = ckpt / (EMA_FILE if ema else MODEL_FILE)
     if ema and not wfile.exists():
         raise CheckpointError(f"{ckpt} has no EMA weights ({EMA_FILE}); the run had model_ema=False")

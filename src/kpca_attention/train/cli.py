@@ -70,10 +70,13 @@ def evaluate_cmd(
     dataset: Annotated[str | None, typer.Option(help="Dataset (default: the one trained on).")] = None,
     split: Annotated[str, typer.Option(help="train | val | test.")] = "val",
     data_root: Annotated[str | None, typer.Option(help="Dataset folder.")] = None,
-    subset: Annotated[int | None, typer.Option(help="Evaluate on this many examples only.")] = None,
+    subset: Annotated[int | None, typer.Option(
+        help="Evaluate on this many examples (LMs: tokens) only.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Batch size.")] = None,
     ema: Annotated[bool, typer.Option(help="Use the EMA weights.")] = False,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
+    stride: Annotated[int, typer.Option(
+        help="LMs: sliding-window stride (1 = the paper's protocol; larger is a faster approximation).")] = 1,
     json_out: Annotated[Path | None, typer.Option(
         "--json", help="Also write the metrics to this JSON file.")] = None,
 ) -> None:
@@ -81,7 +84,7 @@ def evaluate_cmd(
     from .evaluate import evaluate_checkpoint
 
     res = evaluate_checkpoint(checkpoint, dataset=dataset, split=split, data_root=data_root, subset=subset,
-                              batch_size=batch_size, ema=ema, device=device)
+                              batch_size=batch_size, ema=ema, device=device, stride=stride)
     text = json.dumps(res, indent=2)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)

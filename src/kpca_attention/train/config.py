@@ -181,8 +181,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     "bible-cpu": dict(
         task="lm", model="symlm", dataset="bible-kjv", vocab="char", context=128,
-        model_kwargs={"size": "small"},
-        epochs=1, max_steps=300, batch_size=32, eval_batch_size=32, eval_subset=64,
+        model_kwargs={"preset": "small"},
+        epochs=1, train_subset=9600, batch_size=32, eval_batch_size=32, eval_subset=64,
         opt="adam", lr=1e-3, weight_decay=0.0, sched="cosine", warmup_steps=50, warmup_lr=1e-6,
         min_lr=1e-5, sched_on_steps=True, output_dir="runs/bible",
     ),

@@ -103,8 +103,12 @@ def evaluate_checkpoint(
     ema: bool = False,
     device: str = "auto",
     progress: bool = True,
+    stride: int = 1,
 ) -> dict[str, Any]:
-    """Metrics of a checkpoint on a dataset (default: the one it was trained on)."""
+    """Metrics of a checkpoint on a dataset (default: the one it was trained on).
+
+    Vision: top-1/top-5 on ``split``; ``subset`` = number of images. LMs: sliding-window perplexity
+    (window = training context, ``stride`` 1 = the paper's protocol); ``subset`` = first N tokens."""
     from .checkpoint import load_model
     from .distributed import resolve_device
 
@@ -125,5 +129,6 @@ def evaluate_checkpoint(
     else:
         from .lm import lm_sliding_perplexity
 
-        metrics = lm_sliding_perplexity(model, cfg, split=split, subset=subset, device=dev, progress=progress)
+        metrics = lm_sliding_perplexity(model, cfg, split=split, subset=subset, stride=stride,
+                                        batch_size=bs, device=dev, progress=progress)
     return {"checkpoint": str(path), "model": cfg.model, "dataset": cfg.dataset, "split": split, **metrics}

@@ -95,10 +95,12 @@ class _Trainer:
             ckpt_dir, saved_cfg, state, marker = ckpt_mod.load_checkpoint(self.resume_from)
             _check_resume_config(saved_cfg, cfg, ckpt_dir)
 
+        # data first (the LM's vocabulary sizes its model); building loaders draws no global random numbers
+        loaders = build_loaders(cfg, dist)
+        vocab = loaders.info.get("vocab")
         # identical initial weights on every rank (DDP also broadcasts rank 0's)
         _seed_all(cfg.seed)
-        model = build_model(cfg).to(dev)
-        loaders = build_loaders(cfg, dist)
+        model = build_model(cfg, vocab).to(dev)
         updates_per_epoch = loaders.updates_per_epoch
         if updates_per_epoch < 1:
             raise ValueError("the training set gives no full batch per process; lower batch_size")
@@ -184,6 +186,7 @@ class _Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(cfg.to_json())
         last_ckpt: Path | None = ckpt_dir
+        extra_files = {ckpt_mod.VOCAB_FILE: vocab.save} if vocab is not None else None
 
         def save(finished: bool) -> None:
             nonlocal last_ckpt
@@ -201,9 +204,10 @@ class _Trainer:
                 }
                 last_ckpt = ckpt_mod.save_checkpoint(self.run_dir, model=model, config=cfg, state=st,
                                                      ema=ema.module if ema is not None else None,
-                                                     finished=finished)
+                                                     finished=finished, extra_files=extra_files)
             barrier()
 
+        tput_key = "tokens_per_s" if cfg.task == "lm" else "images_per_s"  # throughput over all ranks
         total_steps = cfg.epochs * updates_per_epoch
         if cfg.max_steps is not None:
             total_steps = min(total_steps, cfg.max_steps)
@@ -247,7 +251,7 @@ class _Trainer:
                 if on_steps:
                     scheduler.step_update(num_updates=progress["global_step"])
                 loss_v = loss.item()
-                n_local = y.shape[0]
+                n_local = y.numel() if cfg.task == "lm" else y.shape[0]  # tokens / images
                 progress["epoch_loss_sum"] += loss_v
                 progress["epoch_batches"] += 1
                 progress["epoch_samples"] += n_local * dist.world_size
@@ -258,7 +262,7 @@ class _Trainer:
                     ips = window_n / max(now - window_t, 1e-9)
                     window_t, window_n = now, 0
                     cur_lr = optimizer.param_groups[0]["lr"]
-                    logger.log_step({"loss": loss_v, "lr": cur_lr, "images_per_s": ips})
+                    logger.log_step({"loss": loss_v, "lr": cur_lr, tput_key: ips})
                     bar.set_postfix(loss=f"{loss_v:.3f}", lr=f"{cur_lr:.2e}", ips=f"{ips:.0f}")
                 stop = progress["global_step"] >= total_steps
                 epoch_end = progress["step_in_epoch"] >= updates_per_epoch
@@ -282,7 +286,7 @@ class _Trainer:
             metrics: dict[str, float] = {
                 "train_loss": loss_sums[0].item() / max(loss_sums[1].item(), 1.0),
                 "lr": optimizer.param_groups[0]["lr"],
-                "images_per_s": progress["epoch_samples"] / max(progress["epoch_time"], 1e-9),
+                tput_key: progress["epoch_samples"] / max(progress["epoch_time"], 1e-9),
                 "epoch_time_s": progress["epoch_time"],
             }
             if epoch_end:
