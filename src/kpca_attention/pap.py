@@ -20,21 +20,26 @@ Implementation (why it looks different but computes the same numbers):
 * Each softmax step goes through
   ``torch.nn.functional.scaled_dot_product_attention`` so no N x N matrix is materialised where
   SDPA avoids it. Gradients flow through every iteration, mu and tau included (not detached, as
-  in the official code).
+  in the official code). The elementwise update between two softmax steps is one autograd
+  Function with a hand-written backward (first-order only: no double backward).
 
 Masks:
 
-* ``attn_mask`` is anything SDPA accepts (boolean, True = may attend; or additive float),
-  broadcastable to ``(B, H, N, N)``, or a key-padding mask of shape ``(B, N)`` (boolean, True =
-  real token). A key that no query may attend to is *padding*: it takes no part in mu either.
+* ``attn_mask`` is anything SDPA accepts (boolean, True = may attend; or additive float, where
+  ``-inf`` or a value <= half the dtype's lowest hides a key), broadcastable to ``(B, H, N, N)``,
+  or a key-padding mask of shape ``(B, N)`` (boolean, True = real token).
+* mu is computed per query from the keys that query may see:
+  ``mu_i = n_i * C / (4 * sum_{j in V_i} ||k_j||_1)`` over the n_i keys V_i visible to query i.
+  Padded keys thus take no part in mu; without a mask it is the official value.
 * ``is_causal=True``: output i sees nothing from positions > i. The official mu is a mean over
-  the whole sequence and would leak the future, so under a causal mask mu is computed per
-  position from the prefix: ``mu_i = i * C / (4 * sum_{j<=i} ||k_j||_1)`` (equal to the official
-  value at the last position). Every other PAP update is row-wise, hence causal.
+  the whole sequence and would leak the future; here V_i = {j <= i} (prefix mu, equal to the
+  official value at the last position). Every other PAP update is row-wise, hence causal. An
+  explicit lower-triangular ``attn_mask`` gives the same result.
 
 Zero keys: ``||K||_1`` is floored at ``eps = torch.finfo(dtype).eps`` (times the token count), so an
-all-zero K gives a large finite mu; S stays 0 (there is nothing to shrink) and the output equals
-symmetric attention of zeros, i.e. the mean of V.
+all-zero K gives a large finite mu. Every row of X is then the same at every step (K's rows are
+all 0 and L's rows all equal), the attention is uniform and the output is the mean of V over the
+visible keys, under either threshold convention.
 """
 
 from __future__ import annotations
@@ -248,7 +253,7 @@ def pap(
         attn_mask: SDPA mask or ``(B, N)`` key-padding mask (True = real token).
         is_causal: causal attention, with a prefix mu (nothing from j > i reaches output i).
         dropout_p: attention dropout, applied to the last softmax only (as the official layer).
-        return_info: also return a dict of per-iteration diagnostics (see :func:`_trace`).
+        return_info: also return a dict of per-iteration diagnostics (see :class:`_Trace`).
 
     Returns:
         ``L`` of shape ``(B, H, N, D)``, or ``(L, info)`` when ``return_info``.
@@ -283,7 +288,7 @@ def pap(
     else:
         # Without an autograd graph three buffers are reused in place: at this size the page
         # faults of fresh allocations cost more than the arithmetic.
-        X = R = _clamp_(k.clone(), tau, -tau)
+        X = R = _clamp(k, tau)
     L_prev = W_prev = None
     for t in range(n_iter):
         last = t == n_iter - 1
@@ -310,10 +315,11 @@ def pap(
 # a hand-written backward in a few passes; tests/test_pap.py checks them with gradcheck.
 
 
-def _clamp_(z: Tensor, tau: Tensor, neg_tau: Tensor) -> Tensor:
-    """``clamp(z, -tau, tau)`` in place; min/max with out= are vectorised, clamp with tensor
-    bounds is ~10x slower on CPU."""
-    return torch.maximum(torch.minimum(z, tau, out=z), neg_tau, out=z)
+def _clamp(z: Tensor, tau: Tensor, *, in_place: bool = False) -> Tensor:
+    """``clamp(z, -tau, tau)``, into ``z`` itself with ``in_place``. Two vectorised passes
+    (min, max); clamp with tensor bounds is one pass but ~2x slower on CPU."""
+    c = torch.minimum(z, tau, out=z) if in_place else torch.minimum(z, tau)
+    return torch.maximum(c, -tau, out=c)
 
 
 def _update(
@@ -326,7 +332,7 @@ def _update(
     tensor, for the backward) and leaves ``R`` alone.
     """
     E = torch.sub(L, R) if keep_c else torch.sub(L, R, out=R)  # E_t = L_t - R_t = -W_t
-    C = _clamp_(torch.sub(k, E, out=spare).sub_(L), tau, -tau)  # clamp(K - L_t + W_t)
+    C = _clamp(torch.sub(k, E, out=spare).sub_(L), tau, in_place=True)  # clamp(K - L_t + W_t)
     R_next = torch.add(C, L) if keep_c else C.add_(L)
     X_next = torch.add(R_next, E, alpha=2.0, out=E)
     return (R_next, X_next, C) if keep_c else (R_next, X_next)
@@ -350,7 +356,7 @@ class _Clamp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z: Tensor, tau: Tensor) -> Tensor:
-        C = _clamp_(z.clone(), tau, -tau)
+        C = _clamp(z, tau)
         ctx.save_for_backward(C, tau)
         return C
 
