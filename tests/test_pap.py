@@ -250,6 +250,19 @@ def test_all_zero_keys(threshold: str) -> None:
     torch.testing.assert_close(out[1], v[1, :, :5].mean(-2, keepdim=True).expand(3, 7, 4))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision(dtype: torch.dtype) -> None:
+    """mu = N * C / (4 ||K||_1) has N * C = 100 * 768 > 65504 = float16's max: computed in float32."""
+    k, v = kv(b=1, h=12, n=100, d=64, seed=52, dtype=torch.float32)
+    for threshold in THRESHOLDS:
+        expected = pap(k, v, 3, 0.5, threshold=threshold)
+        out = pap(k.to(dtype), v.to(dtype), 3, 0.5, threshold=threshold)
+        assert out.dtype == dtype and torch.isfinite(out).all()
+        torch.testing.assert_close(out.float(), expected, rtol=0, atol=0.05)
+        zero = pap(torch.zeros_like(k, dtype=dtype), v.to(dtype), 3, 0.5, threshold=threshold)
+        torch.testing.assert_close(zero.float(), v.mean(-2, keepdim=True).expand_as(v), rtol=0, atol=0.02)
+
+
 def _bad_calls():
     k, v = kv()
     nan_k, inf_v, nan_q = k.clone(), v.clone(), k.clone()

@@ -119,26 +119,28 @@ def pap_mu(
 
     Returns:
         ``(B, H, 1, 1)`` when all queries see the same keys (no mask, key padding), else
-        ``(B, H, N, 1)``. A zero ``||K||_1`` is floored at ``n_i * eps`` (see the module docstring).
+        ``(B, H, N, 1)``; float32 for half-precision keys (else k's dtype). A zero ``||K||_1``
+        is floored at ``n_i * eps`` (see the module docstring).
     """
     b, h, n, d = k.shape
     mu_dim = h * d if mu_dim is None else mu_dim
-    eps = torch.finfo(k.dtype).eps
+    acc = torch.promote_types(k.dtype, torch.float32)  # N * C overflows float16
+    eps = torch.finfo(acc).eps
     if attn_mask is None and not is_causal:
         # the common case in one pass without a |K| temporary
-        l1 = torch.linalg.vector_norm(k.flatten(-2), ord=1, dim=-1)[:, :, None]  # (B, H, 1)
+        l1 = torch.linalg.vector_norm(k.flatten(-2), ord=1, dim=-1, dtype=acc)[:, :, None]  # (B, H, 1)
         cnt = torch.full_like(l1, float(n))
     else:
-        row_l1 = k.abs().sum(-1)  # (B, H, N)
+        row_l1 = k.abs().sum(-1, dtype=acc)  # (B, H, N)
         if attn_mask is None:  # causal only: prefix sums
             l1 = row_l1.cumsum(-1)
-            cnt = torch.arange(1, n + 1, dtype=k.dtype, device=k.device)
+            cnt = torch.arange(1, n + 1, dtype=acc, device=k.device)
         else:
             vis = _visible(attn_mask)
             vis = torch.broadcast_to(vis, (*vis.shape[:-1], n))
             if is_causal:
                 vis = vis & torch.ones(n, n, dtype=torch.bool, device=k.device).tril()
-            vis_f = vis.to(k.dtype)  # (..., N | 1, N)
+            vis_f = vis.to(acc)  # (..., N | 1, N)
             if vis.shape[-2] == 1:  # every query sees the same keys (key padding)
                 l1 = (vis_f * row_l1[:, :, None, :]).sum(-1)  # (B, H, 1)
             else:
@@ -263,10 +265,12 @@ def pap(
     if mu is None:
         mu_t = pap_mu(k, mu_dim, attn_mask=attn_mask, is_causal=is_causal)
     else:
-        mu_t = torch.as_tensor(mu, dtype=k.dtype, device=k.device)
+        mu_t = torch.as_tensor(mu, dtype=torch.promote_types(k.dtype, torch.float32), device=k.device)
         if not torch.isfinite(mu_t).all() or (mu_t <= 0).any():
             raise ValueError("pap: mu must be finite and > 0")
     tau = lam * mu_t if threshold == "lambda_mu" else lam / mu_t
+    if tau.dtype != k.dtype:  # half precision: mu and tau were computed in float32
+        tau = tau.clamp(max=torch.finfo(k.dtype).max).to(k.dtype)
     if tau.dim() < 4:
         tau = tau.reshape(*([1] * (4 - tau.dim())), *tau.shape)
     sdpa_mask, sdpa_causal = _merge_masks(attn_mask, is_causal, k.shape[-2], k.device)
