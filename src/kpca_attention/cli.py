@@ -17,6 +17,8 @@ app = typer.Typer(
 from .train.cli import evaluate_cmd, train_cmd  # noqa: E402, I001
 app.command("train")(train_cmd)
 app.command("evaluate")(evaluate_cmd)
+from .demo import demo_cmd  # noqa: E402, I001
+app.command("demo")(demo_cmd)
 from .robustness.cli import robustness_cmd  # noqa: E402, I001
 app.command("robustness")(robustness_cmd)
 
