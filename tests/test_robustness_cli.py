@@ -126,3 +126,15 @@ def test_wordswap_runner_with_a_stand_in_checkpoint(tmp_path, monkeypatch):
     assert r["tokens"] == 120 and r["n_swapped"] > 0 and r["clean"] > 1 and r["attacked"] > 1
     assert "| symlm |" in (tmp_path / "wordswap.md").read_text()
     assert R.run_wordswap([ck], tmp_path, opts) == res  # reused
+
+
+def test_imagenet_c_subset_follows_the_clean_subset():
+    from torch.utils.data import Subset, TensorDataset
+
+    val = TensorDataset(torch.arange(10))
+    corrupted = TensorDataset(torch.arange(10) + 100)
+    picked = R._same_images(corrupted, Subset(val, [1, 3, 7]))
+    assert [int(picked[i][0]) for i in range(3)] == [101, 103, 107]
+    assert R._same_images(corrupted, val) is corrupted
+    with pytest.raises(ValueError, match="same images"):
+        R._same_images(TensorDataset(torch.arange(9)), val)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 from tqdm.auto import tqdm
 
 from . import attacks as A
@@ -199,7 +199,8 @@ def run_corruptions(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> di
                 if name is None:
                     ds = base
                 elif opts.imagenet_c:
-                    ds = imagenet_c_folder(opts.imagenet_c, name, sev, _imagenet_c_transform(ck))
+                    folder = imagenet_c_folder(opts.imagenet_c, name, sev, _imagenet_c_transform(ck))
+                    ds = _same_images(folder, base)
                 else:
                     cache_dir = out / "cache" if opts.cache else None
                     ds = CorruptedDataset(base, name, sev, seed=opts.seed, cache_dir=cache_dir)
@@ -215,6 +216,16 @@ def run_corruptions(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> di
             _echo(f"{ck.label}: reused {reused}/{len(items)} finished corruption items")
         per_model[ck.label] = res
     return _summarise_corruptions(ckpts, per_model, out, opts)
+
+
+def _same_images(folder: Dataset, base: Dataset) -> Dataset:
+    """The ImageNet-C images of the clean evaluation images: ImageNet-C mirrors the val tree file by
+    file, so a seeded subset of val (``--n``) maps to the same indices of each corruption folder."""
+    full = base.dataset if isinstance(base, Subset) else base
+    if len(folder) != len(full):  # type: ignore[arg-type]
+        raise ValueError(f"the ImageNet-C folder has {len(folder)} images but the clean set "  # type: ignore[arg-type]
+                         f"{len(full)}: they must be the same images")  # type: ignore[arg-type]
+    return Subset(folder, base.indices) if isinstance(base, Subset) else folder
 
 
 def _imagenet_c_transform(ck: Checkpoint) -> Callable[[Any], torch.Tensor]:
