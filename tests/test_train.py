@@ -175,3 +175,30 @@ def test_language_model_trains_and_reloads_with_its_vocabulary(tmp_path):
     assert cfg2.task == "lm" and len(model.vocab) == 64 and model.vocab.level == "char"
     out = evaluate_checkpoint(str(tmp_path / "lm"), subset=200, stride=32, batch_size=8, progress=False)
     assert math.isfinite(out["ppl"]) and out["tokens"] == 200
+
+
+def test_deit_recipe_runs_on_an_image_folder(tmp_path):
+    """The DeiT preset end to end on a tiny ImageFolder tree: timm's RandAugment + random erasing
+    transform, Mixup/CutMix with SoftTargetCrossEntropy, drop path, EMA, per-epoch lr schedule."""
+    from PIL import Image
+
+    rng = torch.Generator().manual_seed(0)
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            d = tmp_path / "data" / split / cls
+            d.mkdir(parents=True)
+            for i in range(8):
+                arr = (torch.rand(40, 40, 3, generator=rng) * 255).to(torch.uint8).numpy()
+                Image.fromarray(arr).save(d / f"{i}.png")
+    cfg = get_preset("deit", dataset="imagefolder", data_root=str(tmp_path / "data"), img_size=32,
+                     model="symvit_mini_patch4_32", model_kwargs={"depth": 1, "embed_dim": 48},
+                     batch_size=8, epochs=2, num_workers=0, output_dir=str(tmp_path / "run"), progress=False,
+                     log_every_steps=1, model_ema_decay=0.9)
+    res = train(cfg)
+    rows = read_csv(tmp_path / "run" / "epochs.csv")
+    assert [r["epoch"] for r in rows] == [0, 1] and all(math.isfinite(r["ema_eval_top1"]) for r in rows)
+    # per-epoch schedule: lr constant within an epoch, warm-up from 1e-6 (5 warm-up epochs)
+    lrs = [r["lr"] for r in read_csv(tmp_path / "run" / "steps.csv")]
+    assert lrs[0] == lrs[1] == pytest.approx(1e-6) and lrs[2] == lrs[3] > lrs[0]
+    model, _ = load_model(tmp_path / "run", ema=True)
+    assert model(torch.rand(2, 3, 32, 32)).shape == (2, 2) and res.global_step == 4
