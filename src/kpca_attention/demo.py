@@ -96,6 +96,7 @@ def demo_config(label: str, settings: DemoSettings, out_dir: Path) -> Any:
         model=name, model_kwargs=dict(kw), epochs=settings.epochs, train_subset=settings.train_subset,
         batch_size=settings.batch_size, seed=settings.seed, output_dir=str(out_dir / "runs" / _slug(label)),
         warmup_epochs=min(0.5, 0.2 * settings.epochs), log_every_steps=10, eval_subset=settings.eval_subset,
+        checkpoint_every_steps=50,  # a killed demo loses at most 50 steps
     )
     opts.update(settings.extra)
     return get_preset("fmnist-cpu", **opts)
@@ -109,6 +110,14 @@ def _finished(run_dir: Path) -> bool:
         return bool(json.loads(latest.read_text()).get("finished"))
     except (FileNotFoundError, json.JSONDecodeError):
         return False
+
+
+#: bump when results.json gains or changes fields (older cached results are then recomputed)
+RESULTS_VERSION = 2
+
+#: config fields that do not change the trained weights (a finished run stays valid when they differ)
+_NOT_TRAJECTORY = frozenset({"progress", "checkpoint_every_steps", "log_every_steps", "num_workers", "device",
+                             "preset", "output_dir"})
 
 
 def train_models(settings: DemoSettings, out_dir: Path, *, force: bool, progress: bool) -> dict[str, Path]:
@@ -128,7 +137,7 @@ def train_models(settings: DemoSettings, out_dir: Path, *, force: bool, progress
 
             saved = read_config(resolve_checkpoint(run_dir)).to_dict()
             now = cfg.to_dict()
-            diff = sorted(k for k in now if k != "progress" and saved.get(k) != now[k])
+            diff = sorted(k for k in now if k not in _NOT_TRAJECTORY and saved.get(k) != now[k])
             if diff:
                 raise ValueError(f"{run_dir} was trained with other settings ({', '.join(diff)} differ); "
                                  "rerun with --force or another --out-dir")
@@ -263,6 +272,7 @@ def write_report(out_dir: Path, results: dict[str, Any], runs: Mapping[str, Path
 
     errors = {lab: {c: {s: 1 - a for s, a in v.items()} for c, v in corr[lab].items()} for lab in labels}
     full_sev = set(results["settings"]["severities"]) == {1, 2, 3, 4, 5}
+    undefined_rel: set[str] = set()
     rows = []
     for lab in labels:
         hist = results["training"][lab]
@@ -274,12 +284,17 @@ def write_report(out_dir: Path, results: dict[str, Any], runs: Mapping[str, Path
         }
         if full_sev:
             row["mCE"] = mce(errors[lab], baseline=errors[base_label], require_all=False)
-            clean_err = {k: 1 - results["clean"][k]["top1"] for k in labels}
-            try:
-                row["rel. mCE"] = relative_mce(errors[lab], clean_err[lab], errors[base_label],
-                                               clean_err[base_label])
-            except ValueError:  # the baseline is not degraded by some corruption: undefined
-                row["rel. mCE"] = None
+            # relative mCE: degradation from the clean error of the SAME images; corruptions that do not
+            # degrade the baseline (relative CE undefined) are left out and named in the report
+            clean_err = {k: 1 - results["clean_corrupt_subset"][k] for k in labels}
+            rel = {}
+            for c in errors[lab]:
+                try:
+                    rel[c] = relative_mce({c: errors[lab][c]}, clean_err[lab], {c: errors[base_label][c]},
+                                          clean_err[base_label])
+                except ValueError:
+                    undefined_rel.add(c)
+            row["rel. mCE"] = sum(rel.values()) / len(rel) if rel else None
         for meth in att.get(lab, {}):
             for e, r in att[lab][meth].items():
                 row[f"{meth.upper()} {255 * float(e):g}/255"] = r["top1"]
@@ -317,7 +332,10 @@ def write_report(out_dir: Path, results: dict[str, Any], runs: Mapping[str, Path
         f"{s['corrupt_images']} fixed test images. "
         + (f"mCE: mean corruption error relative to {base_label} (100 = as robust as {base_label}, lower is "
            f"better) over these {len(s['corruptions'])} corruptions (not the 15 of ImageNet-C: glass blur "
-           "and frost are left out for time), rel. mCE the same on the drop from clean accuracy. "
+           "and frost are left out for time), rel. mCE the same on the drop from the clean accuracy of "
+           "the same images"
+           + (f" (without {', '.join(sorted(undefined_rel))}, which does not degrade {base_label})"
+              if undefined_rel else "") + ". "
            if full_sev else "")
         + (f"Attacks: top-1 on {s['attack_images']} fixed test images, Linf eps in pixel units "
            "(normalisation inside the model), PGD with 20 steps of 0.15 eps. " if att else "")
@@ -375,7 +393,7 @@ def run_demo(out_dir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
     for lab, run_dir in runs.items():
         models[lab], _ = load_model(run_dir)
         ckpts[lab] = resolve_checkpoint(run_dir).name
-    key = {"settings": _json_ready(asdict(settings)), "checkpoints": ckpts}
+    key = {"settings": _json_ready(asdict(settings)), "checkpoints": ckpts, "version": RESULTS_VERSION}
     results_file = out / "results.json"
     cached = None if force else read_json(results_file)
     if cached is not None and cached.get("key") == key:
@@ -390,6 +408,10 @@ def run_demo(out_dir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
         print(f"[demo] {len(settings.corruptions)} corruptions x {len(settings.severities)} severities "
               f"on {settings.corrupt_images} images")
         corr = corruption_results(models, test_set, settings, out / "cache", progress)
+        from .train.evaluate import evaluate_vision
+
+        sub = DataLoader(_fixed_subset(test_set, settings.corrupt_images, settings.seed), batch_size=500)
+        clean_corr = {lab: evaluate_vision(m, sub)["top1"] for lab, m in models.items()}
         att: dict[str, Any] = {}
         clean_att: dict[str, float] = {}
         if settings.attacks and settings.attack_images:
@@ -397,8 +419,6 @@ def run_demo(out_dir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
             att = attack_results(models, test_set, settings, progress)
             sub = DataLoader(_fixed_subset(test_set, settings.attack_images, settings.seed + 1),
                              batch_size=500)
-            from .train.evaluate import evaluate_vision
-
             clean_att = {lab: evaluate_vision(m, sub)["top1"] for lab, m in models.items()}
         t_eval = time.perf_counter() - t1
         results = {
@@ -412,6 +432,7 @@ def run_demo(out_dir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
             "corruptions": corr,
             "attacks": att,
             "clean_attack_subset": clean_att,
+            "clean_corrupt_subset": clean_corr,
             "timing": {"eval_s": t_eval},
         }
         results = json.loads(json.dumps(_json_ready(results)))  # the same types as a reload would give
