@@ -153,7 +153,7 @@ def test_official_projection_loss_matches_official_code():
     ks = (k - k.mean(-1, keepdim=True)) / k.std(-1, keepdim=True)
     qk = qs @ ks.transpose(-2, -1)
     qq = qs @ qs.transpose(-2, -1)
-    attn = (qk * D ** -0.5).softmax(-1)
+    attn = (qk * D**-0.5).softmax(-1)
     x = attn @ v
     num = torch.exp(torch.diagonal(qq, dim1=-2, dim2=-1))
     den = torch.exp(2 * qk[:, :, :, 0] - torch.log(attn[:, :, :, 0].pow(2)))
@@ -213,11 +213,13 @@ def _np_cka_linear(x, y):
 
 def _np_cka_rbf(x, y, threshold=1.0):
     """Kornblith et al. 2019 colab: gram_rbf + cka."""
+
     def gram_rbf(z):
         dots = z @ z.T
         sq = np.diag(dots)
         d2 = -2 * dots + sq[:, None] + sq[None, :]
-        return np.exp(-d2 / (2 * threshold ** 2 * np.median(d2)))
+        return np.exp(-d2 / (2 * threshold**2 * np.median(d2)))
+
     n = len(x)
     h = np.eye(n) - 1.0 / n
     kx, ky = h @ gram_rbf(x) @ h, h @ gram_rbf(y) @ h
@@ -230,7 +232,8 @@ def test_cka_matches_numpy_and_invariances():
     assert linear_cka(x, y).item() == pytest.approx(_np_cka_linear(x.numpy(), y.numpy()), rel=1e-10)
     assert kernel_cka(x, y).item() == pytest.approx(_np_cka_rbf(x.numpy(), y.numpy()), rel=1e-8)
     assert kernel_cka(x, y, threshold=0.5).item() == pytest.approx(
-        _np_cka_rbf(x.numpy(), y.numpy(), 0.5), rel=1e-8)
+        _np_cka_rbf(x.numpy(), y.numpy(), 0.5), rel=1e-8
+    )
     rot = torch.linalg.qr(_keys(6, 6, seed=3)).Q
     for f in (linear_cka, kernel_cka):
         base = f(x, y)

@@ -21,6 +21,9 @@ from .demo import demo_cmd  # noqa: E402, I001
 app.command("demo")(demo_cmd)
 from .robustness.cli import robustness_cmd  # noqa: E402, I001
 app.command("robustness")(robustness_cmd)
+from .kpca.cli import analyze_cmd, claims_cmd  # noqa: E402, I001
+app.command("analyze")(analyze_cmd)
+app.command("claims")(claims_cmd)
 
 
 def main() -> None:

@@ -130,7 +130,7 @@ def rbf_gram(x: Tensor, threshold: float = 1.0, bandwidth: Bandwidth = "kornblit
         med = torch.quantile(flat, 0.5, dim=-1)  # = np.median over all N^2 entries
     else:
         med = torch.nanmedian(flat.masked_fill(flat == 0, float("nan")), dim=-1).values
-    sigma_sq = (threshold ** 2) * med
+    sigma_sq = (threshold**2) * med
     return torch.exp(-sq / (2 * sigma_sq.unsqueeze(-1).unsqueeze(-1)))
 
 

@@ -49,8 +49,11 @@ def _key_mask(mask: Tensor | None, like: Tensor) -> Tensor | None:
         return None
     if mask.shape != like.shape[:-1]:
         raise ValueError(f"mask must have shape {tuple(like.shape[:-1])} (..., N), got {tuple(mask.shape)}")
-    return torch.zeros(mask.shape, dtype=torch.float64, device=like.device).masked_fill(
-        ~mask.bool(), float("-inf")).unsqueeze(-2)
+    return (
+        torch.zeros(mask.shape, dtype=torch.float64, device=like.device)
+        .masked_fill(~mask.bool(), float("-inf"))
+        .unsqueeze(-2)
+    )
 
 
 def _masked_mean(x: Tensor, mask: Tensor | None, dim: tuple[int, ...] | None = None) -> Tensor:
@@ -174,8 +177,9 @@ def projection_loss_official(
 
 # ------------------------------------------------------------------------------------ gamma test
 
+
 def pairwise_difference_stats(
-    gamma: Tensor, relative: bool = False, max_tokens: int | None = 256, seed: int = 0
+    gamma: Tensor, relative: bool = False, max_pairs: int | None = 1024, seed: int = 0
 ) -> tuple[Tensor, Tensor]:
     """Mean and (unbiased) std over token pairs ``i < j`` of ``|gamma_i - gamma_j|`` or of the
     relative ``|gamma_i - gamma_j| / max(|gamma_i|, |gamma_j|)`` (0 where both are 0).
@@ -183,9 +187,11 @@ def pairwise_difference_stats(
     Args:
         gamma: ``(..., N, d)``; statistics per column (principal axis).
         relative: relative instead of absolute differences.
-        max_tokens: relative differences need all pairs (O(N^2 d) memory); above this many tokens a
-            fixed random subset of tokens is used. Absolute differences are exact for any N (sorted
-            Gini-difference formula and ``sum_{i<j} (g_i - g_j)^2 = N sum_i (g_i - mean)^2``).
+        max_pairs: relative differences have no closed form and all N(N-1)/2 pairs cost O(N^2 d);
+            above this many pairs, ``max_pairs`` pairs drawn uniformly (fixed ``seed``, the same pairs
+            for every column and batch entry) estimate mean and std. None: always all pairs.
+            Absolute differences are exact for any N (sorted Gini-difference formula and
+            ``sum_{i<j} (g_i - g_j)^2 = N sum_i (g_i - mean)^2``).
 
     Returns:
         ``(mean, std)`` each ``(..., d)``.
@@ -194,23 +200,23 @@ def pairwise_difference_stats(
     if n < 2:
         nan = gamma.new_full((*gamma.shape[:-2], gamma.shape[-1]), float("nan"))
         return nan, nan
+    pairs = n * (n - 1) // 2
     if not relative:
         srt = torch.sort(gamma, dim=-2).values
         w = (2 * torch.arange(n, dtype=gamma.dtype, device=gamma.device) - n + 1).unsqueeze(-1)
-        pairs = n * (n - 1) / 2
         mean = (w * srt).sum(-2) / pairs
         sq = n * (gamma - gamma.mean(-2, keepdim=True)).pow(2).sum(-2)
         var = (sq - pairs * mean.pow(2)) / max(pairs - 1, 1)
         return mean, var.clamp_min(0).sqrt()
-    if max_tokens is not None and n > max_tokens:
+    if max_pairs is not None and pairs > max_pairs:
         gen = torch.Generator().manual_seed(seed)
-        idx = torch.randperm(n, generator=gen)[:max_tokens].to(gamma.device)
-        gamma = gamma.index_select(-2, idx)
-        n = max_tokens
-    iu = torch.triu_indices(n, n, offset=1, device=gamma.device)
-    gi, gj = gamma[..., iu[0], :], gamma[..., iu[1], :]  # (..., P, d)
+        i = torch.randint(0, n, (max_pairs,), generator=gen)
+        j = (i + torch.randint(1, n, (max_pairs,), generator=gen)) % n  # uniform over pairs i != j
+    else:
+        i, j = torch.triu_indices(n, n, offset=1)
+    gi, gj = gamma[..., i.to(gamma.device), :], gamma[..., j.to(gamma.device), :]  # (..., P, d)
     den = torch.maximum(gi.abs(), gj.abs())
-    diff = torch.where(den > 0, (gi - gj).abs() / den.clamp_min(torch.finfo(den.dtype).tiny), 0.0)
+    diff = (gi - gj).abs_().div_(den.clamp_min_(torch.finfo(den.dtype).tiny))  # 0 / tiny = 0 where both 0
     return diff.mean(-2), diff.std(-2)
 
 
@@ -227,7 +233,7 @@ def gamma_test(
     *,
     noise: float = 0.1,
     seed: int = 0,
-    max_tokens: int | None = 256,
+    max_pairs: int | None = 1024,
     eigen: KPCAEigen | None = None,
 ) -> dict[str, dict[str, Tensor]]:
     """Is ``a`` an eigenvector of ``Kc``? The paper's gamma test (Sec. 2.2.2) with the critique's controls.
@@ -249,7 +255,7 @@ def gamma_test(
         keys: ``(..., N, D)``; values: ``(..., N, D_v)``; d: axes (default D_v or D, capped at N).
         order, eigen: see :func:`kpca_attention.kpca.gram.kpca_eigen`.
         noise, seed: the random control.
-        max_tokens: token subset for the relative differences, see :func:`pairwise_difference_stats`.
+        max_pairs: sampled token pairs for the relative differences, see :func:`pairwise_difference_stats`.
 
     Returns:
         ``{variant: {"mean_abs", "std_abs", "mean_rel", "std_rel", "gamma_mean"}}`` each ``(..., d)``,
@@ -268,8 +274,9 @@ def gamma_test(
     variants: dict[str, Tensor] = {"eigenvectors": a_true, "random": a_rand}
     if values is not None:
         if values.shape[:-1] != keys.shape[:-1]:
-            raise ValueError(f"values must be (..., N, D_v) matching keys {tuple(keys.shape)}, "
-                             f"got {tuple(values.shape)}")
+            raise ValueError(
+                f"values must be (..., N, D_v) matching keys {tuple(keys.shape)}, got {tuple(values.shape)}"
+            )
         lg = eigen.log_g
         g_scaled = torch.exp(lg - lg.amax(-1, keepdim=True)).unsqueeze(-1)  # g / max(g), in (0, 1]
         a_hat = g_scaled * values.to(torch.float64)[..., :d]
@@ -278,17 +285,27 @@ def gamma_test(
     for name, a in variants.items():
         gam = _gamma(gram, a)
         m_abs, s_abs = pairwise_difference_stats(gam, relative=False)
-        m_rel, s_rel = pairwise_difference_stats(gam, relative=True, max_tokens=max_tokens, seed=seed)
-        out[name] = {"mean_abs": m_abs, "std_abs": s_abs, "mean_rel": m_rel, "std_rel": s_rel,
-                     "gamma_mean": gam.mean(-2)}
+        m_rel, s_rel = pairwise_difference_stats(gam, relative=True, max_pairs=max_pairs, seed=seed)
+        out[name] = {
+            "mean_abs": m_abs,
+            "std_abs": s_abs,
+            "mean_rel": m_rel,
+            "std_rel": s_rel,
+            "gamma_mean": gam.mean(-2),
+        }
     out["reference"] = {"lambda": eigen.eigenvalues[..., :d] / n}
     return out
 
 
 # ------------------------------------------------------------------------------------ eigenvalues
 
+
 def top_eigenvalues(
-    keys: Tensor, d: int | None = None, *, standardized: bool = False, eps: float = 1e-8,
+    keys: Tensor,
+    d: int | None = None,
+    *,
+    standardized: bool = False,
+    eps: float = 1e-8,
     order: Order = "signed",
 ) -> Tensor:
     """``|mu_d|`` for the top-d eigenvalues of ``Kc`` (the critique's ``eigenvalues.py``: sort by
@@ -317,7 +334,9 @@ def eigen_stats(abs_eigenvalues: Tensor) -> dict[str, Mapping[str, float]]:
         raise ValueError(f"abs_eigenvalues must be (S, M, d), got {tuple(abs_eigenvalues.shape)}")
     per_rank = abs_eigenvalues.to(torch.float64).mean(1)  # (S, d)
     stats = {
-        "max": per_rank.amax(-1), "min": per_rank.amin(-1), "mean": per_rank.mean(-1),
+        "max": per_rank.amax(-1),
+        "min": per_rank.amin(-1),
+        "mean": per_rank.mean(-1),
         # torch.median returns the lower middle value for even d, as in the critique's script
         "median": per_rank.median(-1).values,
     }

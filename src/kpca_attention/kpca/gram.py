@@ -17,6 +17,7 @@ Shapes: ``keys`` is ``(..., N, D)``; every leading dimension is a batch dimensio
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -78,8 +79,9 @@ def log_g(keys: Tensor) -> Tensor:
 
 def center_gram(gram: Tensor) -> Tensor:
     """``H K H`` (= K - 1_N K - K 1_N + 1_N K 1_N, paper Remark 1) for ``(..., N, N)``."""
-    return (gram - gram.mean(-1, keepdim=True) - gram.mean(-2, keepdim=True)
-            + gram.mean((-2, -1), keepdim=True))
+    return (
+        gram - gram.mean(-1, keepdim=True) - gram.mean(-2, keepdim=True) + gram.mean((-2, -1), keepdim=True)
+    )
 
 
 def _gram_and_log_g(keys: Tensor, centered: bool) -> tuple[Tensor, Tensor]:
@@ -126,14 +128,27 @@ class KPCAEigen:
 def _dense_eigh(mat: Tensor) -> tuple[Tensor, Tensor]:
     """Batched symmetric eigendecomposition, ascending.
 
-    On CPU, NumPy's batched ``eigh`` is about 2x faster than ``torch.linalg.eigh`` for the many small
-    float64 matrices of this analysis (measured: 1.1 vs 2.3 ms per 128 x 128 matrix on 2 cores);
-    both call LAPACK ``syevd``. On an accelerator, torch's batched solver is used.
+    On CPU: NumPy's batched ``eigh`` (LAPACK ``syevd``) is about 2x faster than ``torch.linalg.eigh`` for
+    the many small float64 matrices of this analysis (1.1 vs 2.3 ms per 128 x 128 matrix, 2 idle
+    cores). Multi-threaded BLAS inside one small ``syevd`` gains nothing and, on a busy machine, loses
+    10-20x to spinning threads (measured 44.6 vs 3.7 ms); so BLAS runs single-threaded and the batch
+    is split over ``torch.get_num_threads()`` Python threads instead (NumPy releases the GIL).
+    On an accelerator, torch's batched solver is used.
     """
-    if mat.device.type == "cpu":
-        w, v = np.linalg.eigh(mat.numpy())
-        return torch.from_numpy(w), torch.from_numpy(v)
-    return torch.linalg.eigh(mat)
+    if mat.device.type != "cpu":
+        return torch.linalg.eigh(mat)
+    from threadpoolctl import threadpool_limits
+
+    arr = mat.numpy().reshape(-1, *mat.shape[-2:])
+    workers = max(1, min(torch.get_num_threads(), arr.shape[0] // 8))
+    with threadpool_limits(1):
+        if workers == 1:
+            w, v = np.linalg.eigh(arr)
+        else:
+            with ThreadPoolExecutor(workers) as ex:
+                parts = list(ex.map(np.linalg.eigh, np.array_split(arr, workers)))
+            w, v = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    return torch.from_numpy(w).reshape(mat.shape[:-1]), torch.from_numpy(v).reshape(mat.shape)
 
 
 def _lowrank_eigh(

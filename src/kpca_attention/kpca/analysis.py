@@ -1,0 +1,373 @@
+"""Whole-model KPCA analysis: every layer, head and input sequence, batched.
+
+:class:`Analyzer` takes the q, k, v captured from one forward pass (:class:`~.capture.QKVCapture`)
+and a token mask, crops every sequence to its real tokens, groups sequences of equal length, and
+runs the diagnostics on ``(sequences x heads)`` stacks at once - no Python loop over heads (the
+Hungarian matching is one SciPy call per (sequence, head)). :meth:`Analyzer.result` returns a
+JSON-ready dict: ``summary`` (model-level means), ``layers``, ``heads`` (per layer/head means),
+``gamma`` and ``spectrum`` per layer, ``eigen_stats``, ``pap`` (RPC layers) and columnar ``records``
+(one entry per (sequence, layer, head)).
+
+Per (sequence, head): predicted values ``V_hat`` (Theorem 1) from the keys, :func:`~.alignment.alignment`
+of the learned V with V_hat, :func:`~.diagnostics.projection_loss` (paper scaling) and
+:func:`~.diagnostics.projection_loss_official`, the top-d eigenvalues of ``Kc``. On the first
+``detail_samples`` sequences also the gamma test and eigenvalues of standardised keys.
+
+Scaled Attention layers (``A (I - S) V``): the paper's author holds that there the eigenvectors are
+recovered by the effective values ``(I - S) V``, so alignment, gamma test and J_proj are computed for
+``V_eff = V - S V`` (``S V = alpha softmax(K K^T / sqrt D) V`` or ``S @ V``), and the raw-V alignment is
+kept under ``raw_v_*``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .alignment import alignment
+from .capture import AttentionSite
+from .diagnostics import gamma_test, projection_loss, projection_loss_official, top_eigenvalues
+from .gram import CENTERINGS, METHODS, ORDERS, SCALES, kpca_eigen, predicted_values
+
+__all__ = ["AnalysisConfig", "Analyzer", "SUMMARY_KEYS", "ALIGNMENT_KEYS"]
+
+ALIGNMENT_KEYS = (
+    "direct_cosine",
+    "optimal_cosine",
+    "signfix_cosine",
+    "negative_pct",
+    "pearson",
+    "linear_cka",
+    "kernel_cka",
+    "relative_frobenius",
+)
+PROJECTION_KEYS = ("j_proj", "phi_norm_sq", "h_norm_sq")
+SUMMARY_KEYS = (
+    "linear_cka",
+    "kernel_cka",
+    "optimal_cosine",
+    "direct_cosine",
+    "j_proj",
+    "phi_norm_sq",
+    "h_norm_sq",
+)
+GAMMA_VARIANTS = ("values", "eigenvectors", "random")
+GAMMA_STATS = ("mean_abs", "std_abs", "mean_rel", "std_rel")
+
+
+@dataclass
+class AnalysisConfig:
+    """Options of the analysis (defaults follow the critique, see :func:`~.gram.predicted_values`).
+
+    Attributes:
+        d_v: predicted value columns (None: the head width).
+        order, scale, centering, method: see :func:`~.gram.predicted_values` / :func:`~.gram.kpca_eigen`.
+        bandwidth, threshold: kernel CKA (``"kornblith"`` or ``"critique"``).
+        row_eps: added to row norms in cosines (critique: 1e-8; 0 = exact).
+        optimal: run the Hungarian matching.
+        detail_samples: sequences (first ones seen) that also get the gamma test and standardised
+            eigenvalues (the critique's gamma script used 3 images, its eigenvalue script 25).
+            Relative gamma differences use 1024 sampled token pairs per head.
+        gamma_noise, seed: the random-orthogonal control of the gamma test.
+        chunk_elems: float64 elements per batched N x N stack (bounds memory: 2^25 = 256 MiB).
+    """
+
+    d_v: int | None = None
+    order: str = "abs"
+    scale: str = "unit"
+    centering: str = "GHA"
+    method: str = "auto"
+    bandwidth: str = "kornblith"
+    threshold: float = 1.0
+    row_eps: float = 0.0
+    optimal: bool = True
+    detail_samples: int = 10
+    gamma_noise: float = 0.1
+    seed: int = 0
+    chunk_elems: int = 2**25
+
+    def __post_init__(self) -> None:
+        for name, valid in (
+            ("order", ORDERS),
+            ("scale", SCALES),
+            ("centering", CENTERINGS),
+            ("method", METHODS),
+        ):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: {', '.join(valid)}")
+        if self.detail_samples < 0:
+            raise ValueError(f"detail_samples must be >= 0, got {self.detail_samples}")
+
+
+def _scaled_sv(site: AttentionSite, k: Tensor, v: Tensor) -> Tensor | None:
+    """``S V`` of a Scaled Attention layer for ``k, v`` of shape ``(B, H, N, D)``; None for other layers."""
+    from ..layers import ScaledAttention
+
+    m = site.module
+    if not isinstance(m, ScaledAttention):
+        return None
+    if m.mode == "matrix":
+        s = m.scale_s.detach().to(torch.float64)
+        if s.shape[-1] != v.shape[-2]:
+            raise ValueError(
+                f"{site.name}: Scaled Attention S is {tuple(s.shape)} but the sequence has "
+                f"{v.shape[-2]} analysed tokens (special-token exclusion does not apply here)"
+            )
+        return s @ v
+    alpha = float(m.alpha.detach())
+    a_sym = torch.softmax(k @ k.mT / math.sqrt(k.shape[-1]), dim=-1)
+    return alpha * (a_sym @ v)
+
+
+def _pad(row: np.ndarray, width: int) -> np.ndarray:
+    """Pad the last axis with NaN to ``width`` (sequences shorter than d_v have fewer eigenpairs)."""
+    missing = width - row.shape[-1]
+    return (
+        row
+        if missing <= 0
+        else np.pad(row, [(0, 0)] * (row.ndim - 1) + [(0, missing)], constant_values=np.nan)
+    )
+
+
+class Analyzer:
+    """Accumulates per-(sequence, layer, head) diagnostics over batches; see the module docstring."""
+
+    def __init__(self, sites: Sequence[AttentionSite], config: AnalysisConfig | None = None) -> None:
+        self.sites = list(sites)
+        self.cfg = config or AnalysisConfig()
+        self.num_sequences = 0
+        self.records: dict[str, list] = defaultdict(list)
+        # gamma[layer][variant][stat] -> list of (d,) arrays, one per detailed (sequence, head)
+        self.gamma: list[dict[str, dict[str, list[np.ndarray]]]] = [
+            defaultdict(lambda: defaultdict(list)) for _ in self.sites
+        ]
+        self.gamma_lambda: list[list[np.ndarray]] = [[] for _ in self.sites]
+        self.spectrum: list[list[np.ndarray]] = [[] for _ in self.sites]
+        # eigenvalue stats need, per sequence, all (layer, head) top-d |eigenvalues|
+        self.eig_raw: dict[int, list[np.ndarray]] = defaultdict(list)
+        self.eig_std: dict[int, list[np.ndarray]] = defaultdict(list)
+        self.pap: list[list[list[float]]] = [[] for _ in self.sites]
+        self.official: dict[str, list[float]] = defaultdict(list)
+        self.seconds = 0.0
+
+    # ------------------------------------------------------------------------------ accumulation
+    @torch.no_grad()
+    def add(self, captured: Sequence[dict[str, Any]], mask: Tensor | None = None) -> None:
+        """One forward pass: ``captured[i]`` holds ``q, k, v`` ``(B, H, N, D)`` of ``sites[i]``;
+        ``mask`` ``(B, N)`` bool marks the tokens to analyse (None: all)."""
+        t0 = time.perf_counter()
+        if len(captured) != len(self.sites):
+            raise ValueError(f"got q/k/v of {len(captured)} layers, expected {len(self.sites)}")
+        b, _, n, _ = captured[0]["k"].shape
+        mask = torch.ones(b, n, dtype=torch.bool) if mask is None else mask.bool().cpu()
+        if mask.shape != (b, n):
+            raise ValueError(f"mask must be (B, N) = {(b, n)}, got {tuple(mask.shape)}")
+        lengths = mask.sum(1)
+        if int(lengths.min()) < 2:
+            raise ValueError("every sequence needs at least 2 analysed tokens")
+        first = self.num_sequences
+        for li, (site, rec) in enumerate(zip(self.sites, captured, strict=False)):
+            q, k, v = (rec[key].to("cpu", torch.float64) for key in ("q", "k", "v"))
+            trace = rec.get("pap_trace")
+            if trace is not None:
+                self.pap[li].append([float(x) for x in trace.get("s_density", [])])
+            for length in sorted(set(lengths.tolist())):
+                seqs = torch.nonzero(lengths == length).flatten()
+                # real tokens first, original order kept (stable sort), then crop
+                order = torch.argsort((~mask[seqs]).to(torch.int8), dim=1, stable=True)[:, :length]
+                idx = order[:, None, :, None]
+                pick = [x[seqs].gather(2, idx.expand(-1, x.shape[1], -1, x.shape[-1])) for x in (q, k, v)]
+                self._group(li, site, *pick, [first + int(s) for s in seqs])
+        self.num_sequences += b
+        self.seconds += time.perf_counter() - t0
+
+    def _group(
+        self, li: int, site: AttentionSite, q: Tensor, k: Tensor, v: Tensor, seq_ids: list[int]
+    ) -> None:
+        """Sequences of one length: ``(S, H, L, D)`` each."""
+        cfg = self.cfg
+        s_n, h_n, length, d = k.shape
+        sv = _scaled_sv(site, k, v)
+        v_eff = v if sv is None else v - sv
+        d_v = cfg.d_v or v.shape[-1]
+        flat = [x.reshape(s_n * h_n, length, x.shape[-1]) for x in (q, k, v, v_eff)]
+        chunk = max(1, cfg.chunk_elems // (length * length * 4))
+        out: dict[str, list[Tensor]] = defaultdict(list)
+        for lo in range(0, s_n * h_n, chunk):
+            qc, kc, vc, vec = (x[lo : lo + chunk] for x in flat)
+            eig = kpca_eigen(kc, min(d_v, length), order=cfg.order, method=cfg.method, seed=cfg.seed)
+            v_hat = predicted_values(
+                kc, d_v, order=cfg.order, scale=cfg.scale, centering=cfg.centering, eigen=eig
+            )
+            al = alignment(
+                vec,
+                v_hat,
+                optimal=cfg.optimal,
+                threshold=cfg.threshold,
+                bandwidth=cfg.bandwidth,
+                row_eps=cfg.row_eps,
+            )  # type: ignore[arg-type]
+            for key, val in al.items():
+                out[key].append(val)
+            if sv is not None:
+                raw = alignment(
+                    vc,
+                    v_hat,
+                    optimal=cfg.optimal,
+                    threshold=cfg.threshold,
+                    bandwidth=cfg.bandwidth,
+                    row_eps=cfg.row_eps,
+                )  # type: ignore[arg-type]
+                for key, val in raw.items():
+                    out["raw_v_" + key].append(val)
+            pl = projection_loss(qc, kc, vec)
+            for key in PROJECTION_KEYS:
+                out[key].append(pl[key + "_seq"])
+            off = projection_loss_official(qc, kc, vec)
+            for key in PROJECTION_KEYS:
+                out["official_" + key].append(off[key + "_seq"])
+            out["eig"].append(eig.eigenvalues.abs())
+        res = {key: torch.cat(vals).reshape(s_n, h_n, *vals[0].shape[1:]) for key, vals in out.items()}
+        eig_abs = res.pop("eig").numpy()  # (S, H, k)
+        for si, seq in enumerate(seq_ids):
+            for hi in range(h_n):
+                self.records["sequence"].append(seq)
+                self.records["layer"].append(li)
+                self.records["head"].append(hi)
+                self.records["tokens"].append(length)
+                for key, val in res.items():
+                    self.records[key].append(float(val[si, hi]))
+            self.eig_raw[seq].append(eig_abs[si])
+            self.spectrum[li].append(_pad(eig_abs[si].mean(0), d_v))
+        detail = [i for i, s in enumerate(seq_ids) if s < cfg.detail_samples]
+        if detail:
+            sel = torch.tensor(detail)
+            kd, vd = k[sel].reshape(-1, length, d), v_eff[sel].reshape(-1, length, v.shape[-1])
+            # Kc has rank <= N - 1 (Kc 1 = 0): axes beyond it have eigenvalue 0 and no defined gamma
+            d_g = min(d_v, length - 1)
+            g = gamma_test(kd, vd, d=d_g, order=cfg.order, noise=cfg.gamma_noise, seed=cfg.seed)
+            for variant in GAMMA_VARIANTS:
+                for stat in GAMMA_STATS:
+                    for row in g[variant][stat].numpy():
+                        self.gamma[li][variant][stat].append(_pad(row, d_v))
+            self.gamma_lambda[li].extend(_pad(row, d_v) for row in g["reference"]["lambda"].numpy())
+            std_eig = top_eigenvalues(kd, min(d, length), standardized=True).reshape(len(detail), h_n, -1)
+            for j, i in enumerate(detail):
+                self.eig_std[seq_ids[i]].append(std_eig[j].numpy())
+
+    # ------------------------------------------------------------------------------ results
+    def result(self) -> dict[str, Any]:
+        """JSON-ready results (see the module docstring)."""
+        if not self.records:
+            raise RuntimeError("nothing analysed yet: call add() with captured q/k/v first")
+        rec = {key: np.asarray(val) for key, val in self.records.items()}
+        metrics = [key for key in rec if key not in ("sequence", "layer", "head", "tokens")]
+
+        def mean(x: np.ndarray) -> float | None:
+            x = x[np.isfinite(x)]
+            return float(x.mean()) if x.size else None
+
+        summary: dict[str, Any] = {key: mean(rec[key]) for key in metrics}
+        h, phi = summary.get("h_norm_sq"), summary.get("phi_norm_sq")
+        summary["log10_h_over_phi"] = math.log10(h / phi) if h and phi and h > 0 and phi > 0 else None
+        # what the official code logs: log(mean error) per layer, averaged over layers (NaN if a mean <= 0)
+        if "official_j_proj" in rec:
+            per_layer = [rec["official_j_proj"][rec["layer"] == li].mean() for li in range(len(self.sites))]
+            logs = [math.log(x) if x > 0 else float("nan") for x in per_layer]
+            summary["official_log_j_proj"] = float(np.mean(logs)) if all(np.isfinite(logs)) else None
+        summary["num_sequences"] = self.num_sequences
+        summary["num_heads_analysed"] = int(rec["layer"].size)
+        summary["mean_tokens"] = float(rec["tokens"].mean())
+
+        layers, heads = [], []
+        for li, site in enumerate(self.sites):
+            sel = rec["layer"] == li
+            entry = {
+                "layer": li,
+                "name": site.name,
+                "type": site.layer_type,
+                "num_heads": site.num_heads,
+                "head_dim": site.head_dim,
+                **{key: mean(rec[key][sel]) for key in metrics},
+            }
+            if self.pap[li]:
+                dens = np.array(self.pap[li])  # (batches, iterations)
+                entry["pap_s_density"] = [float(x) for x in dens.mean(0)]
+            layers.append(entry)
+            for hi in range(site.num_heads):
+                hs = sel & (rec["head"] == hi)
+                heads.append(
+                    {
+                        "layer": li,
+                        "head": hi,
+                        "n": int(hs.sum()),
+                        **{key: mean(rec[key][hs]) for key in metrics},
+                        **{
+                            key + "_std": float(np.nanstd(rec[key][hs])) for key in SUMMARY_KEYS if key in rec
+                        },
+                    }
+                )
+
+        gamma: dict[str, Any] = {}
+        for li in range(len(self.sites)):
+            if not self.gamma[li]:
+                continue
+            entry = {
+                variant: {stat: np.nanmean(np.stack(rows), 0).tolist() for stat, rows in stats.items()}
+                for variant, stats in self.gamma[li].items()
+            }
+            entry["lambda"] = np.nanmean(np.stack(self.gamma_lambda[li]), 0).tolist()
+            gamma[str(li)] = entry
+        if gamma:
+            summary["gamma"] = {
+                variant: {
+                    stat: float(np.nanmean([np.nanmean(g[variant][stat]) for g in gamma.values()]))
+                    for stat in GAMMA_STATS
+                }
+                for variant in GAMMA_VARIANTS
+            }
+            summary["gamma"]["lambda_mean"] = float(
+                np.nanmean([np.nanmean(g["lambda"]) for g in gamma.values()])
+            )
+
+        from .diagnostics import eigen_stats
+
+        eig: dict[str, Any] = {}
+        for label, store in (("raw", self.eig_raw), ("standardized", self.eig_std)):
+            seqs = [np.stack(v) for v in store.values() if len(v) == len(self.sites)]
+            widths = {a.shape[-1] for a in seqs}
+            if seqs and len(widths) == 1:
+                arr = torch.from_numpy(np.stack([a.reshape(-1, a.shape[-1]) for a in seqs]))
+                eig[label] = eigen_stats(arr)
+            elif seqs:  # different widths (short sequences): keep the common top ranks
+                w = min(widths)
+                arr = torch.from_numpy(np.stack([a.reshape(-1, a.shape[-1])[:, :w] for a in seqs]))
+                eig[label] = eigen_stats(arr)
+        spectrum = {str(li): np.nanmean(np.stack(s), 0).tolist() for li, s in enumerate(self.spectrum) if s}
+        pap = {
+            site.name: layers[li]["pap_s_density"]
+            for li, site in enumerate(self.sites)
+            if "pap_s_density" in layers[li]
+        }
+        if pap:
+            summary["pap_s_density_max"] = float(max(max(v) for v in pap.values()))
+        return {
+            "config": asdict(self.cfg),
+            "summary": summary,
+            "layers": layers,
+            "heads": heads,
+            "gamma": gamma,
+            "spectrum": spectrum,
+            "eigen_stats": eig,
+            "pap": pap,
+            "records": {key: val.tolist() for key, val in rec.items()},
+            "timing": {"analysis_s": self.seconds},
+        }

@@ -1,0 +1,190 @@
+"""``kpca-attention analyze`` and ``kpca-attention claims``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import typer
+
+__all__ = ["analyze_cmd", "claims_cmd"]
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None  # strict JSON has no NaN / inf
+    if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
+        return _jsonable(x.item())
+    return x
+
+
+def write_json(obj: Any, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(_jsonable(obj), indent=1))
+    return p
+
+
+def _config(
+    order: str,
+    scale: str,
+    centering: str,
+    eigensolver: str,
+    bandwidth: str,
+    detail_samples: int,
+    critique_exact: bool,
+    no_optimal: bool,
+):
+    from .analysis import AnalysisConfig
+
+    return AnalysisConfig(
+        order=order,
+        scale=scale,
+        centering=centering,
+        method=eigensolver,
+        bandwidth="critique" if critique_exact else bandwidth,
+        row_eps=1e-8 if critique_exact else 0.0,
+        optimal=not no_optimal,
+        detail_samples=detail_samples,
+    )
+
+
+def analyze_cmd(
+    model: str = typer.Argument(
+        ..., help="all-MiniLM-L6-v2, a timm or Hugging Face name, or a checkpoint path"
+    ),
+    images: Path = typer.Option(None, "--images", help="folder of images (.jpg/.png...) for image models"),
+    texts: Path = typer.Option(None, "--texts", help="text file, one text per line, for text models"),
+    dataset: str = typer.Option(None, "--dataset", help="image dataset name (kpca_attention.data.images)"),
+    split: str = typer.Option("test", help="dataset split"),
+    data_root: str = typer.Option(None, "--data-root", help="dataset root folder"),
+    json_out: Path = typer.Option(..., "--json", help="write the results JSON here"),
+    report: Path = typer.Option(None, "--report", help="write plots and report.md into this folder"),
+    max_samples: int = typer.Option(100, help="analyse at most this many texts / images"),
+    max_length: int = typer.Option(128, help="text models: truncate to this many tokens"),
+    batch_size: int = typer.Option(16, help="inputs per forward pass"),
+    special_tokens: bool = typer.Option(
+        True, "--special-tokens/--no-special-tokens", help="keep [CLS]/[SEP] in the per-sequence analysis"
+    ),
+    keep_padding: bool = typer.Option(
+        False, help="analyse padded positions too (as the critique's text script)"
+    ),
+    pretrained: bool = typer.Option(True, "--pretrained/--no-pretrained", help="timm: pretrained weights"),
+    order: str = typer.Option("abs", help="eigenvector order: abs | signed"),
+    scale: str = typer.Option("unit", help="eigenvector scale: unit (critique) | kpca (1/sqrt(N lambda))"),
+    centering: str = typer.Option("GHA", help="predicted values: GHA (Thm 1, critique) | HGA"),
+    eigensolver: str = typer.Option("auto", help="auto | dense | lowrank"),
+    bandwidth: str = typer.Option("kornblith", help="kernel-CKA bandwidth: kornblith | critique"),
+    critique_exact: bool = typer.Option(
+        False, help="critique's conventions: 1e-8 on row norms, its bandwidth"
+    ),
+    no_optimal: bool = typer.Option(False, help="skip the Hungarian matching"),
+    detail_samples: int = typer.Option(
+        10, help="inputs that also get the gamma test and standardised eigenvalues"
+    ),
+    device: str = typer.Option("cpu", help="torch device"),
+) -> None:
+    """KPCA diagnostics of every attention layer and head of MODEL (paper Sec. 2 and its critique)."""
+    from .load import load_for_analysis
+    from .report import fmt, write_report
+    from .run import analyze_model, resolve_inputs
+
+    try:
+        cfg = _config(
+            order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, no_optimal
+        )
+        loaded = load_for_analysis(model, pretrained=pretrained, device=device)
+        txt, imgs, desc = resolve_inputs(
+            loaded,
+            texts=texts,
+            images=images,
+            dataset=dataset,
+            split=split,
+            data_root=data_root,
+            max_samples=max_samples,
+        )
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    res = analyze_model(
+        loaded,
+        texts=txt,
+        images=imgs,
+        config=cfg,
+        batch_size=batch_size,
+        max_length=max_length,
+        special_tokens=special_tokens,
+        keep_padding=keep_padding,
+    )
+    res["inputs"] = desc
+    write_json(res, json_out)
+    s = res["summary"]
+    typer.echo(
+        f"{model}: "
+        + ", ".join(
+            f"{k}={fmt(s.get(k))}"
+            for k in (
+                "optimal_cosine",
+                "linear_cka",
+                "kernel_cka",
+                "direct_cosine",
+                "j_proj",
+                "phi_norm_sq",
+                "h_norm_sq",
+            )
+        )
+    )
+    typer.echo(f"analysis {res['timing']['total_s']:.1f} s; results in {json_out}")
+    if report is not None:
+        typer.echo(f"report: {write_report(res, report)}")
+
+
+def claims_cmd(
+    models: list[str] = typer.Argument(..., help="models to judge (names or checkpoint paths)"),
+    out: Path = typer.Option(Path("kpca_claims"), "--out", help="folder for claims.md and claims.json"),
+    texts: Path = typer.Option(None, "--texts", help="texts for text models (default: King James Bible)"),
+    images: Path = typer.Option(None, "--images", help="image folder for image models"),
+    dataset: str = typer.Option(None, "--dataset", help="image dataset for image models"),
+    split: str = typer.Option("test", help="dataset split"),
+    data_root: str = typer.Option(None, "--data-root", help="dataset root folder"),
+    max_samples: int = typer.Option(100, help="inputs per model"),
+    pretrained: bool = typer.Option(True, "--pretrained/--no-pretrained", help="timm: pretrained weights"),
+    detail_samples: int = typer.Option(10, help="inputs that also get the gamma test"),
+    device: str = typer.Option("cpu", help="torch device"),
+) -> None:
+    """One table: each empirical claim of the paper and each measure of the critique, per model,
+    with the measured value and a verdict against a stated threshold."""
+    from .claims import judge, write_claims
+    from .load import load_for_analysis
+    from .run import analyze_model, resolve_inputs
+
+    cfg = _config("abs", "unit", "GHA", "auto", "kornblith", detail_samples, False, False)
+    verdicts = []
+    for name in models:
+        try:
+            loaded = load_for_analysis(name, pretrained=pretrained, device=device)
+            txt, imgs, desc = resolve_inputs(
+                loaded,
+                texts=texts,
+                images=images,
+                dataset=dataset,
+                split=split,
+                data_root=data_root,
+                max_samples=max_samples,
+                bible_fallback=True,
+            )
+        except (ValueError, FileNotFoundError, RuntimeError) as e:
+            typer.echo(f"error ({name}): {e}", err=True)
+            raise typer.Exit(2) from e
+        res = analyze_model(loaded, texts=txt, images=imgs, config=cfg)
+        res["inputs"] = desc
+        write_json(res, out / f"analysis_{Path(name).name}.json")
+        verdicts.append(judge(res, run_dir=Path(name) if Path(name).exists() else None))
+    md = write_claims(verdicts, out)
+    typer.echo(md.read_text())
