@@ -261,6 +261,11 @@ def test_half_precision(dtype: torch.dtype) -> None:
         torch.testing.assert_close(out.float(), expected, rtol=0, atol=0.05)
         zero = pap(torch.zeros_like(k, dtype=dtype), v.to(dtype), 3, 0.5, threshold=threshold)
         torch.testing.assert_close(zero.float(), v.mean(-2, keepdim=True).expand_as(v), rtol=0, atol=0.02)
+    # the diagnostics are accumulated in float32 (squares of 20 * randn overflow float16)
+    _, info = pap(k * 20, v, 3, 0.5, return_info=True)
+    _, info_half = pap((k * 20).to(dtype), v.to(dtype), 3, 0.5, return_info=True)
+    for key in ("s_density", "primal_residual", "dual_norm"):
+        assert info_half[key] == pytest.approx(info[key], rel=0.05, abs=1e-3), key
 
 
 def _bad_calls():

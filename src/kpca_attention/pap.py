@@ -418,13 +418,15 @@ class _Trace:
     KEYS = ("s_density", "tau", "k_abs_max", "primal_residual", "dual_norm", "l_change")
 
     def __init__(self, k: Tensor, mu: Tensor, tau: Tensor, valid: Tensor | None) -> None:
+        # statistics in at least float32: squares and counts overflow / round in half precision
+        self.dtype = torch.promote_types(k.dtype, torch.float32)
         with torch.no_grad():
-            self.k = k.detach()
-            self.mu = mu.detach()
-            self.tau = tau.detach()
+            self.k = k.detach().to(self.dtype)
+            self.mu = mu.detach().to(self.dtype)
+            self.tau = tau.detach().to(self.dtype)
             # Row weights: padded tokens take no part in the statistics either.
-            self.row_w = None if valid is None else valid.to(k.dtype).unsqueeze(-1)
-            self.k_norm = self._fro(self.k).clamp_min(torch.finfo(k.dtype).tiny)
+            self.row_w = None if valid is None else valid.to(self.dtype).unsqueeze(-1)
+            self.k_norm = self._fro(self.k).clamp_min(torch.finfo(self.dtype).tiny)
             self.k_abs_max = self._masked(self.k.abs()).amax(dim=(-2, -1))
         self.info: dict[str, list] = {}
         for key in self.KEYS:
@@ -445,13 +447,14 @@ class _Trace:
     @torch.no_grad()
     def record(self, L: Tensor, L_prev: Tensor | None, W_prev: Tensor | None) -> None:
         """One step: L_t, L_{t-1} and W_{t-1} = Y_{t-1} / mu (both None at t = 1)."""
-        L = L.detach()
-        W0 = torch.zeros_like(self.k) if W_prev is None else W_prev.detach()
+        L = L.detach().to(self.dtype)
+        L_prev = None if L_prev is None else L_prev.detach().to(self.dtype)
+        W0 = torch.zeros_like(self.k) if W_prev is None else W_prev.detach().to(self.dtype)
         # S_t from its definition, not as K - X_t - W_{t-1}: that difference is zero only up to
         # rounding and would count every rounding error as a non-zero entry of S.
-        Z = self.k if L_prev is None else self.k - L_prev.detach() + W0  # K - L_{t-1} + W_{t-1}
+        Z = self.k if L_prev is None else self.k - L_prev + W0  # K - L_{t-1} + W_{t-1}
         S = Z - torch.maximum(torch.minimum(Z, self.tau), -self.tau)
-        nonzero = self._masked((S != 0).to(self.k.dtype)).sum(dim=(-2, -1))
+        nonzero = self._masked((S != 0).to(self.dtype)).sum(dim=(-2, -1))
         n_rows = self.k.shape[-2] if self.row_w is None else self.row_w.sum(dim=(-2, -1))
         self._add("s_density", nonzero / (n_rows * self.k.shape[-1]))
         tau_rows = self.tau.expand(*self.k.shape[:3], 1)
@@ -463,4 +466,4 @@ class _Trace:
         if L_prev is None:
             self._add("l_change", torch.full(self.k.shape[:2], float("nan")))
         else:
-            self._add("l_change", self._fro(L - L_prev.detach()) / self._fro(L).clamp_min(1e-30))
+            self._add("l_change", self._fro(L - L_prev) / self._fro(L).clamp_min(1e-30))
