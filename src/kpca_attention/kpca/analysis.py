@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -266,6 +267,11 @@ class Analyzer:
     # ------------------------------------------------------------------------------ results
     def result(self) -> dict[str, Any]:
         """JSON-ready results (see the module docstring)."""
+        with warnings.catch_warnings():  # NaN-only ranks (sequences shorter than d_v) are expected
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return self._result()
+
+    def _result(self) -> dict[str, Any]:
         if not self.records:
             raise RuntimeError("nothing analysed yet: call add() with captured q/k/v first")
         rec = {key: np.asarray(val) for key, val in self.records.items()}
