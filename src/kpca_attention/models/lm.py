@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,7 +47,8 @@ class LMConfig:
     16 layers, 8 heads, d_model 128 (head width 16), feed-forward 2048, dropout 0.1, context 256.
 
     ``rpc_*`` apply to ``rpc_symlm`` only; ``rpc_layers`` takes what
-    :func:`kpca_attention.layers.resolve_blocks` takes (``"first"``, ``"all"``, ``"0,1,2,3"``, a list).
+    :func:`kpca_attention.layers.resolve_blocks` takes (``"first"``, ``"all"``, ``"0,1,2,3"``, a list);
+    None (default) is the paper's layers 1-4 (all layers of a model with fewer than 4).
     ``adaptive_softmax_cutoffs`` (e.g. ``(20000, 40000, 200000)`` for WikiText-103's 267k words) switches
     the output to ``nn.AdaptiveLogSoftmaxWithLoss``; None (default) keeps a full softmax, right for small
     vocabularies. ``tie_weights`` ties the full-softmax head to the token embedding.
@@ -64,7 +65,7 @@ class LMConfig:
     adaptive_softmax_cutoffs: tuple[int, ...] | None = None
     adaptive_softmax_div_value: float = 4.0
     tie_weights: bool = True
-    rpc_layers: Any = field(default_factory=lambda: [0, 1, 2, 3])
+    rpc_layers: Any = None
     rpc_iters: int = 4
     rpc_lambda: float = 4.0
     rpc_threshold: str = "lambda_mu"
@@ -89,7 +90,9 @@ class LMConfig:
                     f"{self.vocab_size}), got {self.adaptive_softmax_cutoffs}"
                 )
             self.adaptive_softmax_cutoffs = cut
-        self.rpc_layers = resolve_blocks(self.rpc_layers, self.n_layer)
+        # None: the paper's layers 1-4 (fewer when the model has fewer layers)
+        spec = list(range(min(4, self.n_layer))) if self.rpc_layers is None else self.rpc_layers
+        self.rpc_layers = resolve_blocks(spec, self.n_layer)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

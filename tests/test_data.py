@@ -1,0 +1,205 @@
+"""Datasets: images in [0, 1] with the right statistics, clear errors, text corpora and vocabularies."""
+
+from __future__ import annotations
+
+import gzip
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from kpca_attention.data import build_image_dataset, dataset_info
+from kpca_attention.data import images as images_mod
+from kpca_attention.data import text as text_mod
+from kpca_attention.data.text import TextCorpus, Vocab, load_corpus, tokenize_words
+
+# ----------------------------------------------------------------------------- images
+
+
+def test_digits_split_and_range():
+    tr = build_image_dataset("digits", "train")
+    te = build_image_dataset("digits", "test")
+    assert len(tr) + len(te) == 1797 and len(tr) == int(0.8 * 1797)
+    assert len(build_image_dataset("digits", "val")) == len(te)
+    x, y = tr[0]
+    assert x.shape == (1, 28, 28) and x.dtype == torch.float32 and isinstance(y, int)
+    assert 0.0 <= float(x.min()) and float(x.max()) <= 1.0
+    native = build_image_dataset("digits", "train", img_size=8)
+    assert native[0][0].shape == (1, 8, 8)
+    # the split is a fixed partition: no training image appears in the test set
+    test_native = build_image_dataset("digits", "test", img_size=8)
+    seen = set(map(bytes, native.images.flatten(1).numpy()))
+    overlap = sum(bytes(row) in seen for row in test_native.images.flatten(1).numpy())
+    assert overlap < 10  # digits has a few exact duplicate images, nothing more
+    info = dataset_info("digits")
+    pix = torch.cat([native.images, test_native.images]).float().div(255)
+    assert info.mean[0] == pytest.approx(float(pix.mean()), abs=1e-3)
+    assert info.std[0] == pytest.approx(float(pix.std()), abs=1e-3)
+
+
+def test_subset_is_seeded_and_augmentation_keeps_range():
+    a = build_image_dataset("digits", "train", subset=50)
+    b = build_image_dataset("digits", "train", subset=50)
+    c = build_image_dataset("digits", "train", subset=50, subset_seed=1)
+    first = build_image_dataset("digits", "train", subset=50, subset_seed=None)
+    assert len(a) == 50 and a.indices == b.indices and a.indices != c.indices
+    assert first.indices == list(range(50))
+    aug = build_image_dataset("digits", "train", train_transform=True, subset=8)
+    torch.manual_seed(0)
+    xs = torch.stack([aug[i][0] for i in range(8)])
+    assert xs.shape == (8, 1, 28, 28) and xs.min() >= 0 and xs.max() <= 1
+    with pytest.raises(ValueError, match="subset"):
+        build_image_dataset("digits", "train", subset=0)
+
+
+def test_fashion_mnist_from_debian_package():
+    tr = build_image_dataset("fashion-mnist", "train")
+    te = build_image_dataset("fashion-mnist", "test")
+    assert len(tr) == 60000 and len(te) == 10000
+    x, y = te[0]
+    assert x.shape == (1, 28, 28) and 0 <= y < 10
+    info = dataset_info("fashion-mnist")
+    assert info.num_classes == 10 and info.in_chans == 1 and info.class_names[9] == "Ankle boot"
+    pix = tr.images[::10].float().div(255)  # every 10th image: statistics match the documented ones
+    assert float(pix.mean()) == pytest.approx(info.mean[0], abs=3e-3)
+    assert float(pix.std()) == pytest.approx(info.std[0], abs=3e-3)
+    assert torch.bincount(te.labels, minlength=10).tolist() == [1000] * 10
+    assert build_image_dataset("fashion-mnist", "test", img_size=32)[0][0].shape == (1, 32, 32)
+
+
+def test_missing_and_unknown_datasets(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"apt-get install dataset-fashion-mnist") as e:
+        build_image_dataset("fashion-mnist", "train", root=tmp_path)
+    assert str(tmp_path) in str(e.value)
+    with pytest.raises(ValueError, match="valid: fashion-mnist, digits"):
+        build_image_dataset("mnist", "train")
+    with pytest.raises(ValueError, match="split"):
+        build_image_dataset("digits", "validation")
+    with pytest.raises(ValueError, match="root= is required"):
+        build_image_dataset("imagenet", "val")
+    with pytest.raises(FileNotFoundError, match="ImageFolder"):
+        build_image_dataset("imagefolder", "train", root=tmp_path)
+    with pytest.raises(FileNotFoundError, match="cifar-10-batches-py"):
+        build_image_dataset("cifar10", "train", root=tmp_path)
+
+
+def test_idx_reader(tmp_path):
+    arr = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    header = bytes([0, 0, 8, 3]) + np.array([2, 3, 4], dtype=">i4").tobytes()
+    path = tmp_path / "x-idx3-ubyte.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(header + arr.tobytes())
+    np.testing.assert_array_equal(images_mod._read_idx(path), arr)
+    bad = tmp_path / "bad-idx3-ubyte"
+    bad.write_bytes(header + arr.tobytes()[:-3])
+    with pytest.raises(ValueError, match="truncated"):
+        images_mod._read_idx(bad)
+
+
+def _tree(root, split, classes, n=2, size=20):
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / split / c).mkdir(parents=True)
+        for i in range(n):
+            pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / split / c / f"{i}.png")
+
+
+def test_imagefolder_and_cifar_folders(tmp_path):
+    _tree(tmp_path, "train", ["cat", "dog"])
+    _tree(tmp_path, "val", ["cat", "dog"])
+    ev = build_image_dataset("imagefolder", "val", root=tmp_path, img_size=32)
+    x, y = ev[0]
+    assert x.shape == (3, 32, 32) and 0 <= float(x.min()) and float(x.max()) <= 1 and y == 0
+    torch.manual_seed(0)
+    tr = build_image_dataset("imagefolder", "train", root=tmp_path, img_size=32, train_transform=True)
+    assert tr[1][0].shape == (3, 32, 32)
+    info = dataset_info("imagefolder", root=tmp_path)
+    assert info.num_classes == 2 and info.class_names == ("cat", "dog")
+    cifar = tmp_path / "cifar"
+    _tree(cifar, "train", ["airplane", "ship"], size=32)
+    _tree(cifar, "test", ["airplane", "ship"], size=32)
+    ds = build_image_dataset("cifar10", "test", root=cifar)
+    assert len(ds) == 4 and ds[0][0].shape == (3, 32, 32)
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def test_bible_corpus_split():
+    c = load_corpus("bible-kjv")
+    lines = {s: c.split(s).splitlines() for s in ("train", "valid", "test")}
+    n = sum(len(v) for v in lines.values())
+    assert n == 31102  # every verse of the KJV, once
+    for s in ("valid", "test"):
+        assert 0.04 < len(lines[s]) / n < 0.06
+    assert lines["train"][0].startswith("In the beginning God created the heaven and the earth .")
+    assert not any(re.match(r"^\d?[A-Za-z]+\d+:\d+", ln) for v in lines.values() for ln in v[:200])
+    # the split is by whole chapters: Genesis 19 (chapter index 18) is in valid
+    assert lines["valid"][0].startswith("And there came two angels to Sodom at even")
+    assert load_corpus("bible") is c  # cached
+
+
+def test_bible_missing_command(monkeypatch, tmp_path):
+    monkeypatch.setattr(text_mod.shutil, "which", lambda name: None)
+    text_mod._load_bible.cache_clear()
+    try:
+        with pytest.raises(FileNotFoundError, match="apt-get install bible-kjv"):
+            load_corpus("bible-kjv")
+    finally:
+        text_mod._load_bible.cache_clear()
+    saved = tmp_path / "kjv.txt"
+    saved.write_text("Ge1:1 In the beginning God created the heaven and the earth.\n"
+                     "Ge2:1 Thus the heavens and the earth were finished, and all the host of them.\n")
+    c = load_corpus("bible-kjv", root=saved)
+    assert c.train.startswith("In the beginning") and "finished , and" in c.train
+    with pytest.raises(ValueError, match="valid: bible-kjv"):
+        load_corpus("shakespeare")
+
+
+def test_wikitext_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="wiki.train.tokens"):
+        load_corpus("wikitext-103", root=tmp_path)
+    for s in ("train", "valid", "test"):
+        (tmp_path / f"wiki.{s}.tokens").write_text(f" = Title = \n\n The {s} text @-@ here <unk> . \n")
+    c = load_corpus("wikitext-103", root=tmp_path)
+    v = Vocab.build(c.train)
+    ids = v.encode(c.valid)
+    assert ids[v.tokenize(c.valid).index("valid")] == v.unk_id  # unseen word
+    assert "@-@" in v.stoi and v.stoi["<unk>"] == 0
+    assert (ids == v.eos_id).sum() == 3  # one <eos> per line, empty lines included
+
+
+def test_vocab_word_and_char(tmp_path):
+    text = "the cat sat\nthe dog sat on the mat\n"
+    v = Vocab.build(text, min_freq=2)
+    assert v.itos == ["<unk>", "<eos>", "the", "sat"]
+    ids = v.encode(text)
+    assert ids.dtype == torch.long and ids.tolist() == [2, 0, 3, 1, 2, 0, 3, 0, 2, 0, 1]
+    assert v.decode(v.encode("the sat\n")) == "the sat\n"
+    assert len(Vocab.build(text, max_size=5)) == 5
+    full = Vocab.build(text)
+    assert full.decode(full.encode(text)) == text
+    path = tmp_path / "vocab.json"
+    full.save(path)
+    assert Vocab.load(path).itos == full.itos
+    ch = Vocab.build(text, level="char")
+    assert ch.eos is None and ch.decode(ch.encode(text)) == text and "\n" in ch.stoi
+    assert ch.encode("z").tolist() == [ch.unk_id]
+    with pytest.raises(ValueError, match="level"):
+        Vocab.build(text, level="bpe")
+    with pytest.raises(ValueError, match="out of range"):
+        full.decode([99])
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="not a vocabulary"):
+        Vocab.load(tmp_path / "bad.json")
+
+
+def test_tokenize_words_and_corpus_split_names():
+    assert tokenize_words("earth, and void; Pharaoh's fathers' (sic)") == [
+        "earth", ",", "and", "void", ";", "Pharaoh's", "fathers'", "(", "sic", ")"]
+    c = TextCorpus("a", "b", "c")
+    with pytest.raises(ValueError, match="valid, test"):
+        c.split("dev")
