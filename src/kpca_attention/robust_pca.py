@@ -264,6 +264,12 @@ class _SVT:
             self.k = min(self.nmin, int(svp[need].max()) + 1 + self.oversample)
             return L, svp
         k = min(self.nmin, self.k)
+        cap = int(_PARTIAL_MAX_FRACTION * self.nmin)
+        if self.mode == "auto" and k > cap:
+            # The prediction from the last count is too large for a block; that count is often
+            # transient (the first SVTs, before S has taken the outliers), so try half the cap:
+            # if more are above the threshold the block doubles past the cap and a full SVD follows.
+            k = cap // 2
         while self._use_partial(k):
             out = self._partial(A, tau, need, k, eta)
             if out is None:  # the block iteration would not converge: take the exact route
