@@ -264,3 +264,11 @@ def test_eigen_stats_by_hand():
     assert st["median"]["mean"] == pytest.approx(2.5)
     assert st["mean"]["mean"] == pytest.approx((2 + 11 / 3) / 2)
     assert st["max"]["std"] == pytest.approx(np.std([3, 6], ddof=1))
+
+
+def test_sampled_relative_pairs_estimate_all_pairs():
+    gam = _keys(2, 120, 3, seed=8)
+    exact_m, exact_s = pairwise_difference_stats(gam, relative=True, max_pairs=None)
+    est_m, est_s = pairwise_difference_stats(gam, relative=True, max_pairs=4000)
+    torch.testing.assert_close(est_m, exact_m, rtol=0.05, atol=0)
+    torch.testing.assert_close(est_s, exact_s, rtol=0.05, atol=0)

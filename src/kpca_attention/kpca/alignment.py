@@ -127,7 +127,10 @@ def rbf_gram(x: Tensor, threshold: float = 1.0, bandwidth: Bandwidth = "kornblit
     sq = sq * (1 - torch.eye(n, dtype=sq.dtype, device=sq.device))  # exact zeros on the diagonal
     flat = sq.flatten(-2)
     if bandwidth == "kornblith":
-        med = torch.quantile(flat, 0.5, dim=-1)  # = np.median over all N^2 entries
+        # = np.median over all N^2 entries (mean of the two middle values); selection, not a sort
+        m = flat.shape[-1]
+        lo = torch.kthvalue(flat, (m - 1) // 2 + 1, dim=-1).values
+        med = lo if m % 2 else (lo + torch.kthvalue(flat, m // 2 + 1, dim=-1).values) / 2
     else:
         med = torch.nanmedian(flat.masked_fill(flat == 0, float("nan")), dim=-1).values
     sigma_sq = (threshold**2) * med

@@ -55,6 +55,15 @@ def _config(
     )
 
 
+def _threads(n: int | None) -> None:
+    if n is not None:
+        if n < 1:
+            raise typer.BadParameter(f"--threads must be >= 1, got {n}")
+        import torch
+
+        torch.set_num_threads(n)
+
+
 def analyze_cmd(
     model: str = typer.Argument(
         ..., help="all-MiniLM-L6-v2, a timm or Hugging Face name, or a checkpoint path"
@@ -89,12 +98,14 @@ def analyze_cmd(
         10, help="inputs that also get the gamma test and standardised eigenvalues"
     ),
     device: str = typer.Option("cpu", help="torch device"),
+    threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
 ) -> None:
     """KPCA diagnostics of every attention layer and head of MODEL (paper Sec. 2 and its critique)."""
     from .load import load_for_analysis
     from .report import fmt, write_report
     from .run import analyze_model, resolve_inputs
 
+    _threads(threads)
     try:
         cfg = _config(
             order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, no_optimal
@@ -157,6 +168,7 @@ def claims_cmd(
     pretrained: bool = typer.Option(True, "--pretrained/--no-pretrained", help="timm: pretrained weights"),
     detail_samples: int = typer.Option(10, help="inputs that also get the gamma test"),
     device: str = typer.Option("cpu", help="torch device"),
+    threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
 ) -> None:
     """One table: each empirical claim of the paper and each measure of the critique, per model,
     with the measured value and a verdict against a stated threshold."""
@@ -164,6 +176,7 @@ def claims_cmd(
     from .load import load_for_analysis
     from .run import analyze_model, resolve_inputs
 
+    _threads(threads)
     cfg = _config("abs", "unit", "GHA", "auto", "kornblith", detail_samples, False, False)
     verdicts = []
     for name in models:
