@@ -30,11 +30,14 @@ def pap_reference(
     threshold: str = "lambda_mu",
     q: Tensor | None = None,
     history: list[dict[str, Tensor]] | None = None,
+    sparse: bool = True,
+    dual: bool = True,
 ) -> Tensor:
     """Algorithm 1 on ``(B, H, N, D)`` keys and values, with L0 = Y0 = 0 and n_iter softmax steps.
 
     mu = N * mu_dim / (4 * ||K_bh||_1) per (batch, head), mu_dim = H * D by default (official code);
     tau = lam * mu (official code) or lam / mu (paper). ``q`` given: softmax(Q X^T / sqrt(D)) V.
+    Ablations: ``sparse=False`` sets S = 0 at every step; ``dual=False`` skips the Y update (Y = 0).
     """
     b, h, n, d = k.shape
     if mu is None:
@@ -44,12 +47,13 @@ def pap_reference(
     L = torch.zeros_like(k)
     Y = torch.zeros_like(k)
     for _ in range(n_iter):
-        S = shrink_ref(k - L + Y / mu, tau)
+        S = shrink_ref(k - L + Y / mu, tau) if sparse else torch.zeros_like(k)
         X = k - S - Y / mu
         queries = X if q is None else q
         A = torch.softmax(queries @ X.transpose(-2, -1) / math.sqrt(d), dim=-1)
         L = A @ v
-        Y = Y + mu * (k - L - S)
+        if dual:
+            Y = Y + mu * (k - L - S)
         if history is not None:
             history.append({"S": S, "X": X, "L": L, "Y": Y, "mu": mu})
     return L

@@ -259,3 +259,25 @@ def test_replace_symmetric_to_asymmetric_takes_q_from_k() -> None:
 def test_replace_rejects_non_vit() -> None:
     with pytest.raises(TypeError, match="no .blocks"):
         replace_attention(torch.nn.Linear(2, 2), SymmetricAttention)
+
+
+@pytest.mark.parametrize(("sparse", "dual"), [(False, True), (True, False)])
+def test_rpc_ablation_switches_reach_pap(sparse: bool, dual: bool) -> None:
+    """sparse / dual of RPCAttention are PAP's: the attention output is pap(k, v, ...) with them."""
+    layer = RPCAttention(DIM, HEADS, n_iter=3, lam=0.05, sparse=sparse, dual=dual, record_trace=True).eval()
+    seen = {}
+    layer.hook_k.register_forward_hook(lambda m, i, o: seen.__setitem__("k", o))
+    layer.hook_v.register_forward_hook(lambda m, i, o: seen.__setitem__("v", o))
+    x = torch.randn(2, N_TOKENS, DIM, generator=torch.Generator().manual_seed(3))
+    out = layer(x)
+    heads = pap(seen["k"], seen["v"], 3, 0.05, sparse=sparse, dual=dual)
+    expected = layer.proj(heads.transpose(1, 2).reshape(2, N_TOKENS, DIM))
+    torch.testing.assert_close(out, expected)
+    full = RPCAttention(DIM, HEADS, n_iter=3, lam=0.05)
+    full.load_state_dict(layer.state_dict())
+    assert (full(x) - out).abs().max() > 1e-4  # the switch changed the operator
+    if not sparse:
+        assert max(layer.last_trace["s_density"]) == 0.0
+    if not dual:
+        assert max(layer.last_trace["dual_norm"]) == 0.0
+    assert ("sparse=False" in repr(layer)) != sparse and ("dual=False" in repr(layer)) != dual

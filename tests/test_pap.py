@@ -419,3 +419,85 @@ def test_shrink_zero_threshold_is_identity(xs: list[float]) -> None:
     x = torch.tensor(xs, dtype=F64)
     assert torch.equal(shrink(x, 0.0), x)
     assert torch.equal(shrink(x, torch.tensor(0.0, dtype=F64)), x)
+
+
+# ----------------------------------------------------------------------------- ablations (issue 6)
+
+ABLATIONS = [(False, True), (True, False), (False, False)]  # (sparse, dual)
+
+
+@pytest.mark.parametrize(("sparse", "dual"), ABLATIONS)
+@pytest.mark.parametrize("threshold", THRESHOLDS)
+@pytest.mark.parametrize("n_iter", [1, 2, 4])
+def test_ablations_match_transcription(n_iter: int, threshold: str, sparse: bool, dual: bool) -> None:
+    k, v = kv(seed=70 + n_iter)
+    for lam in (0.05, 4.0):
+        ref = pap_reference(k, v, n_iter, lam, threshold=threshold, sparse=sparse, dual=dual)
+        out = pap(k, v, n_iter, lam, threshold=threshold, sparse=sparse, dual=dual)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+        with torch.no_grad():  # the in-place / no-graph branch computes the same
+            out = pap(k, v, n_iter, lam, threshold=threshold, sparse=sparse, dual=dual)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+def test_ablations_change_the_operator() -> None:
+    """The switches do something (a test that cannot fail would prove nothing): with a small lam,
+    where S is dense, each ablation differs from full PAP; S = 0 does not depend on lam or mu;
+    both off is symmetric attention."""
+    k, v = kv(seed=75)
+    full = pap(k, v, 4, 0.05)
+    for sparse, dual in ABLATIONS:
+        assert (pap(k, v, 4, 0.05, sparse=sparse, dual=dual) - full).abs().max() > 1e-3
+    no_s = pap(k, v, 4, 0.05, sparse=False)
+    torch.testing.assert_close(pap(k, v, 4, 3.0, sparse=False, threshold="lambda_over_mu", mu=0.3), no_s)
+    sym = F.scaled_dot_product_attention(k, k, v)
+    torch.testing.assert_close(pap(k, v, 3, 0.05, sparse=False, dual=False), sym)
+
+
+@pytest.mark.parametrize(("sparse", "dual"), ABLATIONS)
+def test_ablations_gradcheck(sparse: bool, dual: bool) -> None:
+    k, v = kv(b=1, h=2, n=5, d=3, seed=76)
+    _gradcheck(lambda k, v: pap(k, v, 3, 0.3, sparse=sparse, dual=dual), k, v)
+    _gradcheck(lambda k, v: pap(k, v, 3, 0.3, sparse=sparse, dual=dual, is_causal=True), k, v)
+    _gradcheck(lambda k, v: pap(k, v, 3, 0.3, sparse=sparse, dual=dual, return_info=True)[0], k, v)
+
+
+@pytest.mark.parametrize(("sparse", "dual"), ABLATIONS)
+def test_ablations_gradients_match_transcription(sparse: bool, dual: bool) -> None:
+    k, v = kv(b=2, h=2, n=6, d=4, seed=77)
+    g = rand(*k.shape, seed=78)
+    grads = []
+    for fn in (pap, pap_reference):
+        kk, vv = k.clone().requires_grad_(), v.clone().requires_grad_()
+        (fn(kk, vv, 4, 0.1, sparse=sparse, dual=dual) * g).sum().backward()
+        grads.append((kk.grad, vv.grad))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize(("sparse", "dual"), ABLATIONS)
+def test_ablations_return_info_against_transcription(sparse: bool, dual: bool) -> None:
+    k, v = kv(b=2, h=3, n=9, d=4, seed=79)
+    history: list = []
+    pap_reference(k, v, 4, 0.1, history=history, sparse=sparse, dual=dual)
+    _, info = pap(k, v, 4, 0.1, return_info=True, sparse=sparse, dual=dual)
+    k_norm = torch.linalg.vector_norm(k, dim=(-2, -1))
+    for t, h in enumerate(history):
+        density = (h["S"] != 0).double().mean()
+        assert info["s_density"][t] == pytest.approx(float(density), abs=1e-12)
+        res = torch.linalg.vector_norm(k - h["L"] - h["S"], dim=(-2, -1)) / k_norm
+        assert info["primal_residual"][t] == pytest.approx(float(res.mean()), rel=1e-9)
+        y = torch.linalg.vector_norm(h["Y"], dim=(-2, -1)) / k_norm
+        assert info["dual_norm"][t] == pytest.approx(float(y.mean()), rel=1e-9, abs=1e-15)
+    if not sparse:
+        assert all(x == 0.0 for x in info["s_density"]) and info["tau"][0] == math.inf
+    else:
+        assert info["s_density"][0] > 0.1  # small lam: S is active, so the density check means something
+    if not dual:
+        assert all(x == 0.0 for x in info["dual_norm"])
+
+
+def test_ablation_switches_must_be_bool() -> None:
+    k, v = kv()
+    with pytest.raises(ValueError, match="sparse and dual must be bool"):
+        pap(k, v, sparse="no")  # type: ignore[arg-type]

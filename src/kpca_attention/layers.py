@@ -148,6 +148,9 @@ class RPCAttention(_HeadsAttention):
         symmetric: False adds a query projection, softmax(Q (K - S - Y/mu)^T) V (paper E.9).
         record_trace: keep the per-iteration PAP diagnostics of the last forward in
             ``self.last_trace`` (off by default: nothing extra is computed).
+        sparse: False forces the sparse component to zero (ablation: iterated attention with dual
+            feedback, no shrinkage).
+        dual: False removes the dual update (ablation: Y = 0 throughout).
     """
 
     def __init__(
@@ -161,6 +164,8 @@ class RPCAttention(_HeadsAttention):
         mu_dim: int | None = None,
         symmetric: bool = True,
         record_trace: bool = False,
+        sparse: bool = True,
+        dual: bool = True,
         **kwargs: Any,
     ) -> None:
         if n_iter < 1:
@@ -173,6 +178,7 @@ class RPCAttention(_HeadsAttention):
         super().__init__(dim, num_heads, *args, **kwargs)
         self.n_iter, self.lam, self.threshold, self.mu_dim = n_iter, lam, threshold, mu_dim
         self.symmetric = symmetric
+        self.sparse, self.dual = bool(sparse), bool(dual)
         self.record_trace = record_trace
         self.last_trace: dict | None = None
 
@@ -182,15 +188,16 @@ class RPCAttention(_HeadsAttention):
             mu_dim=self.mu_dim, threshold=self.threshold,
             q=None if self.symmetric else qkv["q"],
             attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.dropout_p,
-            return_info=self.record_trace,
+            sparse=self.sparse, dual=self.dual, return_info=self.record_trace,
         )
         if self.record_trace:
             result, self.last_trace = result
         return result
 
     def extra_repr(self) -> str:
+        ablations = "".join(f", {name}=False" for name in ("sparse", "dual") if not getattr(self, name))
         return (f"n_iter={self.n_iter}, lam={self.lam}, threshold={self.threshold!r}, "
-                f"mu_dim={self.mu_dim}, symmetric={self.symmetric}")
+                f"mu_dim={self.mu_dim}, symmetric={self.symmetric}{ablations}")
 
 
 class ScaledAttention(_HeadsAttention):

@@ -36,6 +36,11 @@ Masks:
   official value at the last position). Every other PAP update is row-wise, hence causal. An
   explicit lower-triangular ``attn_mask`` gives the same result.
 
+Ablations (issue 6): ``sparse=False`` forces S = 0 (tau = +inf: no shrinkage; what is left is
+iterated symmetric attention with the dual feedback, ``X_t = K - W_{t-1}``, ``W_t = W_{t-1} + K - L_t``,
+independent of lam and mu); ``dual=False`` drops the dual update (Y = 0 throughout:
+``S_t = shrink(K - L_{t-1}, tau)``, ``X_t = K - S_t``). Both off is plain symmetric attention.
+
 Zero keys: ``||K||_1`` is floored at ``eps = torch.finfo(dtype).eps`` (times the token count), so an
 all-zero K gives a large finite mu. Every row of X is then the same at every step (K's rows are
 all 0 and L's rows all equal), the attention is uniform and the output is the mean of V over the
@@ -45,6 +50,7 @@ visible keys, under either threshold convention.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -237,6 +243,8 @@ def pap(
     attn_mask: Tensor | None = None,
     is_causal: bool = False,
     dropout_p: float = 0.0,
+    sparse: bool = True,
+    dual: bool = True,
     return_info: bool = False,
 ) -> Tensor | tuple[Tensor, dict]:
     """Principal Attention Pursuit: the low-rank output L of RPC-Attention.
@@ -255,12 +263,16 @@ def pap(
         attn_mask: SDPA mask or ``(B, N)`` key-padding mask (True = real token).
         is_causal: causal attention, with a prefix mu (nothing from j > i reaches output i).
         dropout_p: attention dropout, applied to the last softmax only (as the official layer).
+        sparse: False forces S = 0 (tau = +inf), an ablation: iterated attention with dual feedback.
+        dual: False removes the dual update (Y = 0 throughout), an ablation.
         return_info: also return a dict of per-iteration diagnostics (see :class:`_Trace`).
 
     Returns:
         ``L`` of shape ``(B, H, N, D)``, or ``(L, info)`` when ``return_info``.
     """
     _validate(k, v, q, n_iter, lam, threshold, dropout_p)
+    if not (isinstance(sparse, bool) and isinstance(dual, bool)):
+        raise ValueError(f"pap: sparse and dual must be bool, got sparse={sparse!r}, dual={dual!r}")
     attn_mask = _normalise_mask(attn_mask, k)
     if mu is None:
         mu_t = pap_mu(k, mu_dim, attn_mask=attn_mask, is_causal=is_causal)
@@ -281,6 +293,8 @@ def pap(
             dropout_p=dropout_p if last else 0.0,
         )
 
+    if not (sparse and dual):
+        return _pap_ablated(k, tau, mu_t, attend, n_iter, sparse, dual, attn_mask, return_info)
     trace = _Trace(k, mu_t, tau, _key_validity(attn_mask, tuple(k.shape))) if return_info else None
     grad_mode = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (k, v, q, tau)
@@ -306,6 +320,42 @@ def pap(
             R, X = _Update.apply(k, L, R, tau)
         else:
             R, X = _update(k, L, R, tau, spare=X if X is not R else None)
+    if trace is not None:
+        return L, trace.info
+    return L
+
+
+def _pap_ablated(
+    k: Tensor, tau: Tensor, mu: Tensor, attend: Callable[[Tensor, bool], Tensor], n_iter: int,
+    sparse: bool, dual: bool, attn_mask: Tensor | None, return_info: bool,
+) -> Tensor | tuple[Tensor, dict]:
+    """PAP with S forced to zero (``sparse=False``) and/or without the dual update (``dual=False``).
+
+    S = 0 (dual kept), with W = Y / mu:  X_t = K - W_{t-1},  W_t = W_{t-1} + K - L_t.
+    Y = 0 (shrinkage kept):  X_t = K - shrink(K - L_{t-1}, tau) = L_{t-1} + clamp(K - L_{t-1}, tau).
+    Both off: X_t = K at every step (symmetric attention). Plain autograd is used except for the
+    clamp, whose hand-written backward (:class:`_Clamp`) is cheaper than autograd's.
+    """
+    if not sparse:
+        tau = torch.full_like(tau, float("inf"))  # S = shrink(., inf) = 0; reported as such in the trace
+    trace = _Trace(k, mu, tau, _key_validity(attn_mask, tuple(k.shape)), dual=dual) if return_info else None
+    grad_mode = torch.is_grad_enabled() and (k.requires_grad or tau.requires_grad)
+    L_prev: Tensor | None = None
+    W: Tensor | None = None  # W_{t-1} = Y_{t-1} / mu; None = 0
+    L = k
+    for t in range(n_iter):
+        if sparse:  # dual is False here
+            Z = k if L_prev is None else k - L_prev
+            C = _Clamp.apply(Z, tau) if grad_mode else _clamp(Z, tau)
+            X = C if L_prev is None else C + L_prev
+        else:
+            X = k if W is None else k - W
+        L = attend(X, t == n_iter - 1)
+        if trace is not None:
+            trace.record(L, L_prev, W)
+        if dual:  # S = 0 here: W_t = W_{t-1} + K - L_t
+            W = k - L if W is None else W + (k - L)
+        L_prev = L
     if trace is not None:
         return L, trace.info
     return L
@@ -417,7 +467,10 @@ class _Trace:
 
     KEYS = ("s_density", "tau", "k_abs_max", "primal_residual", "dual_norm", "l_change")
 
-    def __init__(self, k: Tensor, mu: Tensor, tau: Tensor, valid: Tensor | None) -> None:
+    def __init__(
+        self, k: Tensor, mu: Tensor, tau: Tensor, valid: Tensor | None, *, dual: bool = True
+    ) -> None:
+        self.dual = dual  # False: Y is never updated (ablation), so its norm is 0
         # statistics in at least float32: squares and counts overflow / round in half precision
         self.dtype = torch.promote_types(k.dtype, torch.float32)
         with torch.no_grad():
@@ -462,7 +515,10 @@ class _Trace:
         self._add("k_abs_max", self.k_abs_max)
         residual = self.k - L - S  # = W_t - W_{t-1}
         self._add("primal_residual", self._fro(residual) / self.k_norm)
-        self._add("dual_norm", self._fro(self.mu * (W0 + residual)) / self.k_norm)
+        if self.dual:
+            self._add("dual_norm", self._fro(self.mu * (W0 + residual)) / self.k_norm)
+        else:
+            self._add("dual_norm", torch.zeros(self.k.shape[:2], dtype=self.dtype))
         if L_prev is None:
             self._add("l_change", torch.full(self.k.shape[:2], float("nan")))
         else:

@@ -24,10 +24,11 @@ Sizes: ``*_tiny/small/base_patch16_224`` are DeiT's (192/384/768 wide, 12 blocks
 RPC options (keyword arguments of every ``rpc_*`` entry point): ``rpc_iters`` (4: PAP softmax
 evaluations), ``rpc_lambda`` (4.0), ``rpc_layers`` (``"first"``, ``"all"``, an index or a list of
 indices; default ``"first"``, the official README's setting), ``rpc_threshold`` (``"lambda_mu"`` as in
-the official code, or ``"lambda_over_mu"`` as in the paper) and ``rpc_mu_dim`` (None = full width, as
-the official code). The RPC layers are swapped in with :func:`~kpca_attention.layers.replace_attention`
-after timm's init, carrying the K/V (and Q) weights over, so ``rpc_symvit_X`` and ``symvit_X`` built
-under the same seed start from identical weights.
+the official code, or ``"lambda_over_mu"`` as in the paper), ``rpc_mu_dim`` (None = full width, as
+the official code), and the ablations ``rpc_sparse`` / ``rpc_dual`` (True; False forces S = 0 or drops the
+dual update, see :func:`~kpca_attention.pap.pap`). The RPC layers are swapped in with
+:func:`~kpca_attention.layers.replace_attention` after timm's init, carrying the K/V (and Q) weights
+over, so ``rpc_symvit_X`` and ``symvit_X`` built under the same seed start from identical weights.
 
 All entry points take timm's keyword arguments (``num_classes``, ``in_chans``, ``img_size``,
 ``drop_path_rate``, ...). None has pretrained weights.
@@ -87,7 +88,8 @@ ARCHS: dict[str, dict[str, Any]] = {
 
 #: official-default RPC settings (README: 4 iterations in the first layer, lambda 4)
 RPC_DEFAULTS: dict[str, Any] = dict(
-    rpc_iters=4, rpc_lambda=4.0, rpc_layers="first", rpc_threshold="lambda_mu", rpc_mu_dim=None
+    rpc_iters=4, rpc_lambda=4.0, rpc_layers="first", rpc_threshold="lambda_mu", rpc_mu_dim=None,
+    rpc_sparse=True, rpc_dual=True,  # ablations (issue 6): False forces S = 0 / drops the dual update
 )
 
 #: family -> (sizes it exists in, one-line description)
@@ -158,7 +160,7 @@ def _with_rpc(model: VisionTransformer, opts: dict[str, Any], symmetric: bool) -
     chosen = replace_attention(
         model, RPCAttention, blocks if isinstance(blocks, (str, int)) else list(blocks),
         n_iter=opts["rpc_iters"], lam=opts["rpc_lambda"], threshold=opts["rpc_threshold"],
-        mu_dim=opts["rpc_mu_dim"], symmetric=symmetric,
+        mu_dim=opts["rpc_mu_dim"], symmetric=symmetric, sparse=opts["rpc_sparse"], dual=opts["rpc_dual"],
     )
     model.rpc_blocks = chosen  # recorded for reports and checkpoints
     return model
