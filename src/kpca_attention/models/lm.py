@@ -12,8 +12,8 @@ final LayerNorm, output head (a Linear tied to the embedding, or ``torch.nn.Adap
 as in the paper when ``adaptive_softmax_cutoffs`` is set). The blocks are timm's
 ``timm.models.vision_transformer.Block`` (pre-norm, GELU MLP of width ``d_ff``) called with
 ``is_causal=True``: the same block the vision models use, so the attention layer is the only difference
-between the families and between vision and text. The paper's code base (not public) is a
-Transformer-XL-style LM; pre-norm is the stable choice at 16 layers and is what we use.
+between the families and between vision and text. The paper's LM code is not public and the paper does
+not say pre- or post-norm; pre-norm is the stable choice at 16 layers and is what we use.
 
 Weight init as timm's ViT: truncated normal (std 0.02) on every Linear, zero biases; embeddings N(0, 0.02).
 """

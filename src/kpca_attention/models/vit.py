@@ -56,8 +56,8 @@ _IMAGENET_CFG = dict(num_classes=1000, input_size=(3, 224, 224), mean=IMAGENET_M
                      crop_pct=0.875)
 
 # 64 wide, 4 blocks, 4 heads (head width 16, as the paper's LM), MLP ratio 2: ~122k parameters. Chosen for
-# CPU speed: 2.3x the training throughput of a 96-wide 6-block model (measured side by side, 1 thread), so a
-# few CPU minutes give several Fashion-MNIST epochs.
+# CPU speed: about 2.3x the training throughput of a 96-wide 6-block model (one side-by-side measurement,
+# 1 thread, busy machine), so a few CPU minutes give several Fashion-MNIST epochs.
 _MINI = dict(embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0)
 
 #: architecture of each size: timm VisionTransformer arguments + the default cfg (classes, input, stats)
