@@ -208,11 +208,11 @@ def svt(M: Any, tau: Any) -> Any:
 class _SVT:
     """SVT of a ``(B, n1, n2)`` batch with one threshold per matrix, keeping warm-start state.
 
-    ``__call__(A, tau, need, eta, factors=None)`` returns ``(L, svp)``: the thresholded matrices
-    ``(B, n1, n2)`` and the number of singular values above ``tau`` ``(B, 1, 1)`` per matrix,
-    ``(B,)``. ``need`` ``(B,)`` marks the matrices whose result is used (the others are frozen problems; their
-    convergence is not waited for), ``eta`` ``(B,)`` the relative accuracy of a partial SVD, and
-    ``factors`` an SVD of ``A`` already known.
+    ``__call__(A, tau, need, eta, factors=None)`` takes ``A`` ``(B, n1, n2)``, thresholds ``tau``
+    ``(B, 1, 1)``, ``need`` ``(B,)`` (the matrices whose result is used; the others are frozen
+    problems, whose convergence is not waited for), ``eta`` ``(B,)`` (the relative accuracy of a
+    partial SVD) and optionally ``factors``, an SVD of ``A`` already known. It returns ``(L, svp)``:
+    the thresholded matrices ``(B, n1, n2)`` and the number of singular values kept ``(B,)``.
     """
 
     def __init__(self, shape: tuple[int, int, int], mode: str, max_steps: int,
