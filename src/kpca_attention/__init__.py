@@ -7,7 +7,7 @@ evaluation, and the KPCA diagnostics of both the paper and its critique (arXiv 2
 from . import models  # noqa: F401  (registers the paper's vision models in timm)
 from .layers import RPCAttention, ScaledAttention, SymmetricAttention, configure, replace_attention
 from .pap import pap, pap_mu, shrink
-from .robust_pca import RobustPCAResult, robust_pca, svt  # noqa: F401  (public API; for __all__)
+from .robust_pca import RobustPCAResult, robust_pca, svt
 
 __version__ = "0.1.0"
 
@@ -20,4 +20,8 @@ __all__ = [
     "ScaledAttention",
     "configure",
     "replace_attention",
+    "robust_pca",
+    "RobustPCAResult",
+    "svt",
+    "models",
 ]
