@@ -267,6 +267,7 @@ def _summarise_corruptions(
     lines = [
         f"# Corruption robustness ({', '.join(labels)})", "",
         f"Data: {ckpts[0].config.dataset} {opts.split}"
+        + (f" ({opts.n} images, a seeded sample, the same for every model)" if opts.n else "")
         + (f", ImageNet-C folders {opts.imagenet_c}" if opts.imagenet_c else
            f", corrupted on the fly with imagecorruptions (seed {opts.seed})")
         + f"; severities {list(opts.severities)}.", "",
@@ -369,7 +370,8 @@ def run_attacks(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> dict[s
                                             "options": opts.attack_options})
     labels = list(sweeps)
     lines = [f"# Adversarial attacks ({', '.join(labels)})", "",
-             f"First {opts.attack_n} images of {ckpts[0].config.dataset} {opts.split}; eps in pixel units "
+             f"{opts.attack_n} images of {ckpts[0].config.dataset} {opts.split} (a seeded sample, the "
+             "same for every model); eps in pixel units "
              "(images in [0, 1], normalisation inside the model); Linf eps also shown as k/255.", "",
              "| attack | norm | eps | " + " | ".join(f"{x} top-1 | {x} top-5" for x in labels) + " |",
              "|---|---|---:|" + "---:|---:|" * len(labels)]
