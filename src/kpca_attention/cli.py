@@ -24,6 +24,10 @@ app.command("robustness")(robustness_cmd)
 from .kpca.cli import analyze_cmd, claims_cmd  # noqa: E402, I001
 app.command("analyze")(analyze_cmd)
 app.command("claims")(claims_cmd)
+from .pap_trace import pap_trace_cmd  # noqa: E402, I001
+app.command("pap-trace")(pap_trace_cmd)
+from .ablations import ablate_cmd  # noqa: E402, I001
+app.command("ablate")(ablate_cmd)
 
 
 def main() -> None:
