@@ -6,6 +6,8 @@ Times, side by side in one run with interleaved repeats (medians):
 * ``pap``   - :func:`kpca_attention.pap.pap` with ``n_iter`` softmax steps (default 4);
 * ``naive`` - a straightforward transcription of Algorithm 1 (``tests/pap_reference.py``: S, X, the
   N x N softmax matrix and Y all formed), to show what the fused implementation buys;
+* ``no_s`` / ``no_dual`` - the ablations ``pap(..., sparse=False)`` and ``pap(..., dual=False)``
+  (issue 6), reported as ratios to sdpa (no target: they are for experiments, not deployment);
 
 each for the forward pass (under ``no_grad``) and for forward + backward (gradients w.r.t. k and v).
 Targets (issue #2): pap forward <= (n + 1) x sdpa, forward + backward <= 1.5 (n + 1) x sdpa.
@@ -64,6 +66,8 @@ def _cases(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, n_iter: int, lam: 
         "sdpa": lambda a, b: F.scaled_dot_product_attention(a, a, b),
         "pap": lambda a, b: pap(a, b, n_iter, lam),
         "naive": lambda a, b: pap_reference(a, b, n_iter, lam),
+        "no_s": lambda a, b: pap(a, b, n_iter, lam, sparse=False),
+        "no_dual": lambda a, b: pap(a, b, n_iter, lam, dual=False),
     }
     cases = {}
     for name, f in fns.items():
@@ -135,6 +139,10 @@ def main() -> int:
             ok &= ratio <= target
             print(f"  {phase:<18}{s * 1e3:>10.1f}{pp * 1e3:>10.1f}{nv * 1e3:>11.1f}{ratio:>9.2f}x"
                   f"{nv / s:>11.1f}x{target:>7.1f}x  {verdict}")
+        for phase in targets:
+            s = med[(phase, "sdpa")]
+            print(f"  ablations, {phase}: no_s / sdpa = {med[(phase, 'no_s')] / s:.2f}x, "
+                  f"no_dual / sdpa = {med[(phase, 'no_dual')] / s:.2f}x")
     return 1 if args.strict and not ok else 0
 
 

@@ -196,7 +196,11 @@ def trace_statement(trace: dict[str, Any]) -> str:
     n = trace["n_samples"]
     ratio = s["tau_over_kmax_min"]
     ratio_txt = "inf (S forced to zero)" if math.isinf(ratio) else f"{ratio:.3g}"
-    if not s["s_active"]:
+    forced = [name for name, v in trace["layers"].items() if not v["settings"]["sparse"]]
+    if forced and len(forced) == len(trace["layers"]):
+        head = "S is forced to zero (sparse=False) in every RPC layer, so it is never active"
+        head += f" on the {n} inputs"
+    elif not s["s_active"]:
         head = (
             f"The sparse component S is never active: S = 0 at every PAP iteration, in every RPC layer and "
             f"head, on all {n} inputs"
