@@ -61,15 +61,15 @@ def _gamma_figs(res: dict[str, Any], out: Path) -> list[str]:
             mean = np.nanmean([r[f"mean_{stat}"] for r in rows], 0)
             std = np.nanmean([r[f"std_{stat}"] for r in rows], 0)
             x = np.arange(1, len(mean) + 1)
+            lower = mean - std
+            if stat == "abs":  # log axis: the band's lower edge is clipped at a tenth of the mean
+                lower = np.maximum(lower, mean / 10)
             ax.plot(x, mean, color=color, label=vlabel)
-            ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15)
+            ax.fill_between(x, lower, mean + std, color=color, alpha=0.15)
         if stat == "abs":
             lam = np.nanmean([g["lambda"] for g in gamma.values()], 0)
             ax.plot(np.arange(1, len(lam) + 1), lam, "k--", lw=1, label=r"eigenvalue $\lambda_d = \mu_d / N$")
-            ax.set_yscale(
-                "symlog",
-                linthresh=max(float(np.nanmin(np.abs(lam[lam != 0]))) if np.any(lam) else 1e-12, 1e-12),
-            )
+            ax.set_yscale("log")
         ax.set_xlabel("index of the principal component axis")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
