@@ -68,8 +68,16 @@ def test_settings_are_checked() -> None:
 
 
 def _tiny(**kw) -> AblationSettings:
-    opts = dict(train_subset=128, eval_subset=64, clean_images=64, corrupt_images=8,
-                corruptions=("gaussian_noise",), severities=(3,), attack_images=8, trace_images=16)
+    opts = dict(
+        train_subset=128,
+        eval_subset=64,
+        clean_images=64,
+        corrupt_images=8,
+        corruptions=("gaussian_noise",),
+        severities=(3,),
+        attack_images=8,
+        trace_images=16,
+    )
     return AblationSettings.quick(**{**opts, **kw})
 
 
@@ -87,6 +95,9 @@ def test_end_to_end_resumable(tmp_path, capsys) -> None:
     text = report.read_text()
     assert "| SymViT | 0,1 |" in text and "| RPC no dual | 0,1 |" in text
     assert "SymViT s1 - s0" in text and "McN p" in text and "PAP trace" in text
+    tput = json.loads((tmp_path / "throughput.json").read_text())["images_per_s"]
+    assert sorted(tput) == ["rpc_no_dual", "symvit"] and min(tput.values()) > 0
+    assert f"{tput['rpc_no_dual']:.0f} ({tput['rpc_no_dual'] / tput['symvit']:.2f}x)" in text
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert len(summary["paired"]["rpc_no_dual"]["clean"]["diffs"]) == 2
     # the accuracy in the table is the mean of the per-image results
@@ -98,6 +109,7 @@ def test_end_to_end_resumable(tmp_path, capsys) -> None:
     run_ablations(tmp_path, settings, progress=False)
     log = capsys.readouterr().out
     assert log.count("not retrained") == 4 and log.count("evaluation cached") == 4
+    assert "throughput" not in log
     assert mtimes == {p: p.stat().st_mtime_ns for p in (tmp_path / "results").glob("*.json")}
     # other training settings in the same folder are refused, not silently mixed
     with pytest.raises(ValueError, match="trained with other settings"):

@@ -250,7 +250,9 @@ def write_ablation_report(out_dir: str | os.PathLike) -> Path:
             "",
         ]
     # --- table 1
-    head = ["variant", "seeds", *cols.values(), "train img/s"]
+    tput_file = out / "throughput.json"
+    tput = json.loads(tput_file.read_text())["images_per_s"] if tput_file.exists() else {}
+    head = ["variant", "seeds", *cols.values(), "train img/s (loop)", "img/s side by side"]
     lines += [
         "## Accuracy (top-1 %, mean ± std over seeds)",
         "",
@@ -262,8 +264,16 @@ def write_ablation_report(out_dir: str | os.PathLike) -> Path:
         cells = [labels[s], ",".join(map(str, seeds))]
         cells += [_pm([met[s][sd][k] for sd in seeds]) for k in cols]
         cells.append(_pm([met[s][sd]["images_per_s"] for sd in seeds], pct=False, digits=0))
+        cells.append(
+            f"{tput[s]:.0f} ({tput[s] / tput[BASELINE]:.2f}x)" if s in tput and BASELINE in tput else "-"
+        )
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
+        "",
+        "Throughput: `loop` is the training loop's own images/s (it depends on the machine's load while "
+        "that run trained); `side by side` is one forward + backward + AdamW step on a batch of "
+        f"{settings.get('batch_size', 128)}, all variants interleaved in one process (median of 7), "
+        "and its ratio to SymViT.",
         "",
         "Variants: " + "; ".join(f"**{labels[s]}**: {VARIANTS[s].what}" for s in slugs if s in VARIANTS),
         "",

@@ -118,7 +118,7 @@ BASELINE = "symvit"
 @dataclass
 class AblationSettings:
     """Budget and evaluation of every (variant, seed). The default budget (2 epochs over 15k images,
-    234 steps of batch 128; 5000 clean, 100 corrupted-view and 100 attacked test images) was chosen so
+    234 steps of batch 128; 10k clean, 300 corrupted-view and 400 attacked test images) was chosen so
     that 7 variants x 2 seeds fit in about 45-60 minutes on one thread of a CPU shared with other jobs
     (~200 training images/s); it is far from convergence, which the report says."""
 
@@ -128,14 +128,15 @@ class AblationSettings:
     train_subset: int | None = 15000
     eval_subset: int | None = 1000  # per-epoch evaluation during training (curves only)
     batch_size: int = 128
-    clean_images: int | None = 5000  # the first n test images; None: all 10k
-    corrupt_images: int = 100  # fixed test images per (corruption, severity)
+    clean_images: int | None = None  # the first n test images; None: all 10k
+    corrupt_images: int = 300  # fixed test images per (corruption, severity)
     corruptions: tuple[str, ...] = ()  # empty: the demo's DEMO_CORRUPTIONS
     severities: tuple[int, ...] = (1, 2, 3, 4, 5)
-    attack_images: int = 100
+    attack_images: int = 400
     attack_eps: tuple[float, ...] = (2 / 255, 4 / 255)
     attacks: tuple[str, ...] = ("fgsm", "pgd")
     trace_images: int = 512
+    throughput_repeats: int = 7  # interleaved repeats of the side-by-side throughput measurement
     data_seed: int = 0  # which test images are drawn (the same for every variant and seed)
     extra: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides
 
@@ -164,6 +165,7 @@ class AblationSettings:
             attack_images=16,
             attack_eps=(2 / 255,),
             trace_images=32,
+            throughput_repeats=1,
             extra={"batch_size": 64, "log_every_steps": 2},
         )
         base.update(kw)
@@ -310,7 +312,8 @@ def evaluate_variant(
 
 def _key(settings: AblationSettings, slug: str, ckpt: str) -> dict[str, Any]:
     s = asdict(settings)
-    for k in ("seeds", "variants"):  # which other runs exist does not change this one's results
+    # which other runs exist, and how throughput is timed, do not change this run's results
+    for k in ("seeds", "variants", "throughput_repeats"):
         s.pop(k)
     return json.loads(
         json.dumps({"settings": s, "variant": asdict(VARIANTS[slug]), "checkpoint": ckpt, "version": 1})
@@ -361,7 +364,64 @@ def run_ablations(
                     flush=True,
                 )
             report = _report(out)
+    tfile = out / "throughput.json"
+    tkey = {
+        "variants": list(settings.variants),
+        "batch_size": settings.batch_size,
+        "threads": torch.get_num_threads(),
+    }
+    cached_t = None if force else read_json(tfile)
+    if cached_t is None or cached_t.get("key") != tkey:
+        print("[ablate] training throughput, all variants side by side", flush=True)
+        write_json_atomic(
+            tfile,
+            {
+                "key": tkey,
+                "images_per_s": measure_throughput(
+                    settings.variants, settings.batch_size, repeats=settings.throughput_repeats
+                ),
+            },
+        )
+        report = _report(out)
     return report
+
+
+def measure_throughput(
+    slugs: tuple[str, ...] | list[str], batch_size: int = 128, repeats: int = 7, steps: int = 3
+) -> dict[str, float]:
+    """Training images/s of each variant (forward, backward, AdamW step on a fixed batch), measured side
+    by side with interleaved repeats (median): on a shared CPU the training loops' own images/s depend
+    on what else ran at the time, this comparison much less."""
+    import statistics
+
+    from .models import create_model
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(batch_size, 1, 28, 28, generator=gen)
+    y = torch.randint(0, 10, (batch_size,), generator=gen)
+    nets = {}
+    for slug in slugs:
+        v = VARIANTS[slug]
+        torch.manual_seed(0)
+        net = create_model(v.model, num_classes=10, in_chans=1, **v.kwargs).train()
+        nets[slug] = (net, torch.optim.AdamW(net.parameters(), lr=1e-4))
+
+    def run(slug: str, n: int) -> float:
+        net, opt = nets[slug]
+        t0 = time.perf_counter()
+        for _ in range(n):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+        return batch_size * n / (time.perf_counter() - t0)
+
+    for slug in slugs:  # warm-up
+        run(slug, 1)
+    rates: dict[str, list[float]] = {slug: [] for slug in slugs}
+    for _ in range(repeats):
+        for slug in slugs:
+            rates[slug].append(run(slug, steps))
+    return {slug: statistics.median(r) for slug, r in rates.items()}
 
 
 def _report(out: Path) -> Path:
@@ -389,9 +449,9 @@ def ablate_cmd(
     ] = None,
     epochs: Annotated[int, typer.Option(help="Training epochs per run.")] = AblationSettings.epochs,
     train_subset: Annotated[int, typer.Option(help="Training images (0: all 60000).")] = 15000,
-    clean_images: Annotated[int, typer.Option(help="Clean test images (0: all 10000).")] = 5000,
-    corrupt_images: Annotated[int, typer.Option(help="Test images per corruption and severity.")] = 100,
-    attack_images: Annotated[int, typer.Option(help="Test images attacked.")] = 100,
+    clean_images: Annotated[int, typer.Option(help="Clean test images (0: all 10000).")] = 0,
+    corrupt_images: Annotated[int, typer.Option(help="Test images per corruption and severity.")] = 300,
+    attack_images: Annotated[int, typer.Option(help="Test images attacked.")] = 400,
     quick: Annotated[bool, typer.Option(help="A minute-scale smoke run on tiny subsets.")] = False,
     force: Annotated[bool, typer.Option(help="Retrain and re-evaluate everything.")] = False,
     threads: Annotated[int, typer.Option(help="torch threads (1 is fastest on a shared CPU).")] = 1,
