@@ -13,7 +13,7 @@ on an A100, gives 1.00 for inference and 0.96 for training).
 It also prints the training throughput of the demo (``runs/demo/results.json``) when the demo ran.
 
     .venv/bin/python benchmarks/bench_models.py
-    .venv/bin/python benchmarks/bench_models.py --repeats 9 --threads 1
+    .venv/bin/python benchmarks/bench_models.py --repeats 9 --threads 1,2
 """
 
 from __future__ import annotations
@@ -64,11 +64,27 @@ def main() -> None:
     ap.add_argument("--img-size", type=int, default=224)
     ap.add_argument("--repeats", type=int, default=7, help="timed repeats per model and mode (interleaved)")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--threads", default=None,
+                    help="comma-separated thread counts, each measured (default: 1 and torch's default)")
     ap.add_argument("--demo-results", default="runs/demo/results.json")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    default_threads = torch.get_num_threads()
+    counts = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, default_threads})
+    for n in counts:
+        torch.set_num_threads(n)
+        measure(args)
+    demo = Path(args.demo_results)
+    if demo.exists():
+        res = json.loads(demo.read_text())["results"]
+        for label, hist in res["training"].items():
+            print(f"demo training throughput {label}: {hist['images_per_s']:.1f} images/s "
+                  f"({hist['steps']:.0f} steps in {hist['train_time_s'] / 60:.1f} min)")
+    else:
+        print(f"(no {demo}: run `make demo` for the demo's training throughput)")
+
+
+def measure(args: argparse.Namespace) -> dict[str, float]:
+    """Time both models at the current thread count; print and return the ratios."""
     torch.manual_seed(0)
     x = torch.rand(args.batch, 3, args.img_size, args.img_size)
     y = torch.randint(0, 1000, (args.batch,))
@@ -101,17 +117,9 @@ def main() -> None:
         print(f"{mode:9s}: SymViT-tiny {sym:7.2f} img/s, RPC-SymViT-tiny {rpc:7.2f} img/s, "
               f"ratio {rpc / sym:.3f}   (per-step min/max s: {spread_text})")
     ratios = {mode: results[mode]["RPC-SymViT-tiny"] / results[mode]["SymViT-tiny"] for mode in results}
-    print(f"RATIO inference {ratios['inference']:.3f} (target >= 0.9, paper 1.00), "
-          f"training {ratios['training']:.3f} (target >= 0.9, paper 0.96)")
-
-    demo = Path(args.demo_results)
-    if demo.exists():
-        res = json.loads(demo.read_text())["results"]
-        for label, hist in res["training"].items():
-            print(f"demo training throughput {label}: {hist['images_per_s']:.1f} images/s "
-                  f"({hist['steps']:.0f} steps in {hist['train_time_s'] / 60:.1f} min)")
-    else:
-        print(f"(no {demo}: run `make demo` for the demo's training throughput)")
+    print(f"RATIO ({torch.get_num_threads()} threads) inference {ratios['inference']:.3f} "
+          f"(target >= 0.9, paper 1.00), training {ratios['training']:.3f} (target >= 0.9, paper 0.96)\n")
+    return ratios
 
 
 if __name__ == "__main__":
