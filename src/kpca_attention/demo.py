@@ -112,6 +112,16 @@ def _finished(run_dir: Path) -> bool:
         return False
 
 
+def _loads(run_dir: Path) -> bool:
+    from .train import CheckpointError, load_model
+
+    try:
+        load_model(run_dir)
+    except CheckpointError:
+        return False
+    return True
+
+
 #: bump when results.json gains or changes fields (older cached results are then recomputed)
 RESULTS_VERSION = 2
 
@@ -131,6 +141,10 @@ def train_models(settings: DemoSettings, out_dir: Path, *, force: bool, progress
         run_dir = Path(cfg.output_dir)
         runs[label] = run_dir
         if force and run_dir.exists():
+            shutil.rmtree(run_dir)
+        if _finished(run_dir) and not _loads(run_dir):
+            print(f"[demo] {label}: the checkpoint in {run_dir} no longer matches the model definition "
+                  "(the architecture changed); training again")
             shutil.rmtree(run_dir)
         if _finished(run_dir):
             from .train.checkpoint import read_config, resolve_checkpoint
