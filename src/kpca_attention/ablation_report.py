@@ -42,13 +42,23 @@ def _arr(bits: str) -> np.ndarray:
     return np.frombuffer(bits.encode(), dtype=np.uint8) == ord("1")
 
 
-def load_results(out_dir: str | os.PathLike) -> dict[str, dict[int, dict[str, Any]]]:
-    """``{slug: {seed: results}}`` from ``out_dir/results/*.json`` (written by ``run_ablations``)."""
+def load_results(
+    out_dir: str | os.PathLike, settings: dict[str, Any] | None = None
+) -> dict[str, dict[int, dict[str, Any]]]:
+    """``{slug: {seed: results}}`` from ``out_dir/results/*.json`` (written by ``run_ablations``).
+
+    With ``settings`` (the run's ``settings.json``), results evaluated under other settings (left over
+    from an earlier run in the same folder) are skipped, so one table never mixes test sets."""
+    wanted = None
+    if settings:
+        wanted = {k: v for k, v in settings.items() if k not in ("seeds", "variants", "throughput_repeats")}
     res: dict[str, dict[int, dict[str, Any]]] = {}
     for f in sorted(Path(out_dir, "results").glob("*.json")):
         try:
             data = json.loads(f.read_text())
         except json.JSONDecodeError:
+            continue
+        if wanted is not None and data.get("key", {}).get("settings") != wanted:
             continue
         res.setdefault(data["slug"], {})[int(data["seed"])] = data["results"]
     return res
@@ -223,12 +233,12 @@ def write_ablation_report(out_dir: str | os.PathLike) -> Path:
     from .ablations import BASELINE, VARIANTS
 
     out = Path(out_dir)
-    res = load_results(out)
+    settings = json.loads((out / "settings.json").read_text()) if (out / "settings.json").exists() else {}
+    res = load_results(out, settings)
     if not res:
         raise FileNotFoundError(
             f"no results under {out / 'results'}: run `kpca-attention ablate --out {out}`"
         )
-    settings = json.loads((out / "settings.json").read_text()) if (out / "settings.json").exists() else {}
     slugs = [s for s in VARIANTS if s in res] + sorted(s for s in res if s not in VARIANTS)
     labels = {s: VARIANTS[s].label if s in VARIANTS else s for s in slugs}
     met = {s: {seed: metrics_of(r) for seed, r in per.items()} for s, per in res.items()}
