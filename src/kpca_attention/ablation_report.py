@@ -237,7 +237,8 @@ def write_ablation_report(out_dir: str | os.PathLike) -> Path:
     res = load_results(out, settings)
     if not res:
         raise FileNotFoundError(
-            f"no results under {out / 'results'}: run `kpca-attention ablate --out {out}`"
+            f"no results under {out / 'results'} (evaluated with the settings of {out / 'settings.json'}): "
+            f"run `kpca-attention ablate --out {out}`"
         )
     slugs = [s for s in VARIANTS if s in res] + sorted(s for s in res if s not in VARIANTS)
     labels = {s: VARIANTS[s].label if s in VARIANTS else s for s in slugs}

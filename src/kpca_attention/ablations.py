@@ -337,7 +337,6 @@ def run_ablations(
     settings = settings or AblationSettings()
     out = Path(out_dir)
     (out / "results").mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "settings.json", asdict(settings))
     report = out / "report.md"
     for seed in settings.seeds:
         for slug in settings.variants:
@@ -363,6 +362,9 @@ def run_ablations(
                     f"(clean {np.mean([c == '1' for c in res['clean']]):.4f})",
                     flush=True,
                 )
+            # the report reads only results of these settings (written here, after the training check
+            # that refuses a folder trained with other settings)
+            write_json_atomic(out / "settings.json", asdict(settings))
             report = _report(out)
     tfile = out / "throughput.json"
     tkey = {
