@@ -98,6 +98,13 @@ def test_end_to_end_resumable(tmp_path, capsys) -> None:
     tput = json.loads((tmp_path / "throughput.json").read_text())["images_per_s"]
     assert sorted(tput) == ["rpc_no_dual", "symvit"] and min(tput.values()) > 0
     assert f"{tput['rpc_no_dual']:.0f} ({tput['rpc_no_dual'] / tput['symvit']:.2f}x)" in text
+    # SymViT's trained weights in the official-tau RPC layer without the dual compute SymViT's function
+    swaps = json.loads((tmp_path / "swaps.json").read_text())["rows"]
+    (row,) = [r for r in swaps if r["seed"] == 0 and r["what"].startswith("SymViT weights in the 'RPC no")]
+    assert row["max_abs_logit_diff"] < 1e-4 and row["same_prediction"] == 1.0
+    (row,) = [r for r in swaps if r["seed"] == 0 and r["what"].startswith("SymViT weights in the official")]
+    assert row["max_abs_logit_diff"] > 1e-3  # the dual feedback does change the function
+    assert "Trained weights with an ablation switched on" in text
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert len(summary["paired"]["rpc_no_dual"]["clean"]["diffs"]) == 2
     # the accuracy in the table is the mean of the per-image results
@@ -109,7 +116,7 @@ def test_end_to_end_resumable(tmp_path, capsys) -> None:
     run_ablations(tmp_path, settings, progress=False)
     log = capsys.readouterr().out
     assert log.count("not retrained") == 4 and log.count("evaluation cached") == 4
-    assert "throughput" not in log
+    assert "throughput" not in log and "switched on" not in log
     assert mtimes == {p: p.stat().st_mtime_ns for p in (tmp_path / "results").glob("*.json")}
     # other training settings in the same folder are refused, not silently mixed
     with pytest.raises(ValueError, match="trained with other settings"):

@@ -368,6 +368,28 @@ def write_ablation_report(out_dir: str | os.PathLike) -> Path:
                     f"{_num(c['l_change_last'])} |"
                 )
         lines.append("")
+    # --- trained weights with an ablation switched on
+    swaps_file = out / "swaps.json"
+    swaps = json.loads(swaps_file.read_text())["rows"] if swaps_file.exists() else []
+    if swaps:
+        lines += [
+            "## Trained weights with an ablation switched on at inference",
+            "",
+            "The trained weights, unchanged, in the model with the ablation switched on (no retraining), on "
+            f"the first {swaps[0]['n']} test images. A max |logit difference| at rounding level means the "
+            "ablation computes the same function on this trained model.",
+            "",
+            "| seed | weights, ablation | max abs logit diff | same prediction | top-1 before | "
+            "top-1 after |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in swaps:
+            lines.append(
+                f"| {r['seed']} | {r['what']} | {r['max_abs_logit_diff']:.2g} | "
+                f"{100 * r['same_prediction']:.1f} % | {100 * r['acc_trained']:.1f} | "
+                f"{100 * r['acc_swapped']:.1f} |"
+            )
+        lines.append("")
     # --- per corruption
     if res:
         any_run = next(iter(next(iter(res.values())).values()))

@@ -385,7 +385,78 @@ def run_ablations(
             },
         )
         report = _report(out)
+    sfile = out / "swaps.json"
+    skey = {
+        "seeds": list(settings.seeds),
+        "checkpoints": sorted(
+            str(p.relative_to(out)) for p in (out / "runs").glob("*/checkpoints/latest.json")
+        ),
+    }
+    cached_s = None if force else read_json(sfile)
+    if cached_s is None or cached_s.get("key") != skey:
+        print("[ablate] trained weights with the ablations switched on at inference", flush=True)
+        write_json_atomic(sfile, {"key": skey, "rows": swap_checks(out, settings.seeds)})
+        report = _report(out)
     return report
+
+
+#: (trained variant, ablation switched on at inference, what it tests)
+SWAPS: tuple[tuple[str, dict[str, Any], str], ...] = (
+    ("rpc_official", {"rpc_sparse": False}, "official RPC weights, S forced to zero"),
+    ("rpc_official", {"rpc_dual": False}, "official RPC weights, dual update removed"),
+    ("symvit", {**VARIANTS["rpc_no_dual"].kwargs}, "SymViT weights in the 'RPC no dual' layer"),
+    ("symvit", {**VARIANTS["rpc_official"].kwargs}, "SymViT weights in the official RPC layer"),
+)
+
+
+@torch.no_grad()
+def swap_checks(
+    out_dir: str | os.PathLike, seeds: tuple[int, ...] | list[int], n_images: int = 2000
+) -> list[dict[str, Any]]:
+    """Does an ablation change the function a *trained* model computes? For each pair of :data:`SWAPS`
+    the trained weights are loaded unchanged into the model with the ablation switched on (the
+    symmetric RPC layer has SymViT's parameters, so the state dicts match) and compared with the
+    original on the first ``n_images`` test images: max |logit difference|, fraction of equal
+    predictions, and both accuracies."""
+    from .data.images import build_image_dataset
+    from .robustness.common import collect_logits
+    from .train import load_model
+    from .train.build import build_model
+
+    test = Subset(build_image_dataset("fashion-mnist", "test"), range(n_images))
+    rows = []
+    for seed in seeds:
+        for slug, switch, what in SWAPS:
+            run_dir = Path(out_dir) / "runs" / f"{slug}-s{seed}"
+            if not (run_dir / "checkpoints" / "latest.json").exists():
+                continue
+            model, cfg = load_model(run_dir)
+            cfg2 = type(cfg).from_dict(
+                {
+                    **cfg.to_dict(),
+                    "model": VARIANTS["rpc_official"].model,
+                    "model_kwargs": {**cfg.model_kwargs, **switch},
+                }
+            )
+            swapped = build_model(cfg2)
+            swapped.load_state_dict(model.state_dict())
+            swapped.eval()
+            a, labels = collect_logits(model, test, batch_size=500, progress=False)
+            b, _ = collect_logits(swapped, test, batch_size=500, progress=False)
+            rows.append(
+                {
+                    "seed": seed,
+                    "trained": slug,
+                    "switch": switch,
+                    "what": what,
+                    "max_abs_logit_diff": float((a - b).abs().max()),
+                    "same_prediction": float((a.argmax(1) == b.argmax(1)).float().mean()),
+                    "acc_trained": float((a.argmax(1) == labels).float().mean()),
+                    "acc_swapped": float((b.argmax(1) == labels).float().mean()),
+                    "n": n_images,
+                }
+            )
+    return rows
 
 
 def measure_throughput(
