@@ -130,11 +130,14 @@ _NOT_TRAJECTORY = frozenset({"progress", "checkpoint_every_steps", "log_every_st
                              "preset", "output_dir"})
 
 
-def train_models(settings: DemoSettings, out_dir: Path, *, force: bool, progress: bool) -> dict[str, Path]:
-    """Train (or resume, or skip) every demo model; returns ``{label: run_dir}``."""
+def train_models(settings: DemoSettings, out_dir: Path, *, force: bool,
+                 progress: bool) -> tuple[dict[str, Path], set[str]]:
+    """Train (or resume, or skip) every demo model; returns ``{label: run_dir}`` and the labels trained
+    from scratch by this call."""
     from .train import train
 
     runs = {}
+    fresh: set[str] = set()
     for label in DEMO_MODELS:
         cfg = demo_config(label, settings, out_dir)
         cfg.progress = progress
@@ -163,10 +166,12 @@ def train_models(settings: DemoSettings, out_dir: Path, *, force: bool, progress
               f"{torch.get_num_threads()} threads)")
         try:
             train(cfg, resume=resume)
+            if not resume:
+                fresh.add(label)
         except ValueError as e:
             raise ValueError(
                 f"{e}\n(the demo settings changed since {run_dir} was written: rerun with --force)") from e
-    return runs
+    return runs, fresh
 
 
 # --- 2. evaluation -----------------------------------------------------------------------------
@@ -398,8 +403,8 @@ def run_demo(out_dir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    already = {lab: _finished(Path(demo_config(lab, settings, out).output_dir)) for lab in DEMO_MODELS}
-    runs = train_models(settings, out, force=force, progress=progress)
+    # trained_now: models whose whole training happened in this invocation (others skipped or resumed)
+    runs, trained_now = train_models(settings, out, force=force, progress=progress)
     t_train = time.perf_counter() - t0
 
     models = {}
@@ -461,7 +466,7 @@ def run_demo(out_dir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
     # total_s: wall time of this invocation (includes loading and the corruption cache)
     results["timing"].update(train_s=sum(results["training"][lab]["train_time_s"] for lab in runs),
                              total_s=time.perf_counter() - t0, train_wall_s=t_train,
-                             reused=any(already.values()))
+                             reused=len(trained_now) < len(runs))
     write_json_atomic(results_file, {"key": key, "results": _json_ready(results)})
     return write_report(out, results, runs)
 
