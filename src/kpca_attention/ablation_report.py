@@ -79,6 +79,12 @@ def metrics_of(r: dict[str, Any]) -> dict[str, float]:
     """Accuracies (fractions) and throughput of one run."""
     m = {k: float(v.mean()) for k, v in per_image(r).items()}
     m["images_per_s"] = float(r["training"]["images_per_s"])
+    # drops from the clean accuracy of the same images (robustness separated from clean accuracy)
+    clean_c = float(_arr(r["clean_corrupt_subset"]).mean())
+    clean_a = float(_arr(r["clean_attack_subset"]).mean())
+    m["drop_corrupted"] = clean_c - m["corrupted"]
+    for k in [k for k in m if k.startswith(("fgsm_", "pgd_"))]:
+        m["drop_" + k] = clean_a - m[k]
     return m
 
 
@@ -339,6 +345,31 @@ def write_ablation_report(out_dir: str | os.PathLike) -> Path:
                     cell += f" McN p {_p(p)}"
                     entry.update(mcnemar_better=n01, mcnemar_worse=n10, mcnemar_p=p)
                 summary["paired"][s][k] = entry
+                cells.append(cell)
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    # --- drops from clean
+    drop_cols = {"drop_" + k: t for k, t in cols.items() if k != "clean"}
+    if BASELINE in met:
+        lines += [
+            "## Robustness as the drop from clean accuracy on the same images (percentage points)",
+            "",
+            "A model that is simply more accurate is also more accurate under attack; the drop (clean "
+            "top-1 on the attacked / corrupted images minus top-1 after the attack / corruption) separates "
+            "robustness from clean accuracy. Lower is more robust. Per variant: mean ± std over seeds; in "
+            "brackets the paired difference against SymViT (mean over seeds, same seed pairs).",
+            "",
+            "| variant | " + " | ".join(drop_cols.values()) + " |",
+            "|" + "---|" * (len(drop_cols) + 1),
+        ]
+        for s in slugs:
+            cells = [labels[s]]
+            seeds = [sd for sd in sorted(met[s]) if sd in met[BASELINE]]
+            for k in drop_cols:
+                cell = _pm([met[s][sd][k] for sd in sorted(met[s])])
+                if s != BASELINE and seeds:
+                    d = [100 * (met[s][sd][k] - met[BASELINE][sd][k]) for sd in seeds]
+                    cell += f" [{np.mean(d):+.1f}]"
                 cells.append(cell)
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
