@@ -46,5 +46,10 @@ def test_quick_demo_writes_report_and_resumes(tmp_path, capsys):
     said = capsys.readouterr().out
     assert said.count("not retrained") == 2 and "evaluation results for these checkpoints found" in said
 
-    with pytest.raises(ValueError, match="--force"):
-        run_demo(out, DemoSettings(train_subset=256, extra={"batch_size": 64}), progress=False)
+    # other settings: both models are trained again rather than silently reused
+    other = DemoSettings.quick()
+    other.seed = 1
+    capsys.readouterr()
+    run_demo(out, other, progress=False)
+    said = capsys.readouterr().out
+    assert said.count("trained with other settings (seed differ); training again") == 2
