@@ -36,9 +36,12 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
 
+# Speed targets as ratios measured side by side (docs/benchmarks.md); each script prints PASS/FAIL.
 bench: setup
 	$(PY) benchmarks/bench_pap.py
 	$(PY) benchmarks/bench_robust_pca.py
+	$(PY) benchmarks/bench_models.py
+	$(PY) benchmarks/bench_kpca.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
