@@ -226,27 +226,16 @@ class Analyzer:
             v_hat = predicted_values(
                 kc, d_v, order=cfg.order, scale=cfg.scale, centering=cfg.centering, eigen=eig
             )
-            al = alignment(
-                vec,
-                v_hat,
-                optimal=cfg.optimal,
-                threshold=cfg.threshold,
-                bandwidth=cfg.bandwidth,
-                row_eps=cfg.row_eps,
-            )  # type: ignore[arg-type]
-            for key, val in al.items():
-                out[key].append(val)
-            if sv is not None:
-                raw = alignment(
-                    vc,
-                    v_hat,
-                    optimal=cfg.optimal,
-                    threshold=cfg.threshold,
-                    bandwidth=cfg.bandwidth,
-                    row_eps=cfg.row_eps,
+            # Scaled Attention is judged on its (I - S) V values; the raw V is kept alongside.
+            for prefix, values in (("", vec), ("raw_v_", vc if sv is not None else None)):
+                if values is None:
+                    continue
+                al = alignment(
+                    values, v_hat, optimal=cfg.optimal, threshold=cfg.threshold,
+                    bandwidth=cfg.bandwidth, row_eps=cfg.row_eps,
                 )  # type: ignore[arg-type]
-                for key, val in raw.items():
-                    out["raw_v_" + key].append(val)
+                for key, val in al.items():
+                    out[prefix + key].append(val)
             pl = projection_loss(qc, kc, vec)
             for key in PROJECTION_KEYS:
                 out[key].append(pl[key + "_seq"])

@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .analysis import SUMMARY_KEYS
 from .report import fmt
 
 __all__ = ["judge", "write_claims", "THRESHOLDS", "PAPER_EIGENVALUES"]
@@ -252,18 +253,7 @@ def judge(res: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
         "inputs": res.get("inputs"),
         "attention_types": types,
         "rows": rows,
-        "summary": {
-            k: s.get(k)
-            for k in (
-                "linear_cka",
-                "kernel_cka",
-                "optimal_cosine",
-                "direct_cosine",
-                "j_proj",
-                "phi_norm_sq",
-                "h_norm_sq",
-            )
-        },
+        "summary": {k: s.get(k) for k in SUMMARY_KEYS},
     }
 
 
