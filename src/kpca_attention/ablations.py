@@ -205,19 +205,16 @@ def train_variant(
     progress: bool = True,
 ) -> Path:
     """Train (or resume, or skip when finished) one (variant, seed); returns its run directory."""
-    from .demo import _NOT_TRAJECTORY, _finished
+    from .demo import changed_settings, finished_run
     from .train import train
-    from .train.checkpoint import read_config, resolve_checkpoint
 
     cfg = ablation_config(slug, seed, settings, out_dir)
     cfg.progress = progress
     run_dir = Path(cfg.output_dir)
     if force and run_dir.exists():
         shutil.rmtree(run_dir)
-    if _finished(run_dir):
-        saved = read_config(resolve_checkpoint(run_dir)).to_dict()
-        now = cfg.to_dict()
-        diff = sorted(k for k in now if k not in _NOT_TRAJECTORY and saved.get(k) != now[k])
+    if finished_run(run_dir):
+        diff = changed_settings(run_dir, cfg)
         if diff:
             raise ValueError(
                 f"{run_dir} was trained with other settings ({', '.join(diff)} differ); rerun with "
@@ -274,7 +271,7 @@ def evaluate_variant(
     from tqdm.auto import tqdm
 
     from .data.images import build_image_dataset
-    from .demo import _fixed_subset
+    from .demo import fixed_subset
     from .pap_trace import rpc_layers, trace_model
     from .robustness.corruptions import CorruptedDataset
 
@@ -282,7 +279,7 @@ def evaluate_variant(
     test = build_image_dataset("fashion-mnist", "test")
     clean_set = test if settings.clean_images is None else Subset(test, range(settings.clean_images))
     res: dict[str, Any] = {"clean": _bits(_correct(model, clean_set))}
-    base = _fixed_subset(test, settings.corrupt_images, settings.data_seed)
+    base = fixed_subset(test, settings.corrupt_images, settings.data_seed)
     res["clean_corrupt_subset"] = _bits(_correct(model, base))
     corr: dict[str, dict[str, str]] = {}
     combos = [(c, s) for c in settings.corruptions for s in settings.severities]
@@ -292,7 +289,7 @@ def evaluate_variant(
         corr.setdefault(c, {})[str(s)] = _bits(_correct(model, view))
     res["corruptions"] = corr
     t_corr = time.perf_counter()
-    att_base = _fixed_subset(test, settings.attack_images, settings.data_seed + 1)
+    att_base = fixed_subset(test, settings.attack_images, settings.data_seed + 1)
     res["clean_attack_subset"] = _bits(_correct(model, att_base))
     res["attacks"] = {
         m: {f"{255 * e:g}": _bits(_attack_correct(model, att_base, m, e)) for e in settings.attack_eps}
@@ -300,7 +297,7 @@ def evaluate_variant(
     }
     t_att = time.perf_counter()
     if rpc_layers(model):
-        trace_set = _fixed_subset(test, settings.trace_images, settings.data_seed + 2)
+        trace_set = fixed_subset(test, settings.trace_images, settings.data_seed + 2)
         res["trace"] = trace_model(model, DataLoader(trace_set, batch_size=128, shuffle=False))
     res["timing"] = {
         "clean_corrupt_s": t_corr - t0,
@@ -329,7 +326,7 @@ def run_ablations(
 ) -> Path:
     """Train and evaluate every (seed, variant) - seed-major, so a cut-short run holds whole seeds -
     writing the report after each one; returns the report's path."""
-    from .demo import _history
+    from .demo import run_history
     from .robustness.common import read_json, write_json_atomic
     from .train import load_model
     from .train.checkpoint import resolve_checkpoint
@@ -353,7 +350,7 @@ def run_ablations(
                 t1 = time.perf_counter()
                 res = evaluate_variant(model, settings, out / "cache", progress=progress)
                 res["timing"]["eval_s"] = time.perf_counter() - t1
-                res["training"] = _history(run_dir)
+                res["training"] = run_history(run_dir)
                 res["params"] = sum(p.numel() for p in model.parameters())
                 res["checkpoint"] = str(ckpt)
                 write_json_atomic(rfile, {"key": key, "slug": slug, "seed": seed, "results": res})

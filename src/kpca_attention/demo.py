@@ -105,7 +105,7 @@ def demo_config(label: str, settings: DemoSettings, out_dir: Path) -> Any:
 
 # --- 1. training -------------------------------------------------------------------------------
 
-def _finished(run_dir: Path) -> bool:
+def finished_run(run_dir: Path) -> bool:
     latest = run_dir / "checkpoints" / "latest.json"
     try:
         return bool(json.loads(latest.read_text()).get("finished"))
@@ -113,7 +113,7 @@ def _finished(run_dir: Path) -> bool:
         return False
 
 
-def _changed_settings(run_dir: Path, cfg: Any) -> list[str]:
+def changed_settings(run_dir: Path, cfg: Any) -> list[str]:
     """Config fields that change the trained weights and differ from the run in ``run_dir``."""
     from .train.checkpoint import read_config, resolve_checkpoint
 
@@ -121,7 +121,7 @@ def _changed_settings(run_dir: Path, cfg: Any) -> list[str]:
         return []
     saved = read_config(resolve_checkpoint(run_dir)).to_dict()
     now = cfg.to_dict()
-    return sorted(k for k in now if k not in _NOT_TRAJECTORY and saved.get(k) != now[k])
+    return sorted(k for k in now if k not in NOT_TRAJECTORY and saved.get(k) != now[k])
 
 
 def _loads(run_dir: Path) -> bool:
@@ -138,7 +138,7 @@ def _loads(run_dir: Path) -> bool:
 RESULTS_VERSION = 2
 
 #: config fields that do not change the trained weights (a finished run stays valid when they differ)
-_NOT_TRAJECTORY = frozenset({"progress", "checkpoint_every_steps", "log_every_steps", "num_workers", "device",
+NOT_TRAJECTORY = frozenset({"progress", "checkpoint_every_steps", "log_every_steps", "num_workers", "device",
                              "preset", "output_dir"})
 
 
@@ -157,16 +157,16 @@ def train_models(settings: DemoSettings, out_dir: Path, *, force: bool,
         runs[label] = run_dir
         if force and run_dir.exists():
             shutil.rmtree(run_dir)
-        if _finished(run_dir) and not _loads(run_dir):
+        if finished_run(run_dir) and not _loads(run_dir):
             print(f"[demo] {label}: the checkpoint in {run_dir} no longer matches the model definition "
                   "(the architecture changed); training again")
             shutil.rmtree(run_dir)
-        diff = _changed_settings(run_dir, cfg)
+        diff = changed_settings(run_dir, cfg)
         if diff:
             print(f"[demo] {label}: {run_dir} was trained with other settings ({', '.join(diff)} differ); "
                   "training again")
             shutil.rmtree(run_dir)
-        if _finished(run_dir):
+        if finished_run(run_dir):
             print(f"[demo] {label}: finished checkpoint in {run_dir}, not retrained (--force retrains)")
             continue
         resume = (run_dir / "checkpoints" / "latest.json").exists()
@@ -195,7 +195,7 @@ def clean_results(models: Mapping[str, nn.Module], test_set: Dataset, settings: 
             for label, m in models.items()}
 
 
-def _fixed_subset(test_set: Dataset, n: int, seed: int) -> Dataset:
+def fixed_subset(test_set: Dataset, n: int, seed: int) -> Dataset:
     """``n`` test images drawn once with ``seed`` (class-mixed, unlike the first n)."""
     g = torch.Generator().manual_seed(seed)
     idx = torch.randperm(len(test_set), generator=g)[:n].sort().values.tolist()  # type: ignore[arg-type]
@@ -213,7 +213,7 @@ def corruption_results(models: Mapping[str, nn.Module], test_set: Dataset, setti
     from .robustness.corruptions import CorruptedDataset
     from .train.evaluate import evaluate_vision
 
-    base = _fixed_subset(test_set, settings.corrupt_images, settings.seed)
+    base = fixed_subset(test_set, settings.corrupt_images, settings.seed)
     out: dict[str, dict[str, dict[int, float]]] = {label: {} for label in models}
     combos = [(c, s) for c in settings.corruptions for s in settings.severities]
     for c, s in tqdm(combos, desc="corruptions", disable=not progress):
@@ -231,7 +231,7 @@ def attack_results(models: Mapping[str, nn.Module], test_set: Dataset, settings:
     FGSM and PGD (20 steps, step 0.15 eps, random start: the paper's settings) in pixel units."""
     from .robustness.attacks import evaluate_attack
 
-    base = _fixed_subset(test_set, settings.attack_images, settings.seed + 1)
+    base = fixed_subset(test_set, settings.attack_images, settings.seed + 1)
     out: dict[str, dict[str, dict[float, dict[str, float]]]] = {}
     for label, m in models.items():
         per: dict[str, dict[float, dict[str, float]]] = {}
@@ -252,7 +252,7 @@ def _json_ready(obj: Any) -> Any:
     return obj
 
 
-def _history(run_dir: Path) -> dict[str, float]:
+def run_history(run_dir: Path) -> dict[str, float]:
     from .train.logger import read_csv
 
     rows = read_csv(run_dir / "epochs.csv")
@@ -434,14 +434,14 @@ def run_demo(out_dir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
         corr = corruption_results(models, test_set, settings, out / "cache", progress)
         from .train.evaluate import evaluate_vision
 
-        sub = DataLoader(_fixed_subset(test_set, settings.corrupt_images, settings.seed), batch_size=500)
+        sub = DataLoader(fixed_subset(test_set, settings.corrupt_images, settings.seed), batch_size=500)
         clean_corr = {lab: evaluate_vision(m, sub)["top1"] for lab, m in models.items()}
         att: dict[str, Any] = {}
         clean_att: dict[str, float] = {}
         if settings.attacks and settings.attack_images:
             print(f"[demo] attacks {', '.join(settings.attacks)} on {settings.attack_images} images")
             att = attack_results(models, test_set, settings, progress)
-            sub = DataLoader(_fixed_subset(test_set, settings.attack_images, settings.seed + 1),
+            sub = DataLoader(fixed_subset(test_set, settings.attack_images, settings.seed + 1),
                              batch_size=500)
             clean_att = {lab: evaluate_vision(m, sub)["top1"] for lab, m in models.items()}
         t_eval = time.perf_counter() - t1
@@ -450,7 +450,7 @@ def run_demo(out_dir: str | os.PathLike = "runs/demo", settings: DemoSettings | 
             "models": {lab: {"name": DEMO_MODELS[lab][0], "kwargs": DEMO_MODELS[lab][1],
                              "params": _params(models[lab]), "checkpoint": str(resolve_checkpoint(runs[lab]))}
                        for lab in models},
-            "training": {lab: _history(runs[lab]) for lab in runs},
+            "training": {lab: run_history(runs[lab]) for lab in runs},
             "train_config": demo_config(next(iter(DEMO_MODELS)), settings, out).to_dict(),
             "clean": clean,
             "corruptions": corr,
