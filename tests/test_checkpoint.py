@@ -13,13 +13,7 @@ import torch
 from kpca_attention.train import CheckpointError, get_preset, load_checkpoint, load_model, train
 from kpca_attention.train.checkpoint import capture_rng, resolve_checkpoint, restore_rng
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,7 @@ from hypothesis import strategies as st
 
 from kpca_attention.robust_pca import RobustPCAResult, robust_pca, shrink, svt
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # The CI machine has 2 cores shared with other test processes; a multi-threaded BLAS/OpenMP pool
-    # that spins on an oversubscribed machine makes these SVD-bound tests ~100x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def candes_problem(n: int, rank: int, frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

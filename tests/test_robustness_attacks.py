@@ -11,19 +11,11 @@ from torch import nn
 from kpca_attention.models.normalize import NormalizedModel
 from kpca_attention.robustness import attacks as A
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models on 2 shared, busy cores: intra-op threads only wait on each other (measured 15x
-    # slower with 2 threads than with 1 under load). Restored for the other test modules.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread_module")
 
 
 @pytest.fixture(scope="module")
-def trained(one_thread):
+def trained(single_thread_module):
     torch.manual_seed(0)
     d = load_digits()
     x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8) in [0, 1]

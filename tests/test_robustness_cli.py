@@ -15,13 +15,7 @@ from kpca_attention.train.build import build_model
 from kpca_attention.train.checkpoint import save_checkpoint
 from kpca_attention.train.config import get_preset
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on 2 shared cores: threads only wait on each other
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread_module")
 
 
 def _checkpoint(run_dir, model_name, seed):

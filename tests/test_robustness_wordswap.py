@@ -10,14 +10,7 @@ from kpca_attention.data.text import Vocab
 from kpca_attention.models.lm import create_lm
 from kpca_attention.robustness.wordswap import default_stopwords, perplexity_table, swap_words
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny models on 2 shared cores: intra-op threads only wait on each other
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread_module")
 
 
 TEXT = "\n".join(

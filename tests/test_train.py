@@ -28,13 +28,7 @@ TINY = dict(
 )
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Tiny models: one thread is fastest, and it avoids OpenMP spin-waiting on a shared, busy CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def tiny(tmp_path, name="run", **kw) -> TrainConfig:

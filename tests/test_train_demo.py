@@ -6,17 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from kpca_attention.demo import DemoSettings, run_demo
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def test_quick_demo_writes_report_and_resumes(tmp_path, capsys):
