@@ -1,0 +1,81 @@
+"""Files written so that a crash never leaves half of one: the package's one atomic JSON writer.
+
+Every JSON file the package writes (results, summaries, checkpoint markers, ``latest.json``) goes
+through :func:`write_json_atomic`: a temporary file in the same folder, ``fsync``, ``os.replace``,
+then an ``fsync`` of the folder, so a reader sees the old file or the new one, never a mix, and a
+power cut after the call returns keeps the new one. :func:`write_text_atomic` does the same for text
+(reports). :func:`read_json` returns ``None`` for a missing or unreadable file (a cache miss).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_json_atomic", "write_text_atomic", "read_json", "json_ready", "fsync_dir"]
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """``fsync`` a directory (its entries), where the file system allows opening one."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def json_ready(obj: Any) -> Any:
+    """``obj`` with mapping keys turned into strings, tuples into lists and non-finite floats into
+    ``None`` (strict JSON has no NaN / Infinity), recursively."""
+    if isinstance(obj, Mapping):
+        return {str(k): json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 1) == 0:  # numpy / torch scalars
+        return json_ready(obj.item())
+    return obj
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> Path:
+    """Write ``obj`` as JSON (sorted keys, :func:`json_ready`) atomically; returns the path."""
+    text = json.dumps(json_ready(obj), indent=indent, sort_keys=True, allow_nan=False)
+    return write_text_atomic(path, text + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any | None:
+    """The JSON in ``path``, or ``None`` when it is missing or unreadable (then it is recomputed)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
