@@ -272,6 +272,34 @@ def _batches(data: Dataset | tuple[Tensor, Tensor], n: int | None, batch_size: i
         yield x, torch.as_tensor(y)
 
 
+def attack_logits(
+    model: nn.Module,
+    data: Dataset | tuple[Tensor, Tensor],
+    method: str,
+    eps: float,
+    n: int | None = None,
+    batch_size: int = 64,
+    progress: bool = True,
+    **options: Any,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Logits ``(N, K)`` on the adversarial versions of the first ``n`` examples of ``data`` (a
+    dataset of ``(image in [0, 1], label)`` or a pair of tensors), their labels ``(N,)`` and the
+    perturbation norms ``(N,)`` in the method's norm (CPU tensors). Per-example results come from here."""
+    logits, labels, norms = [], [], []
+    device = model_device(model)
+    batches = list(_batches(data, n, batch_size))
+    bar = tqdm(batches, desc=f"{method} eps={eps:.4g}", disable=None if progress else True, leave=False)
+    for x, y in bar:
+        adv = attack(model, x, y, method, eps, **options)
+        norms.append(perturbation_norm(adv - x, NORMS[method]).cpu())
+        with eval_mode(model), torch.no_grad():
+            logits.append(model(adv.to(device)).float().cpu())
+        labels.append(y.cpu().long())
+    if not logits:
+        raise ValueError("no examples to attack")
+    return torch.cat(logits), torch.cat(labels), torch.cat(norms)
+
+
 def evaluate_attack(
     model: nn.Module,
     data: Dataset | tuple[Tensor, Tensor],
@@ -285,18 +313,7 @@ def evaluate_attack(
     """Top-1/top-5 accuracy (fractions) of ``model`` on adversarial versions of the first ``n``
     examples of ``data`` (a dataset of ``(image in [0, 1], label)`` or a pair of tensors), with the
     mean and max perturbation norm in the method's norm (measured, so the budget can be checked)."""
-    logits, labels, norms = [], [], []
-    device = model_device(model)
-    batches = list(_batches(data, n, batch_size))
-    for x, y in tqdm(batches, desc=f"{method} eps={eps:.4g}", disable=not progress, leave=False):
-        adv = attack(model, x, y, method, eps, **options)
-        norms.append(perturbation_norm(adv - x, NORMS[method]).cpu())
-        with eval_mode(model), torch.no_grad():
-            logits.append(model(adv.to(device)).float().cpu())
-        labels.append(y.cpu().long())
-    if not logits:
-        raise ValueError("no examples to attack")
-    lg, lb, nm = torch.cat(logits), torch.cat(labels), torch.cat(norms)
+    lg, lb, nm = attack_logits(model, data, method, eps, n, batch_size, progress, **options)
     return {**topk_accuracy(lg, lb), "n": len(lb), "norm": NORMS[method],
             "mean_norm": nm.mean().item(), "max_norm": nm.max().item()}
 
