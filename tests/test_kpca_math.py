@@ -272,3 +272,58 @@ def test_sampled_relative_pairs_estimate_all_pairs():
     est_m, est_s = pairwise_difference_stats(gam, relative=True, max_pairs=4000)
     torch.testing.assert_close(est_m, exact_m, rtol=0.05, atol=0)
     torch.testing.assert_close(est_s, exact_s, rtol=0.05, atol=0)
+
+
+def test_feature_gram_keys_beyond_float64_scores():
+    """Scores k_i.k_j / sqrt(D) above float64's range (keys x 1e200) give the limit, not NaN."""
+    k = _keys(3, 20, 8)
+    for scale in (1e100, 1e200, 1e300):
+        kc = feature_gram(k * scale)
+        assert torch.isfinite(kc).all(), scale
+    # a zero key among two huge orthogonal keys: g_0 = 3 at any scale, so K_phi[0, 0] = 1/9 exactly,
+    # and every entry that involves a huge key tends to 0
+    e = torch.zeros(3, 4, dtype=torch.float64)
+    e[1, 0], e[2, 1] = 1.0, 1.0
+    for scale in (1.0e160, 1e200):
+        kphi = feature_gram(e * scale, centered=False)
+        assert kphi[0, 0].item() == pytest.approx(1 / 9, rel=1e-15)
+        assert kphi[1:, :].abs().max().item() == 0.0 and kphi[:, 1:].abs().max().item() == 0.0
+    # just inside float64's score range the scaled path agrees with the naive formula
+    big = k[0] * 3.0
+    ref = _np_gram(big.numpy())[0]
+    np.testing.assert_allclose(feature_gram(big, centered=False).numpy(), ref, rtol=1e-11)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_diagnostics_refuse_non_finite_inputs(bad):
+    q, k, v = _keys(2, 10, 4, seed=1), _keys(2, 10, 4, seed=2), _keys(2, 10, 4, seed=3)
+    v_bad = v.clone()
+    v_bad[1, 3, 2] = bad
+    k_bad = k.clone()
+    k_bad[0, 0, 0] = bad
+    for call in (
+        lambda: projection_loss(q, k, v_bad),
+        lambda: projection_loss(q, k_bad, v),
+        lambda: projection_loss_official(q, k, v_bad),
+        lambda: alignment(v_bad, v),
+        lambda: alignment(v, v_bad),
+        lambda: linear_cka(v_bad, v),
+        lambda: kernel_cka(v, v_bad),
+        lambda: optimal_cosine(v_bad, v),
+        lambda: gamma_test(k, v_bad),
+        lambda: feature_gram(k_bad),
+    ):
+        with pytest.raises(ValueError, match="inf or NaN"):
+            call()
+
+
+def test_linear_cka_epsilon_of_the_critique_is_not_scale_invariant():
+    x, y = _keys(30, 6, seed=1), _keys(30, 6, seed=2) + 0.3 * _keys(30, 6, seed=1)
+    exact = linear_cka(x, y).item()
+    assert linear_cka(x, 1e-11 * y).item() == pytest.approx(exact, rel=1e-9)
+    # with the critique's 1e-10 the same pair collapses to ~0 once V_hat is tiny
+    assert linear_cka(x, y, eps=1e-10).item() == pytest.approx(exact, rel=1e-6)
+    assert linear_cka(x, 1e-11 * y, eps=1e-10).item() < 1e-3 * exact
+    assert alignment(x, 1e-11 * y, cka_eps=1e-10)["linear_cka"].item() < 1e-3 * exact
+    with pytest.raises(ValueError, match="eps"):
+        linear_cka(x, y, eps=-1.0)

@@ -33,7 +33,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from .gram import center_gram
+from .gram import center_gram, require_finite
 
 __all__ = [
     "row_cosine",
@@ -53,6 +53,8 @@ def _pair(x: Tensor, y: Tensor, same_width: bool = True) -> tuple[Tensor, Tensor
     if x.dim() < 2 or x.shape[:-1] != y.shape[:-1] or (same_width and x.shape[-1] != y.shape[-1]):
         need = "the same shape" if same_width else "the same (..., N)"
         raise ValueError(f"inputs must be (..., N, d) with {need}, got {tuple(x.shape)} and {tuple(y.shape)}")
+    require_finite("the first input (values)", x)
+    require_finite("the second input (predicted values)", y)
     return x.to(torch.float64), y.to(torch.float64)
 
 
@@ -96,18 +98,26 @@ def _hsic(kx: Tensor, ky: Tensor) -> Tensor:
     return (center_gram(kx) * center_gram(ky)).sum((-2, -1))
 
 
-def linear_cka(x: Tensor, y: Tensor) -> Tensor:
+def linear_cka(x: Tensor, y: Tensor, eps: float = 0.0) -> Tensor:
     """Linear CKA: ``HSIC(XX^T, YY^T) / sqrt(HSIC(XX^T, XX^T) HSIC(YY^T, YY^T))``, ``HSIC(K, L) =
     sum((HKH) * (HLH))``; computed from features as ``||Xc^T Yc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)``
     (Kornblith et al. 2019, eq. after (3)) with Xc, Yc centred over tokens.
 
-    ``x`` ``(..., N, p)``, ``y`` ``(..., N, q)`` -> ``(...,)`` in [0, 1]; NaN if either side is constant.
+    ``eps`` is added to the denominator, as the critique's linear CKA adds 1e-10. That breaks the
+    invariance to scale: for a V_hat of norm ~1e-11 (keys with scores ~50 make ``1 / g`` tiny) the
+    numerator and the exact denominator are ~1e-22 |V|^2 and the epsilon turns CKA into ~1e-11.
+    Default 0: exact.
+
+    ``x`` ``(..., N, p)``, ``y`` ``(..., N, q)`` -> ``(...,)`` in [0, 1]; NaN if either side is constant
+    (and ``eps == 0``).
     """
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
     x, y = _pair(x, y, same_width=False)
     xc, yc = x - x.mean(-2, keepdim=True), y - y.mean(-2, keepdim=True)
     num = (xc.mT @ yc).pow(2).sum((-2, -1))
     den = (xc.mT @ xc).norm(dim=(-2, -1)) * (yc.mT @ yc).norm(dim=(-2, -1))
-    return num / den
+    return num / (den + eps)
 
 
 def rbf_gram(x: Tensor, threshold: float = 1.0, bandwidth: Bandwidth = "kornblith") -> Tensor:
@@ -156,6 +166,7 @@ def alignment(
     threshold: float = 1.0,
     bandwidth: Bandwidth = "kornblith",
     row_eps: float = 0.0,
+    cka_eps: float = 0.0,
 ) -> dict[str, Tensor]:
     """All alignment measures between learned values ``v`` and predicted ``v_hat``.
 
@@ -164,6 +175,7 @@ def alignment(
         optimal: also run the Hungarian matching (one SciPy call per matrix).
         threshold, bandwidth: kernel-CKA bandwidth, see :func:`kernel_cka`.
         row_eps: added to row norms in the cosines (critique: 1e-8), see :func:`row_cosine`.
+        cka_eps: added to the linear-CKA denominator (critique: 1e-10), see :func:`linear_cka`.
 
     Returns:
         ``direct_cosine``, ``negative_pct``, ``signfix_cosine``, ``pearson``, ``optimal_cosine``
@@ -182,7 +194,7 @@ def alignment(
     }
     if optimal:
         out["optimal_cosine"] = optimal_cosine(v, v_hat, eps=row_eps)
-    out["linear_cka"] = linear_cka(v, v_hat)
+    out["linear_cka"] = linear_cka(v, v_hat, cka_eps)
     out["kernel_cka"] = kernel_cka(v, v_hat, threshold, bandwidth)
     out["relative_frobenius"] = (v - v_hat).norm(dim=(-2, -1)) / v.norm(dim=(-2, -1))
     return out

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from .gram import KPCAEigen, Order, kpca_eigen
+from .gram import KPCAEigen, Order, kpca_eigen, require_finite
 
 __all__ = [
     "standardize",
@@ -79,6 +79,8 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]
         raise ValueError(f"q and k must both be (..., N, D), got {tuple(q.shape)} and {tuple(k.shape)}")
     if v.shape[:-1] != k.shape[:-1]:
         raise ValueError(f"v must be (..., N, D_v) matching k {tuple(k.shape)}, got {tuple(v.shape)}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        require_finite(name, x)
     return q.to(torch.float64), k.to(torch.float64), v.to(torch.float64)
 
 
@@ -277,6 +279,7 @@ def gamma_test(
             raise ValueError(
                 f"values must be (..., N, D_v) matching keys {tuple(keys.shape)}, got {tuple(values.shape)}"
             )
+        require_finite("values", values)
         lg = eigen.log_g
         g_scaled = torch.exp(lg - lg.amax(-1, keepdim=True)).unsqueeze(-1)  # g / max(g), in (0, 1]
         a_hat = g_scaled * values.to(torch.float64)[..., :d]

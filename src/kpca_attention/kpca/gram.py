@@ -9,7 +9,13 @@ of ``Kc`` itself (what the critique reports), so ``lambda_d = mu_d / N``.
 Everything is computed in float64 and in log space: ``log K_phi[i, j] = s_ij - log g_i - log g_j``
 with ``s = K K^T / sqrt(D)`` and ``log g_i = logsumexp_j s_ij``. Because ``g_i >= exp(s_ij)`` for every
 j and ``g_j >= exp(s_jj) >= 1``, ``log K_phi <= 0``: the Gram matrix never overflows for finite keys
-(the critique's float32 ``exp(K K^T)`` overflows to inf/NaN for keys of moderate norm).
+(the critique's float32 ``exp(K K^T)`` overflows to inf/NaN for keys of moderate norm). Even the
+scores ``s`` themselves overflow float64 for keys of norm above ~1e154, so they are kept as
+``s = c^2 t`` with ``c`` a power of two >= max |k| per key set and ``|t| <= 1`` (exact: scaling by a
+power of two does not round); the exponent ``c^2 (t_ij - m_i - m_j)`` (``m_i = max_l t_il``) is
+formed as ``((t_ij - m_i - m_j) c) c`` and is never positive, so it can reach ``-inf`` (entry 0) but
+never ``inf`` or NaN. ``log g`` itself can be ``inf`` for such keys (it is a number above float64's
+range); ``1 / g`` is then 0.
 
 Shapes: ``keys`` is ``(..., N, D)``; every leading dimension is a batch dimension (batch, head, ...).
 """
@@ -36,6 +42,7 @@ __all__ = [
     "SCALES",
     "CENTERINGS",
     "METHODS",
+    "require_finite",
 ]
 
 Order = Literal["abs", "signed"]
@@ -57,25 +64,52 @@ def _check(name: str, value: str, valid: tuple[str, ...]) -> None:
         raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
 
 
+def require_finite(name: str, x: Tensor) -> None:
+    """Raise ``ValueError`` naming ``name`` if ``x`` holds inf or NaN: every diagnostic of this package
+    checks its inputs, so a NaN is never silently averaged into a result."""
+    if not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(
+            f"{name} contain inf or NaN ({bad} of {x.numel()} entries); all entries must be finite"
+        )
+
+
 def _as_keys(keys: Tensor) -> Tensor:
     if not isinstance(keys, Tensor) or keys.dim() < 2:
         got = getattr(keys, "shape", type(keys))
         raise ValueError(f"keys must be a tensor of shape (..., N, D), got {got}")
     if keys.shape[-2] < 1 or keys.shape[-1] < 1:
         raise ValueError(f"keys must have N >= 1 tokens and D >= 1 features, got {tuple(keys.shape)}")
-    if not torch.isfinite(keys).all():
-        raise ValueError("keys contain inf or NaN")
+    require_finite("keys", keys)
     return keys.to(torch.float64)
 
 
-def _scores(keys: Tensor) -> Tensor:
-    """``K K^T / sqrt(D)``: ``(..., N, D)`` float64 -> ``(..., N, N)``."""
-    return keys @ keys.mT / math.sqrt(keys.shape[-1])
+def _scaled_scores(keys: Tensor) -> tuple[Tensor, Tensor]:
+    """Scores ``s = K K^T / sqrt(D)`` as ``(t, c)`` with ``s = c^2 t``: ``c`` ``(..., 1, 1)`` the
+    smallest power of two >= max |k| of each key set (1 for all-zero keys), ``t`` ``(..., N, N)``
+    with ``|t| <= 1``. Dividing by a power of two is exact, so ``(t c) c`` is bitwise ``s``
+    wherever ``s`` is finite."""
+    amax = keys.abs().amax((-2, -1), keepdim=True)
+    c = torch.ldexp(torch.ones_like(amax), torch.frexp(amax).exponent)
+    kk = keys / c
+    return kk @ kk.mT / math.sqrt(keys.shape[-1]), c
+
+
+def _log_g_parts(t: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """``log g_i = c^2 m_i + r_i``: returns ``m = max_j t_ij`` and ``r = log sum_j exp(c^2 (t_ij - m_i))``
+    in ``[0, log N]``, both ``(..., N)``."""
+    m = t.amax(-1, keepdim=True)
+    r = torch.log(torch.exp(((t - m) * c) * c).sum(-1))  # the max term is exp(0) = 1: no underflow to 0
+    return m.squeeze(-1), r
 
 
 def log_g(keys: Tensor) -> Tensor:
-    """``log g(k_i) = logsumexp_j k_i.k_j / sqrt(D)``: ``(..., N, D)`` -> ``(..., N)`` float64."""
-    return torch.logsumexp(_scores(_as_keys(keys)), dim=-1)
+    """``log g(k_i) = logsumexp_j k_i.k_j / sqrt(D)``: ``(..., N, D)`` -> ``(..., N)`` float64
+    (``inf`` only where the value exceeds float64's range, for keys of norm above ~1e154)."""
+    t, c = _scaled_scores(_as_keys(keys))
+    m, r = _log_g_parts(t, c)
+    c = c.squeeze(-1)
+    return (m * c) * c + r
 
 
 def center_gram(gram: Tensor) -> Tensor:
@@ -86,9 +120,14 @@ def center_gram(gram: Tensor) -> Tensor:
 
 
 def _gram_and_log_g(keys: Tensor, centered: bool) -> tuple[Tensor, Tensor]:
-    s = _scores(keys)
-    lg = torch.logsumexp(s, dim=-1)
-    gram = torch.exp(s - lg.unsqueeze(-1) - lg.unsqueeze(-2))  # log K_phi <= 0: no overflow
+    t, c = _scaled_scores(keys)
+    m, r = _log_g_parts(t, c)
+    # log K_phi = c^2 (t_ij - m_i - m_j) - r_i - r_j; t_ij <= m_i and m_j >= t_jj >= 0 hold exactly in
+    # floating point, so the bracket is <= 0 and the product is in [-inf, 0]: no overflow, no NaN
+    expo = ((t - m.unsqueeze(-1) - m.unsqueeze(-2)) * c) * c
+    gram = torch.exp(expo - r.unsqueeze(-1) - r.unsqueeze(-2))
+    c = c.squeeze(-1)
+    lg = (m * c) * c + r
     return (center_gram(gram) if centered else gram), lg
 
 
