@@ -178,6 +178,59 @@ def test_not_converged_is_reported() -> None:
     assert res.residuals[-1] > 1e-7
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("scale", [1e-25, 1e30])
+def test_scale_equivariant(dtype: type, scale: float) -> None:
+    """PCP of c M is c times that of M. Without solving the normalised problem, float32 at 1e-25 had
+    ||M||_F underflow to 0 (L = S = 0, converged after 0 iterations) and at 1e30 overflow to inf (NaN
+    residuals for all 1000 iterations, no warning)."""
+    L0, S0 = candes_problem(80, 4, 0.05, seed=11)
+    M = (L0 + S0).astype(dtype)
+    ref = robust_pca(M)
+    res = robust_pca(M * dtype(scale))
+    assert res.converged and res.n_iter >= 5 and np.all(np.isfinite(res.residuals))
+    assert res.L.dtype == dtype and res.rank == 4
+    rel = np.linalg.norm(res.L / scale - ref.L) / np.linalg.norm(ref.L)
+    assert rel <= (1e-4 if dtype == np.float32 else 1e-12), rel
+    assert np.linalg.norm(res.L / scale - L0) / np.linalg.norm(L0) <= (1e-3 if dtype == np.float32 else 1e-5)
+    assert res.mu * scale == pytest.approx(ref.mu, rel=1e-5)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e300])
+def test_scale_equivariant_float64_extremes(scale: float) -> None:
+    """float64 has the same underflow/overflow of ||M||_F, at 1e-300 and 1e300."""
+    L0, S0 = candes_problem(60, 3, 0.05, seed=12)
+    ref = robust_pca(L0 + S0, method="admm", mu=0.3, max_iter=4000)
+    res = robust_pca((L0 + S0) * scale, method="admm", mu=0.3 / scale, max_iter=4000)
+    assert ref.converged and res.converged and res.n_iter == ref.n_iter
+    np.testing.assert_allclose(res.L / scale, ref.L, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(res.S / scale, ref.S, rtol=0, atol=1e-9)
+    assert res.mu * scale == pytest.approx(0.3)
+
+
+def test_nonfinite_residual_is_not_converged() -> None:
+    """A mu so small that 1 / mu overflows float32 makes the residual NaN: that problem stops, is
+    reported as not converged, and a warning says so (it used to run max_iter NaN iterations)."""
+    L0, S0 = candes_problem(40, 2, 0.05, seed=13)
+    M = np.stack([L0 + S0, L0 + S0]).astype(np.float32)
+    with pytest.warns(RuntimeWarning, match="NaN or inf"):
+        res = robust_pca(M, mu=1e-45, max_iter=50)
+    assert not res.converged.any() and (res.n_iter == 1).all()
+    assert np.isnan(res.residuals[-1]).all()
+    assert np.all(np.isfinite(res.L)) and np.all(np.isfinite(res.S))
+
+
+def test_result_too_large_for_dtype() -> None:
+    """Scaled back, L and S must fit the dtype. Ones with one entry flipped: L = ones, S = -2 e_00, so
+    at the largest float32 the sparse entry -2 max does not fit: an error, not a silent -inf."""
+    M = np.ones((10, 10))
+    M[0, 0] = -1
+    res = robust_pca(M)
+    assert res.converged and res.S[0, 0] == pytest.approx(-2, rel=1e-6)
+    with pytest.raises(FloatingPointError, match="does not fit"):
+        robust_pca((M * np.finfo(np.float32).max).astype(np.float32))
+
+
 def test_seed_reproducible_and_progress(capsys: pytest.CaptureFixture[str]) -> None:
     L0, S0 = candes_problem(100, 5, 0.05, seed=8)
     a = robust_pca(L0 + S0, progress=True)

@@ -47,6 +47,20 @@ singular vectors plus oversampling columns; pure torch, so batched and on GPU):
 Both methods start with ``S_0 = 0`` and ``Y_0`` proportional to ``M``, so the first SVT is that of a
 multiple of ``M``; its SVD also gives ``||M||_2`` for the ialm start.
 
+Scale: PCP is scale-equivariant. For ``c > 0``, ``(c L, c S)`` solves the problem of ``c M`` with the
+same ``lam`` (both the objective and the constraint scale by ``c``), and the iterations above map onto
+each other with ``Y -> c Y``, ``mu -> mu / c`` (the thresholds ``1 / mu`` and ``lam / mu`` are in units
+of ``M``; the default ``mu``s are ``1 / ||M||``). So each matrix is solved as ``M / c`` with
+``c = max |M_ij|`` (exact to compute, never overflows, and puts the entries in [-1, 1], where Frobenius
+norms neither underflow nor overflow) and ``L``, ``S`` are multiplied back by ``c``; a given ``mu`` or
+``mu_max`` is multiplied by ``c`` for the scaled problem and the reported ``mu`` divided by it. Without
+this, float32 input of magnitude 1e-25 had ``||M||_F`` underflow to 0 (and was "solved" by
+``L = S = 0``) and magnitude 1e30 had it overflow to inf (NaN residuals).
+
+A problem whose residual becomes NaN or inf (possible only with extreme user-given ``mu``/``lam``) is
+stopped at its last finite iterate, reported with ``converged=False``, and a ``RuntimeWarning`` names
+it; a result that does not fit the dtype once scaled back raises ``FloatingPointError``.
+
 Batches: every problem in ``(..., n1, n2)`` runs its own iteration (its own lam, mu, mu growth)
 and stops at its own tolerance; its iterates are frozen once it has converged and the loop ends
 when every problem has converged or ``max_iter`` is reached. ``n_iter``, ``converged`` and
@@ -60,6 +74,7 @@ The solver runs under ``torch.no_grad``: it is not differentiable.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -430,6 +445,12 @@ def robust_pca(
         ValueError: ``M`` not a (batch of) matrix, empty, non-finite or of an unsupported dtype;
             ``lam``, ``mu``, ``tol``, ``rho``, ``mu_max``, ``svd_tol`` not positive finite;
             ``max_iter`` < 1; unknown ``method`` or ``svd``.
+        FloatingPointError: ``L`` or ``S`` does not fit the dtype at the scale of ``M`` (entries near
+            the dtype's largest value).
+
+    Warns:
+        RuntimeWarning: a problem's residual became NaN or inf; it is reported with
+            ``converged=False`` and its last finite iterate.
 
     Example:
         >>> res = robust_pca(M)                       # M = L0 + S0, (n1, n2) float64
@@ -495,8 +516,17 @@ def _solve(M: Tensor, lam: float | None, mu: float | None, tol: float, max_iter:
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
 
+    # Solve M / c with c = max |M_ij| per matrix and scale back (PCP is scale-equivariant, see the
+    # module docstring): the norms below then neither underflow nor overflow.
+    scale = M.abs().amax(dim=(-2, -1))  # (B,)
+    active = scale > 0  # an all-zero matrix is solved by L = S = 0 before any iteration
+    scale = torch.where(active, scale, torch.ones_like(scale))
+    M = M / scale[:, None, None]
+    # A given mu (units 1 / M) becomes mu * c for M / c.
+    mu_given = None if mu is None else torch.full((B,), mu, dtype=dtype, device=device) * scale
+    cap_given = None if mu_max is None else torch.full((B,), mu_max, dtype=dtype, device=device) * scale
+
     norm_fro = torch.linalg.matrix_norm(M)  # (B,)
-    active = norm_fro > 0  # an all-zero matrix is solved by L = S = 0 before any iteration
     safe = torch.where(active, norm_fro, torch.ones_like(norm_fro))
 
     # Both methods start from S_0 = 0 and a Y_0 proportional to M (0 for admm), so the first SVT
@@ -505,8 +535,8 @@ def _solve(M: Tensor, lam: float | None, mu: float | None, tol: float, max_iter:
     lam_t = torch.full((B,), lam if lam is not None else 1 / math.sqrt(max(n1, n2)), dtype=dtype,
                        device=device)
     if method == "admm":
-        if mu is not None:
-            mu_t = torch.full((B,), mu, dtype=dtype, device=device)
+        if mu_given is not None:
+            mu_t = mu_given
         else:
             l1 = M.abs().sum(dim=(-2, -1))
             mu_t = n1 * n2 / (4 * torch.where(active, l1, torch.ones_like(l1)))
@@ -515,8 +545,8 @@ def _solve(M: Tensor, lam: float | None, mu: float | None, tol: float, max_iter:
         first_scale = torch.ones_like(mu_t)
     else:
         norm2 = torch.where(active, s_M[:, 0], torch.ones_like(norm_fro))
-        mu_t = 1.25 / norm2 if mu is None else torch.full((B,), mu, dtype=dtype, device=device)
-        mu_cap = mu_t * 1e7 if mu_max is None else torch.full((B,), mu_max, dtype=dtype, device=device)
+        mu_t = 1.25 / norm2 if mu_given is None else mu_given
+        mu_cap = mu_t * 1e7 if cap_given is None else cap_given
         # Y_0 = M / J(M): a dual-feasible start (Lin et al., eq. 10), J = max(||M||_2, ||M||_inf / lam)
         inf_norm = M.abs().amax(dim=(-2, -1))
         J = torch.maximum(norm2, inf_norm / lam_t)
@@ -532,6 +562,7 @@ def _solve(M: Tensor, lam: float | None, mu: float | None, tol: float, max_iter:
     converged = ~active.cpu()
     rank = torch.zeros(B, dtype=torch.long)
     last_res = torch.ones(B, dtype=torch.float64)
+    failed = torch.zeros(B, dtype=torch.bool)
     history: list[Tensor] = []
     mu_used = mu_t
 
@@ -547,7 +578,7 @@ def _solve(M: Tensor, lam: float | None, mu: float | None, tol: float, max_iter:
         mu_b = mu_t[:, None, None]
         inv_mu = 1 / mu_b
         # Inexact steps early, exact ones at the end: the SVT accuracy follows the residual.
-        eta = torch.clamp(_ETA_FACTOR * last_res, min=svd_tol).to(device, dtype)
+        eta = torch.clamp(torch.nan_to_num(_ETA_FACTOR * last_res, nan=1.0), min=svd_tol).to(device, dtype)
         Z = torch.addcmul(M, Y, inv_mu)  # M + Y / mu
         factors = None
         if it == 0:  # A = M + Y_0 / mu_0 = c M
@@ -560,17 +591,24 @@ def _solve(M: Tensor, lam: float | None, mu: float | None, tol: float, max_iter:
         C = T.sub_(S_new)
         res = torch.linalg.matrix_norm(torch.addcmul(C, Y, inv_mu, value=-1)) / safe
         Y_new = C.mul_(mu_b)
+        res_cpu = res.to("cpu", torch.float64)
+        # A NaN/inf residual (only reachable with extreme given mu or lam) ends that problem at its
+        # last finite iterate, not converged; NaN <= tol is False, so it is never counted as converged.
+        broken = act_cpu & ~torch.isfinite(res_cpu)
+        if bool(broken.any()):
+            failed |= broken
+            act_cpu = act_cpu & ~broken
+            active = active & ~broken.to(device)
         if bool(act_cpu.all()):
             L, S, Y = L_new, S_new, Y_new
-        else:  # freeze the problems that have converged
+        else:  # freeze the problems that have converged (or failed)
             a = active[:, None, None]
             L = torch.where(a, L_new, L)
             S = torch.where(a, S_new, S)
             Y = torch.where(a, Y_new, Y)
-        res_cpu = res.to("cpu", torch.float64)
         svp_cpu = svp.cpu()
-        n_iter += act_cpu.long()
-        last_res = torch.where(act_cpu, res_cpu, last_res)
+        n_iter += (act_cpu | broken).long()
+        last_res = torch.where(act_cpu | broken, res_cpu, last_res)
         rank = torch.where(act_cpu, svp_cpu, rank)
         history.append(last_res.clone())
         mu_used = torch.where(active, mu_t, mu_used)  # report the mu of each one's last iteration
@@ -584,6 +622,23 @@ def _solve(M: Tensor, lam: float | None, mu: float | None, tol: float, max_iter:
             bar.set_postfix(residual=f"{float(last_res.max()):.2e}")
     if bar is not None:
         bar.close()
+    if bool(failed.any()):
+        which = torch.nonzero(failed).flatten().tolist()
+        where = "" if B == 1 else f" (problems {which[:10]}{' ...' if len(which) > 10 else ''} of the " \
+            "flattened batch)"
+        warnings.warn(f"robust_pca: the residual became NaN or inf{where}; those problems stopped at "
+                      "their last finite iterate and are reported with converged=False. Check mu and lam "
+                      "(the defaults do not do this).", RuntimeWarning, stacklevel=3)
+
+    # Back to the scale of M; the reported mu is in units of 1 / M.
+    L = L * scale[:, None, None]
+    S = S * scale[:, None, None]
+    mu_used = mu_used / scale
+    if not (bool(torch.isfinite(L).all()) and bool(torch.isfinite(S).all())):
+        raise FloatingPointError(
+            f"robust_pca: L or S does not fit {dtype} at the scale of M (max |M_ij| = "
+            f"{float(scale.max()):.3g}, the dtype's largest value is {torch.finfo(dtype).max:.3g}); "
+            "use float64 or solve M / c and multiply L and S by c")
 
     residuals = torch.stack(history).numpy() if history else np.zeros((0, B))
     stats = {
