@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,39 @@ def test_explicit_mu_and_mu_dim(threshold: str) -> None:
     d = k.shape[-1]
     ref = pap_reference(k, v, 3, 0.5, mu_dim=d, threshold=threshold)
     torch.testing.assert_close(pap(k, v, 3, 0.5, mu_dim=d, threshold=threshold), ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("mu_dim", [0, -16, 2.5, False])
+def test_pap_mu_rejects_a_mu_dim_that_is_no_positive_count(mu_dim) -> None:
+    k, _ = kv()
+    with pytest.raises(ValueError, match=r"pap_mu: mu_dim must be None"):
+        pap_mu(k, mu_dim=mu_dim)
+
+
+def test_numpy_integer_options_are_counts() -> None:
+    k, v = kv()
+    torch.testing.assert_close(pap(k, v, np.int64(3), mu_dim=np.int32(4)), pap(k, v, 3, mu_dim=4))
+
+
+def test_value_checks_follow_validate() -> None:
+    k, v = kv()
+    v[0, 0, 0, 0] = float("nan")
+    for validate in (None, True):  # on the CPU the default checks values
+        with pytest.raises(ValueError, match="v contains non-finite values"):
+            pap(k, v, validate=validate)
+    assert torch.isnan(pap(k, v, validate=False)).any()  # unchecked: NaN propagates, nothing raised
+    with pytest.raises(ValueError, match=r"n_iter must be"):  # options are checked whatever validate says
+        pap(k, v, 0, validate=False)
+
+
+def test_meta_tensors_need_no_values() -> None:
+    """On a device whose values cannot be read (meta), as on an accelerator, the default reads none:
+    shapes propagate (timm's config tests build every model on the meta device)."""
+    k, v = (torch.empty(2, 3, 7, 4, device="meta") for _ in range(2))
+    mask = torch.zeros(7, 7, device="meta")
+    assert pap(k, v).shape == (2, 3, 7, 4)
+    out = pap(k, v, mu=torch.ones(2, 3, 1, 1, device="meta"), attn_mask=mask, is_causal=True)
+    assert out.device.type == "meta" and out.shape == (2, 3, 7, 4)
 
 
 def test_pap_mu_is_the_official_rule() -> None:
@@ -299,6 +333,15 @@ def _bad_calls():
         ((k, v), {"mu": 0.0}, r"mu must be finite and > 0"),
         ((k, v), {"mu": float("inf")}, r"mu must be finite and > 0"),
         ((k, v), {"dropout_p": 1.0}, r"dropout_p must be in \[0, 1\)"),
+        # a bool is no count, and mu_dim <= 0 gave tau = 0 (the mean of V) or a negative tau
+        ((k, v), {"n_iter": True}, r"n_iter must be an integer >= 1 \(softmax steps\), got True"),
+        ((k, v), {"lam": True}, r"lam must be a finite number > 0, got True"),
+        ((k, v), {"mu_dim": 0}, r"mu_dim must be None \(the full width H \* D\) or an integer >= 1, got 0"),
+        ((k, v), {"mu_dim": -16}, r"mu_dim must be None .* got -16"),
+        ((k, v), {"mu_dim": 4.0}, r"mu_dim must be None .* got 4.0"),
+        ((k, v), {"mu_dim": True}, r"mu_dim must be None .* got True"),
+        ((k, v), {"mu": True}, r"mu must be finite and > 0, got True"),
+        ((k, v), {"validate": "yes"}, r"validate must be None, True or False"),
     ]
 
 

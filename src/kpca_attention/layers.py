@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .pap import THRESHOLDS, _visible, pap
+from .pap import THRESHOLDS, pap, visible
 
 __all__ = [
     "SymmetricAttention",
@@ -253,7 +253,7 @@ class ScaledAttention(_HeadsAttention):
             if is_causal:
                 s = s.tril()
             if attn_mask is not None:
-                s = torch.where(_visible(attn_mask), s, 0.0)
+                s = torch.where(visible(attn_mask), s, 0.0)
             sv = s @ v
         else:
             a_sym_v = F.scaled_dot_product_attention(k, k, v, attn_mask=attn_mask, is_causal=is_causal)

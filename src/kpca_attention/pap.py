@@ -50,6 +50,7 @@ visible keys, under either threshold convention.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import Literal
 
@@ -61,7 +62,7 @@ from torch.autograd.function import once_differentiable
 Threshold = Literal["lambda_mu", "lambda_over_mu"]
 THRESHOLDS: tuple[str, ...] = ("lambda_mu", "lambda_over_mu")
 
-__all__ = ["pap", "pap_mu", "shrink", "THRESHOLDS"]
+__all__ = ["pap", "pap_mu", "shrink", "THRESHOLDS", "check_options", "visible", "tracing", "checks_values"]
 
 
 def shrink(x: Tensor, tau: Tensor | float) -> Tensor:
@@ -69,7 +70,33 @@ def shrink(x: Tensor, tau: Tensor | float) -> Tensor:
     return x - torch.clamp(x, -tau, tau) if isinstance(tau, Tensor) else F.softshrink(x, tau)
 
 
+def tracing() -> bool:
+    """True while code is traced or compiled: FX symbolic tracing, ``torch.jit`` tracing or scripting,
+    ``torch.compile`` and ``torch.export``. Then nothing may branch in Python on a tensor's values:
+    it would be a TraceError (FX), a constant baked into the trace (``jit.trace``) or a graph break."""
+    return bool(
+        torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling()
+        # torch has no public name for this flag (torch.fx._symbolic_trace is where FX keeps it)
+        or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
+    )
+
+
+def checks_values(validate: bool | None, device: torch.device) -> bool:
+    """Whether input checks that read tensor values (NaN/Inf, a NaN mask, mu > 0) run.
+
+    ``validate=None`` (the default of :func:`pap`): in eager mode on the CPU, where such a check is one
+    pass over the data; not on an accelerator, where every check is a host-device synchronisation in
+    every forward of every layer, and not while tracing or compiling (see :func:`tracing`).
+    ``True``: in eager mode on every device (a debug mode). ``False``: never. Checks of shapes, dtypes
+    and options need no values and always run in eager mode.
+    """
+    if validate is False or tracing():
+        return False
+    return validate is True or device.type == "cpu"
+
+
 def _check_finite(name: str, t: Tensor) -> None:
+    # Called only when checks_values(): this reads the tensor on the host.
     # A sum is one pass without allocation and propagates NaN/Inf; only when it is not finite
     # (or overflowed) is the exact elementwise check paid for.
     if torch.isfinite(t.sum()) or torch.isfinite(t).all():
@@ -79,7 +106,7 @@ def _check_finite(name: str, t: Tensor) -> None:
     raise ValueError(f"pap: {name} contains non-finite values ({n_nan} NaN, {n_inf} Inf)")
 
 
-def _visible(attn_mask: Tensor) -> Tensor:
+def visible(attn_mask: Tensor) -> Tensor:
     """Boolean "query i may attend to key j" of a normalised mask, shape ``(..., N | 1, N | 1)``.
 
     An additive mask hides a key with ``-inf`` or with a large negative number (at most half the
@@ -92,14 +119,14 @@ def _visible(attn_mask: Tensor) -> Tensor:
 
 def _key_validity(attn_mask: Tensor | None, shape: tuple[int, int, int, int]) -> Tensor | None:
     """Which keys take part: ``(B, H, N)`` bool (False = padding, a key no query may attend to),
-    or None when every key does."""
+    or None without a mask."""
     if attn_mask is None:
         return None
     b, h, n, _ = shape
-    valid = _visible(attn_mask).any(dim=-2)
+    valid = visible(attn_mask).any(dim=-2)
     valid = valid.reshape((1,) * (3 - valid.dim()) + tuple(valid.shape))
-    valid = torch.broadcast_to(valid, (b, h, n))
-    return None if bool(valid.all()) else valid
+    # returned even when every key is valid: testing that would read the values on the host
+    return torch.broadcast_to(valid, (b, h, n))
 
 
 def pap_mu(
@@ -129,7 +156,10 @@ def pap_mu(
         is floored at ``n_i * eps`` (see the module docstring).
     """
     b, h, n, d = k.shape
-    mu_dim = h * d if mu_dim is None else mu_dim
+    if mu_dim is None:
+        mu_dim = h * d
+    else:
+        check_options(mu_dim=mu_dim, where="pap_mu")
     acc = torch.promote_types(k.dtype, torch.float32)  # N * C overflows float16
     eps = torch.finfo(acc).eps
     if attn_mask is None and not is_causal:
@@ -142,7 +172,7 @@ def pap_mu(
             l1 = row_l1.cumsum(-1)
             cnt = torch.arange(1, n + 1, dtype=acc, device=k.device)
         else:
-            vis = _visible(attn_mask)
+            vis = visible(attn_mask)
             vis = torch.broadcast_to(vis, (*vis.shape[:-1], n))
             if is_causal:
                 vis = vis & torch.ones(n, n, dtype=torch.bool, device=k.device).tril()
@@ -169,9 +199,42 @@ def _merge_masks(
     return attn_mask.masked_fill(~causal, float("-inf")), False
 
 
-def _validate(
-    k: Tensor, v: Tensor, q: Tensor | None, n_iter: int, lam: float, threshold: str, dropout_p: float
+def _is_count(x: object) -> bool:
+    """An integer, Python or NumPy, but not a bool (``True`` is no count of anything)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def check_options(
+    *,
+    n_iter: int = 4,
+    lam: float = 4.0,
+    threshold: str = "lambda_mu",
+    mu_dim: int | None = None,
+    dropout_p: float = 0.0,
+    where: str = "pap",
 ) -> None:
+    """Check PAP's scalar options; raise ValueError naming the option, the value and what is valid.
+
+    Shared by :func:`pap` and the layers that call it (which check at construction). ``where``
+    prefixes the message (the function or class name).
+    """
+    if not _is_count(n_iter) or n_iter < 1:
+        raise ValueError(f"{where}: n_iter must be an integer >= 1 (softmax steps), got {n_iter!r}")
+    if isinstance(lam, bool) or not (isinstance(lam, numbers.Real) and math.isfinite(lam) and lam > 0):
+        raise ValueError(f"{where}: lam must be a finite number > 0, got {lam!r}")
+    if not isinstance(threshold, str) or threshold not in THRESHOLDS:
+        raise ValueError(f"{where}: unknown threshold {threshold!r}; valid: {', '.join(THRESHOLDS)}")
+    if mu_dim is not None and (not _is_count(mu_dim) or mu_dim < 1):
+        # mu_dim = 0 gives mu = tau = 0 (the output is the mean of V); a negative one a negative tau
+        raise ValueError(
+            f"{where}: mu_dim must be None (the full width H * D) or an integer >= 1, got {mu_dim!r}"
+        )
+    if isinstance(dropout_p, bool) or not (isinstance(dropout_p, numbers.Real) and 0.0 <= dropout_p < 1.0):
+        raise ValueError(f"{where}: dropout_p must be in [0, 1), got {dropout_p!r}")
+
+
+def _validate(k: Tensor, v: Tensor, q: Tensor | None, check: bool) -> None:
+    """Shapes and dtypes (always); NaN/Inf in k, v, q only when ``check`` (see :func:`checks_values`)."""
     if k.dim() != 4:
         raise ValueError(f"pap: k must have shape (B, H, N, D), got {tuple(k.shape)}")
     if v.dim() != 4 or v.shape[:3] != k.shape[:3]:
@@ -189,21 +252,15 @@ def _validate(
             f"pap: k, v (and q) must share one floating dtype, got k {k.dtype}, v {v.dtype}"
             + (f", q {q.dtype}" if q is not None else "")
         )
-    if not isinstance(n_iter, int) or n_iter < 1:
-        raise ValueError(f"pap: n_iter must be an integer >= 1, got {n_iter!r}")
-    if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam > 0):
-        raise ValueError(f"pap: lam must be a finite number > 0, got {lam!r}")
-    if threshold not in THRESHOLDS:
-        raise ValueError(f"pap: unknown threshold {threshold!r}; valid: {', '.join(THRESHOLDS)}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"pap: dropout_p must be in [0, 1), got {dropout_p}")
+    if not check:
+        return
     _check_finite("k", k)
     _check_finite("v", v)
     if q is not None:
         _check_finite("q", q)
 
 
-def _normalise_mask(attn_mask: Tensor | None, k: Tensor) -> Tensor | None:
+def _normalise_mask(attn_mask: Tensor | None, k: Tensor, check: bool) -> Tensor | None:
     if attn_mask is None:
         return None
     b, _, n, _ = k.shape
@@ -225,7 +282,7 @@ def _normalise_mask(attn_mask: Tensor | None, k: Tensor) -> Tensor | None:
         ) from None
     if attn_mask.dtype != torch.bool and attn_mask.dtype != k.dtype:
         raise ValueError(f"pap: attn_mask must be bool or {k.dtype}, got {attn_mask.dtype}")
-    if attn_mask.dtype != torch.bool and torch.isnan(attn_mask).any():
+    if check and attn_mask.dtype != torch.bool and torch.isnan(attn_mask).any():
         raise ValueError("pap: additive attn_mask contains NaN")
     return attn_mask
 
@@ -246,6 +303,7 @@ def pap(
     sparse: bool = True,
     dual: bool = True,
     return_info: bool = False,
+    validate: bool | None = None,
 ) -> Tensor | tuple[Tensor, dict]:
     """Principal Attention Pursuit: the low-rank output L of RPC-Attention.
 
@@ -266,19 +324,31 @@ def pap(
         sparse: False forces S = 0 (tau = +inf), an ablation: iterated attention with dual feedback.
         dual: False removes the dual update (Y = 0 throughout), an ablation.
         return_info: also return a dict of per-iteration diagnostics (see :class:`_Trace`).
+        validate: whether the checks that read tensor values (NaN/Inf in k, v, q; NaN in an additive
+            mask; a tensor ``mu`` > 0) run: None (default) in eager mode on the CPU only, True in eager
+            mode on any device (each check is then a host-device synchronisation), False never. See
+            :func:`checks_values`. Shapes, dtypes and options are checked in every eager call.
 
     Returns:
         ``L`` of shape ``(B, H, N, D)``, or ``(L, info)`` when ``return_info``.
     """
-    _validate(k, v, q, n_iter, lam, threshold, dropout_p)
+    check_options(n_iter=n_iter, lam=lam, threshold=threshold, mu_dim=mu_dim, dropout_p=dropout_p)
     if not (isinstance(sparse, bool) and isinstance(dual, bool)):
         raise ValueError(f"pap: sparse and dual must be bool, got sparse={sparse!r}, dual={dual!r}")
-    attn_mask = _normalise_mask(attn_mask, k)
+    if validate not in (None, True, False):
+        raise ValueError(f"pap: validate must be None, True or False, got {validate!r}")
+    check = checks_values(validate, k.device)
+    _validate(k, v, q, check)
+    attn_mask = _normalise_mask(attn_mask, k, check)
     if mu is None:
         mu_t = pap_mu(k, mu_dim, attn_mask=attn_mask, is_causal=is_causal)
     else:
+        if not isinstance(mu, Tensor) and (
+            isinstance(mu, bool) or not isinstance(mu, numbers.Real) or not (math.isfinite(mu) and mu > 0)
+        ):
+            raise ValueError(f"pap: mu must be finite and > 0, got {mu!r}")
         mu_t = torch.as_tensor(mu, dtype=torch.promote_types(k.dtype, torch.float32), device=k.device)
-        if not torch.isfinite(mu_t).all() or (mu_t <= 0).any():
+        if check and (not torch.isfinite(mu_t).all() or (mu_t <= 0).any()):
             raise ValueError("pap: mu must be finite and > 0")
     tau = lam * mu_t if threshold == "lambda_mu" else lam / mu_t
     if tau.dtype != k.dtype:  # half precision: mu and tau were computed in float32
