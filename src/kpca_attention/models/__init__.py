@@ -12,9 +12,10 @@ from typing import Any
 import timm
 from torch import nn
 
-from . import lm, vit
+from . import lm, segmenter, vit
 from .lm import LM_MODELS, LM_PRESETS, CausalLM, LMConfig, create_lm, perplexity
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizedModel
+from .segmenter import SEGMENTATION_MODELS, Segmenter
 from .vit import RPC_DEFAULTS, VISION_MODELS
 
 __all__ = [
@@ -33,6 +34,9 @@ __all__ = [
     "perplexity",
     "lm",
     "vit",
+    "segmenter",
+    "Segmenter",
+    "SEGMENTATION_MODELS",
 ]
 
 
