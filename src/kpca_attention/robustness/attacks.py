@@ -27,9 +27,8 @@ The model is put in eval mode for the attack and every submodule's mode is resto
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from ..checks import check_choice, check_int, check_real
 from .common import eval_mode, model_device, topk_accuracy
 
 METHODS: tuple[str, ...] = ("fgsm", "pgd", "cw", "spsa", "noise", "sld", "square", "autoattack")
@@ -58,32 +58,113 @@ DEFAULT_EPS: dict[str, tuple[float, ...]] = {
 }
 
 
-OPTIONS: dict[str, tuple[str, ...]] = {
-    "fgsm": (), "pgd": ("steps", "alpha", "random_start"), "cw": ("c", "kappa", "steps", "lr"),
-    "spsa": ("nb_iter", "delta", "lr", "nb_sample", "max_batch_size"), "noise": (),
-    "sld": ("steps", "step_size", "sparsity"), "square": ("n_queries", "p_init"),
-    "autoattack": ("version", "attacks", "batch_size"),
-}  # fmt: skip
+#: AutoAttack's versions and the attacks a custom one may run (pyautoattack's names).
+AUTOATTACK_VERSIONS: tuple[str, ...] = ("standard", "plus", "rand")
+AUTOATTACK_ATTACKS: tuple[str, ...] = ("apgd-ce", "apgd-dlr", "apgd-t", "fab", "fab-t", "square")
+
+
+def _steps(v: Any, name: str) -> int | None:
+    return check_int(v, name, min=1)
+
+
+def _positive(v: Any, name: str) -> float | None:
+    return check_real(v, name, min=0, min_open=True)
+
+
+def _nonnegative(v: Any, name: str) -> float | None:
+    return check_real(v, name, min=0)
+
+
+def _flag(v: Any, name: str) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{name} must be True or False; got {v!r}")
+    return v
+
+
+def _aa_attacks(v: Any, name: str) -> list[str]:
+    if isinstance(v, str) or not isinstance(v, Sequence) or not v:
+        raise ValueError(f"{name} must be a non-empty list of {', '.join(AUTOATTACK_ATTACKS)}; got {v!r}")
+    for a in v:
+        check_choice(a, f"{name} entry", AUTOATTACK_ATTACKS)
+    return list(v)
+
+
+# The options of each method with their checks (each raises ValueError naming option, value, range).
+OPTION_CHECKS: dict[str, dict[str, Callable[[Any, str], Any]]] = {
+    "fgsm": {},
+    "pgd": {"steps": _steps, "alpha": _positive, "random_start": _flag},
+    "cw": {"c": _positive, "kappa": _nonnegative, "steps": _steps, "lr": _positive},
+    "spsa": {"nb_iter": _steps, "delta": _positive, "lr": _positive, "nb_sample": _steps,
+             "max_batch_size": _steps},
+    "noise": {},
+    "sld": {"steps": _steps,
+            "step_size": lambda v, n: check_real(v, n, min=0, min_open=True, allow_none=True),
+            "sparsity": lambda v, n: check_real(v, n, min=0, max=1, max_open=True)},
+    "square": {"n_queries": _steps, "p_init": lambda v, n: check_real(v, n, min=0, max=1, min_open=True)},
+    "autoattack": {"version": lambda v, n: check_choice(v, n, AUTOATTACK_VERSIONS),
+                   "attacks": _aa_attacks, "batch_size": _steps},
+}
+OPTIONS: dict[str, tuple[str, ...]] = {m: tuple(checks) for m, checks in OPTION_CHECKS.items()}
+
+
+def _check_method(method: Any) -> None:
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"unknown attack {method!r}; valid: {', '.join(METHODS)}")
+
+
+def check_attack_options(method: str, eps: Any, options: Mapping[str, Any]) -> None:
+    """Validate an attack's name, budget and options before any work.
+
+    ``eps`` must be a finite number >= 0 (``inf`` is allowed for ``cw``, a minimum-norm attack);
+    every option must be one of :data:`OPTIONS` ``[method]`` or ``seed`` (an integer >= 0), in its
+    range: step counts, queries, samples and batch sizes are integers >= 1, step sizes and learning
+    rates positive finite numbers, ``kappa`` >= 0, ``sparsity`` in [0, 1), ``p_init`` in (0, 1],
+    ``random_start`` a bool. Call it up front (a command line, a sweep) to fail before any
+    evaluation.
+
+    Raises:
+        ValueError: one line naming the option, the value and what is valid.
+    """
+    _check_method(method)
+    unknown = sorted(set(options) - set(OPTIONS[method]) - {"seed"})
+    if unknown:
+        raise ValueError(f"unknown options for {method}: {', '.join(unknown)}; "
+                         f"valid: {', '.join((*OPTIONS[method], 'seed'))}")
+    check_real(eps, f"{method}: eps", min=0, allow_inf=method == "cw")
+    for key, value in options.items():
+        if key == "seed":
+            check_int(value, f"{method}: seed", min=0, max=2**63 - 1)
+        else:
+            OPTION_CHECKS[method][key](value, f"{method}: {key}")
+    if method == "autoattack" and "attacks" in options and "version" in options:
+        raise ValueError("autoattack: give either version= (standard, plus, rand) or attacks=[...] "
+                         "(a custom version), not both")
 
 
 def _check_inputs(
     images: Tensor, labels: Tensor, method: str, eps: float, options: Mapping[str, Any]
 ) -> None:
-    if method not in METHODS:
-        raise ValueError(f"unknown attack {method!r}; valid: {', '.join(METHODS)}")
-    unknown = sorted(set(options) - set(OPTIONS[method]) - {"seed"})
-    if unknown:
-        raise TypeError(f"unknown options for {method}: {', '.join(unknown)}; "
-                        f"valid: {', '.join((*OPTIONS[method], 'seed'))}")
-    if images.dim() != 4:
-        raise ValueError(f"expected images (B, C, H, W), got shape {tuple(images.shape)}")
-    if labels.shape != (images.shape[0],):
-        raise ValueError(f"expected labels ({images.shape[0]},), got {tuple(labels.shape)}")
-    if not images.is_floating_point() or images.min() < 0 or images.max() > 1:
+    check_attack_options(method, eps, options)
+    if not isinstance(images, Tensor) or images.dim() != 4:
+        raise ValueError(f"expected images (B, C, H, W), got shape {tuple(getattr(images, 'shape', ()))}")
+    if images.shape[0] == 0:
+        raise ValueError(f"images is an empty batch (shape {tuple(images.shape)}); give at least one image")
+    if not isinstance(labels, Tensor) or labels.shape != (images.shape[0],):
+        raise ValueError(f"expected labels ({images.shape[0]},), got {tuple(getattr(labels, 'shape', ()))}")
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise ValueError(f"labels must be integer class indices, got dtype {labels.dtype}")
+    if bool((labels < 0).any()):
+        raise ValueError(f"labels must be class indices >= 0, got min {int(labels.min())}")
+    if not images.is_floating_point():
+        raise ValueError(f"images must be floats in [0, 1] (the model normalises inside); got dtype "
+                         f"{images.dtype}")
+    finite = torch.isfinite(images)
+    if not bool(finite.all()):
+        raise ValueError(f"images contain {int((~finite).sum())} NaN/inf values "
+                         f"(in {int((~finite).flatten(1).any(1).sum())} of {images.shape[0]} images)")
+    if images.min() < 0 or images.max() > 1:
         raise ValueError("images must be floats in [0, 1] (the model normalises inside); got range "
                          f"[{images.min().item():.3g}, {images.max().item():.3g}]")
-    if not (eps >= 0) or (math.isinf(eps) and method != "cw"):
-        raise ValueError(f"eps must be a finite number >= 0 (inf is allowed for cw only), got {eps}")
 
 
 def perturbation_norm(delta: Tensor, norm: str) -> Tensor:
@@ -124,8 +205,7 @@ def sparse_l1_descent(
     """
     from pyautoattack.autopgd_base import L1_projection
 
-    if not 0 <= sparsity < 1:
-        raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
+    check_attack_options("sld", eps, {"steps": steps, "step_size": step_size, "sparsity": sparsity})
     step = 2.5 * eps / steps if step_size is None else step_size
     x = images.detach()
     delta = torch.zeros_like(x)
@@ -167,6 +247,9 @@ def build_autoattack(
 
     if n_classes < 2:
         raise ValueError(f"AutoAttack needs at least 2 classes, got {n_classes}")
+    opts: dict[str, Any] = {"seed": seed}
+    opts.update({"attacks": attacks} if attacks is not None else {"version": version})
+    check_attack_options("autoattack", eps, opts)
     if attacks is not None:
         aa = AutoAttack(model, eps=eps, norm="Linf", version="custom", attacks=list(attacks),
                         device=device, seed=seed)
@@ -215,6 +298,11 @@ def attack(
 
     Returns:
         adversarial images ``(B, C, H, W)`` in [0, 1], on the images' device.
+
+    Raises:
+        ValueError: before any work, for an unknown method or option, an option out of its range
+            (see :func:`check_attack_options`), an empty batch, images that are not finite floats in
+            [0, 1], or labels that are not integer class indices.
     """
     _check_inputs(images, labels, method, eps, options)
     opts = dict(options)
@@ -284,7 +372,13 @@ def attack_logits(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Logits ``(N, K)`` on the adversarial versions of the first ``n`` examples of ``data`` (a
     dataset of ``(image in [0, 1], label)`` or a pair of tensors), their labels ``(N,)`` and the
-    perturbation norms ``(N,)`` in the method's norm (CPU tensors). Per-example results come from here."""
+    perturbation norms ``(N,)`` in the method's norm (CPU tensors). Per-example results come from here.
+
+    ``n`` (an integer >= 1, or None for all), ``batch_size`` (an integer >= 1), the method, ``eps`` and
+    the options are checked before any example is loaded."""
+    check_attack_options(method, eps, options)
+    check_int(n, "n", min=1, allow_none=True)
+    check_int(batch_size, "batch_size", min=1)
     logits, labels, norms = [], [], []
     device = model_device(model)
     batches = list(_batches(data, n, batch_size))
@@ -328,8 +422,14 @@ def eps_sweep(
     progress: bool = True,
     **options: Any,
 ) -> list[dict[str, float]]:
-    """:func:`evaluate_attack` at each eps (default :data:`DEFAULT_EPS`), plus eps = 0 (clean)."""
+    """:func:`evaluate_attack` at each eps (default :data:`DEFAULT_EPS`), plus eps = 0 (clean).
+    Every eps and option is checked before the first attack runs."""
+    _check_method(method)
     eps_values = [0.0, *(DEFAULT_EPS[method] if eps_list is None else eps_list)]
+    for e in eps_values:
+        check_attack_options(method, e, options)
+    check_int(n, "n", min=1, allow_none=True)
+    check_int(batch_size, "batch_size", min=1)
     return [{"eps": float(e), **evaluate_attack(model, data, method, e, n, batch_size, progress, **options)}
             for e in dict.fromkeys(eps_values)]
 

@@ -1,0 +1,138 @@
+"""Bad inputs are refused where they enter, before any work, with one line naming the option, the
+value and what is valid: attacks, the training configuration, evaluation, datasets, corruptions and
+the word-swap attack. The models used here fail the test if they are ever called."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from kpca_attention.checks import check_choice, check_int, check_real
+from kpca_attention.robustness import attacks as A
+
+
+class _MustNotRun(nn.Module):
+    """A model whose forward fails the test: validation must happen before any work."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the model ran although the arguments were invalid")
+
+
+def _images(n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.rand(n, 1, 8, 8, generator=g), torch.arange(n) % 3
+
+
+# ----------------------------------------------------------------------------------------- checks
+
+
+def test_check_helpers() -> None:
+    assert check_int(3, "k", min=1) == 3 and check_int(None, "k", allow_none=True) is None
+    assert check_real(2, "x", min=0) == 2.0 and check_real(math.inf, "x", allow_inf=True) == math.inf
+    for bad in (True, 1.5, "3", None):
+        with pytest.raises(ValueError, match=r"k must be an integer >= 1; got"):
+            check_int(bad, "k", min=1)
+    with pytest.raises(ValueError, match=r"x must be a finite number in \[0, 1\); got 1"):
+        check_real(1, "x", min=0, max=1, max_open=True)
+    for bad in (math.nan, math.inf, False, "0.5"):
+        with pytest.raises(ValueError, match="x must be a finite number"):
+            check_real(bad, "x")
+    with pytest.raises(ValueError, match=r"x must be a finite number > 0; got 0"):
+        check_real(0, "x", min=0, min_open=True)
+    with pytest.raises(ValueError, match="c must be one of a, b; got 'z'"):
+        check_choice("z", "c", ("a", "b"))
+    with pytest.raises(ValueError, match="must be one of"):
+        check_choice([1], "c", {"a"})  # unhashable
+
+
+# ---------------------------------------------------------------------------------------- attacks
+
+BAD_ATTACK_OPTIONS = [
+    ("pgd", 2 / 255, {"steps": -3}, "pgd: steps must be an integer >= 1; got -3"),
+    ("pgd", 2 / 255, {"steps": 0}, "pgd: steps must be an integer >= 1; got 0"),
+    ("pgd", 2 / 255, {"steps": 2.5}, "pgd: steps must be an integer >= 1; got 2.5"),
+    ("pgd", 2 / 255, {"steps": True}, "pgd: steps must be an integer >= 1; got True"),
+    ("pgd", 2 / 255, {"alpha": 0.0}, "pgd: alpha must be a finite number > 0; got 0.0"),
+    ("pgd", 2 / 255, {"alpha": math.nan}, "pgd: alpha must be a finite number > 0; got nan"),
+    ("pgd", 2 / 255, {"random_start": 1}, "pgd: random_start must be True or False; got 1"),
+    ("pgd", -1.0, {}, r"pgd: eps must be a finite number >= 0; got -1.0"),
+    ("pgd", math.inf, {}, r"pgd: eps must be a finite number >= 0; got inf"),
+    ("fgsm", math.nan, {}, r"fgsm: eps must be a finite number >= 0; got nan"),
+    ("fgsm", "0.1", {}, r"fgsm: eps must be a finite number >= 0; got '0.1'"),
+    ("cw", -0.5, {}, r"cw: eps must be a number \(inf allowed\) >= 0; got -0.5"),
+    ("cw", 1.0, {"c": -1}, "cw: c must be a finite number > 0; got -1"),
+    ("cw", 1.0, {"kappa": -0.1}, "cw: kappa must be a finite number >= 0; got -0.1"),
+    ("cw", 1.0, {"lr": 0}, "cw: lr must be a finite number > 0; got 0"),
+    ("spsa", 0.1, {"nb_iter": 0}, "spsa: nb_iter must be an integer >= 1; got 0"),
+    ("spsa", 0.1, {"nb_sample": -2}, "spsa: nb_sample must be an integer >= 1; got -2"),
+    ("spsa", 0.1, {"max_batch_size": 0}, "spsa: max_batch_size must be an integer >= 1; got 0"),
+    ("spsa", 0.1, {"delta": -0.01}, "spsa: delta must be a finite number > 0; got -0.01"),
+    ("sld", 2.0, {"sparsity": 1.0}, r"sld: sparsity must be a finite number in \[0, 1\); got 1.0"),
+    ("sld", 2.0, {"step_size": -1.0}, "sld: step_size must be a finite number > 0 or None; got -1.0"),
+    ("square", 0.1, {"n_queries": 0}, "square: n_queries must be an integer >= 1; got 0"),
+    ("square", 0.1, {"p_init": 0}, r"square: p_init must be a finite number in \(0, 1\]; got 0"),
+    ("autoattack", 0.1, {"version": "fast"}, "autoattack: version must be one of standard, plus, rand"),
+    ("autoattack", 0.1, {"attacks": ["apgd-ce", "pgd"]}, "autoattack: attacks entry must be one of"),
+    ("autoattack", 0.1, {"attacks": "apgd-ce"}, "autoattack: attacks must be a non-empty list"),
+    ("autoattack", 0.1, {"attacks": ["apgd-ce"], "version": "plus"}, "either version= .* or attacks="),
+    ("autoattack", 0.1, {"batch_size": 0}, "batch_size must be an integer >= 1; got 0"),
+    ("noise", 0.1, {"seed": -1}, "noise: seed must be an integer in"),
+    ("noise", 0.1, {"seed": 1.5}, "noise: seed must be an integer in"),
+    ("fgsm", 0.1, {"steps": 3}, "unknown options for fgsm: steps; valid: seed"),
+    ("deepfool", 0.1, {}, "unknown attack 'deepfool'; valid: fgsm, pgd"),
+]
+
+
+@pytest.mark.parametrize(("method", "eps", "options", "message"), BAD_ATTACK_OPTIONS)
+def test_attack_options_refused_before_any_work(method, eps, options, message) -> None:
+    """``attack(model, x, y, "pgd", 2/255, steps=-3)`` used to run only PGD's random start and report
+    it as the attack; every option is now checked (the model must not run)."""
+    x, y = _images()
+    with pytest.raises(ValueError, match=message):
+        A.attack(_MustNotRun(), x, y, method, eps, **options)
+    with pytest.raises(ValueError, match=message):
+        A.evaluate_attack(_MustNotRun(), (x, y), method, eps, progress=False, **options)
+    with pytest.raises(ValueError, match=message):
+        A.check_attack_options(method, eps, options)
+
+
+def test_attack_bad_images_and_labels_refused() -> None:
+    x, y = _images()
+    model = _MustNotRun()
+    with pytest.raises(ValueError, match="empty batch"):
+        A.attack(model, x[:0], y[:0], "pgd", 0.1)
+    nan = x.clone()
+    nan[1, 0, 2, 3] = math.nan
+    with pytest.raises(ValueError, match=r"1 NaN/inf values \(in 1 of 4 images\)"):
+        A.attack(model, nan, y, "fgsm", 0.1)
+    with pytest.raises(ValueError, match="labels must be integer class indices"):
+        A.attack(model, x, y.float(), "fgsm", 0.1)
+    with pytest.raises(ValueError, match="labels must be class indices >= 0"):
+        A.attack(model, x, y - 5, "fgsm", 0.1)
+    with pytest.raises(ValueError, match="uint8"):
+        A.attack(model, (x * 255).to(torch.uint8), y, "fgsm", 0.1)
+
+
+def test_evaluate_attack_and_sweep_check_everything_first() -> None:
+    x, y = _images()
+    model = _MustNotRun()
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1; got 0"):
+        A.evaluate_attack(model, (x, y), "fgsm", 0.1, batch_size=0, progress=False)
+    with pytest.raises(ValueError, match="n must be an integer >= 1 or None; got 0"):
+        A.evaluate_attack(model, (x, y), "fgsm", 0.1, n=0, progress=False)
+    with pytest.raises(ValueError, match="no examples to attack"):
+        A.evaluate_attack(model, (x[:0], y[:0]), "fgsm", 0.1, progress=False)
+    # the bad eps is the last of the list: nothing may run before it is refused
+    with pytest.raises(ValueError, match="fgsm: eps must be a finite number >= 0; got -0.1"):
+        A.eps_sweep(model, (x, y), "fgsm", [0.1, 0.2, -0.1], progress=False)
+    with pytest.raises(ValueError, match="sld: steps"):
+        A.sparse_l1_descent(model, x, y, 1.0, steps=0)
+    with pytest.raises(ValueError, match="autoattack: version"):
+        A.build_autoattack(model, 0.1, 10, version="fast")
