@@ -4,6 +4,7 @@ docs/segmentation.md). Models: :mod:`kpca_attention.models.segmenter`; data:
 :mod:`kpca_attention.data.segmentation`; training: ``kpca_attention.train`` with ``task="segmentation"``.
 """
 
+from .corruptions import CLEAN, CorruptedSegmentation, evaluate_corrupted_segmentation, segmentation_items
 from .metrics import (
     SegmentationAccumulator,
     class_areas,
@@ -24,4 +25,8 @@ __all__ = [
     "item_record",
     "confusion_matrix",
     "class_areas",
+    "CorruptedSegmentation",
+    "segmentation_items",
+    "evaluate_corrupted_segmentation",
+    "CLEAN",
 ]
