@@ -21,7 +21,10 @@ the critique's ``CudaCKA.rbf`` uses ``sigma^2 = median of the NONZERO squared di
 ``torch.median`` (lower middle value), per representation. ``bandwidth="kornblith"`` (default) or
 ``"critique"`` selects one; the difference is small for N >> 1.
 
-Shapes: ``v``, ``v_hat`` ``(..., N, d)`` (CKA also accepts different widths); results ``(...,)``.
+Shapes: ``v``, ``v_hat`` ``(..., N, d)`` (CKA also accepts different widths); results ``(...,)``. Leading
+dimensions broadcast: ``v`` ``(draws, B, N, d)`` against ``v_hat`` ``(B, N, d)`` computes what depends on
+``v_hat`` alone (its Gram matrices, its normalised rows) once, not once per draw - the null baselines of
+:mod:`.chance` rely on it.
 """
 
 from __future__ import annotations
@@ -50,9 +53,18 @@ BANDWIDTHS: tuple[str, ...] = ("kornblith", "critique")
 
 
 def _pair(x: Tensor, y: Tensor, same_width: bool = True) -> tuple[Tensor, Tensor]:
-    if x.dim() < 2 or x.shape[:-1] != y.shape[:-1] or (same_width and x.shape[-1] != y.shape[-1]):
-        need = "the same shape" if same_width else "the same (..., N)"
-        raise ValueError(f"inputs must be (..., N, d) with {need}, got {tuple(x.shape)} and {tuple(y.shape)}")
+    """Both inputs in float64 after checking shapes (leading dims broadcast) and finiteness."""
+    try:
+        ok = x.dim() >= 2 and y.dim() >= 2 and x.shape[-2] == y.shape[-2]
+        torch.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+    except RuntimeError:
+        ok = False
+    if not ok or (same_width and x.shape[-1] != y.shape[-1]):
+        need = "the same (..., N, d)" if same_width else "the same (..., N)"
+        raise ValueError(
+            f"inputs must be (..., N, d) with {need} (leading dims broadcast), "
+            f"got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     require_finite("the first input (values)", x)
     require_finite("the second input (predicted values)", y)
     return x.to(torch.float64), y.to(torch.float64)
@@ -92,10 +104,6 @@ def optimal_cosine(
         matched[b, rows] = flat[b, rows, cols]
     m = torch.from_numpy(matched.reshape(cos.shape[:-1])).to(v.device)
     return (m.mean(-1), m) if return_matched else m.mean(-1)
-
-
-def _hsic(kx: Tensor, ky: Tensor) -> Tensor:
-    return (center_gram(kx) * center_gram(ky)).sum((-2, -1))
 
 
 def linear_cka(x: Tensor, y: Tensor, eps: float = 0.0) -> Tensor:
@@ -139,8 +147,14 @@ def rbf_gram(x: Tensor, threshold: float = 1.0, bandwidth: Bandwidth = "kornblit
     if bandwidth == "kornblith":
         # = np.median over all N^2 entries (mean of the two middle values); selection, not a sort
         m = flat.shape[-1]
-        lo = torch.kthvalue(flat, (m - 1) // 2 + 1, dim=-1).values
-        med = lo if m % 2 else (lo + torch.kthvalue(flat, m // 2 + 1, dim=-1).values) / 2
+        k = (m - 1) // 2 + 1
+        lo = torch.kthvalue(flat, k, dim=-1).values
+        if m % 2:
+            med = lo
+        else:  # the (k+1)-th smallest: lo again if it is tied, else the smallest entry above it
+            tied = (flat <= lo.unsqueeze(-1)).sum(-1) > k
+            above = flat.masked_fill(flat <= lo.unsqueeze(-1), float("inf")).amin(-1)
+            med = (lo + torch.where(tied, lo, above)) / 2
     else:
         med = torch.nanmedian(flat.masked_fill(flat == 0, float("nan")), dim=-1).values
     sigma_sq = (threshold**2) * med
@@ -154,8 +168,10 @@ def kernel_cka(x: Tensor, y: Tensor, threshold: float = 1.0, bandwidth: Bandwidt
     ``x`` ``(..., N, p)``, ``y`` ``(..., N, q)`` -> ``(...,)``.
     """
     x, y = _pair(x, y, same_width=False)
-    kx, ky = rbf_gram(x, threshold, bandwidth), rbf_gram(y, threshold, bandwidth)
-    return _hsic(kx, ky) / (_hsic(kx, kx) * _hsic(ky, ky)).sqrt()
+    # HSIC(K, L) = sum((HKH) * (HLH)): centre each Gram matrix once, reuse it for all three HSICs
+    kx, ky = center_gram(rbf_gram(x, threshold, bandwidth)), center_gram(rbf_gram(y, threshold, bandwidth))
+    hsic = (kx * ky).sum((-2, -1))
+    return hsic / (kx.pow(2).sum((-2, -1)) * ky.pow(2).sum((-2, -1))).sqrt()
 
 
 def alignment(

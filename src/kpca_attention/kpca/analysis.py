@@ -13,6 +13,14 @@ of the learned V with V_hat, :func:`~.diagnostics.projection_loss` (paper scalin
 :func:`~.diagnostics.projection_loss_official`, the top-d eigenvalues of ``Kc``. On the first
 ``detail_samples`` sequences also the gamma test and eigenvalues of standardised keys.
 
+Chance levels (:mod:`.chance`): on the first ``null_samples`` sequences every alignment measure also
+gets its two null baselines (``<measure>_null_perm``: V with its tokens permuted; ``<measure>_null_gauss``:
+i.i.d. Gaussian V), ``null_draws`` seeded draws each; ``summary["chance"]`` tests measure against null
+over (layer, head) units. On the first ``control_samples`` sequences, the positive control (V_hat plus
+noise at known SNRs, with and without a random rotation) gives each measure's response curve. The gamma
+test is tested against its random-orthogonal control the same way (``summary["gamma_chance"]``), and
+``summary["j_proj_share_h"]`` says how much of J_proj's variation over units is ``||h||^2``'s.
+
 Scaled Attention layers (``A (I - S) V``): the paper's author holds that there the eigenvectors are
 recovered by the effective values ``(I - S) V``, so alignment, gamma test and J_proj are computed for
 ``V_eff = V - S V`` (``S V = alpha softmax(K K^T / sqrt D) V`` or ``S @ V``), and the raw-V alignment is
@@ -35,10 +43,20 @@ from torch import Tensor
 
 from .alignment import alignment
 from .capture import AttentionSite
+from .chance import (
+    DEFAULT_SNRS,
+    NULL_KINDS,
+    alignment_chance,
+    chance_test,
+    null_alignment,
+    positive_control,
+    share_of_change,
+    unit_means,
+)
 from .diagnostics import gamma_test, projection_loss, projection_loss_official, top_eigenvalues
 from .gram import CENTERINGS, METHODS, ORDERS, SCALES, kpca_eigen, predicted_values
 
-__all__ = ["AnalysisConfig", "Analyzer", "SUMMARY_KEYS", "ALIGNMENT_KEYS"]
+__all__ = ["AnalysisConfig", "Analyzer", "SUMMARY_KEYS", "ALIGNMENT_KEYS", "CHANCE_MEASURES", "scaled_sv"]
 
 ALIGNMENT_KEYS = (
     "direct_cosine",
@@ -60,6 +78,15 @@ SUMMARY_KEYS = (
     "phi_norm_sq",
     "h_norm_sq",
 )
+#: the alignment measures whose chance levels are measured and tested (the others come along in the JSON)
+CHANCE_MEASURES = (
+    "linear_cka",
+    "kernel_cka",
+    "optimal_cosine",
+    "direct_cosine",
+    "signfix_cosine",
+    "relative_frobenius",
+)
 GAMMA_VARIANTS = ("values", "eigenvectors", "random")
 GAMMA_STATS = ("mean_abs", "std_abs", "mean_rel", "std_rel")
 
@@ -73,11 +100,16 @@ class AnalysisConfig:
         order, scale, centering, method: see :func:`~.gram.predicted_values` / :func:`~.gram.kpca_eigen`.
         bandwidth, threshold: kernel CKA (``"kornblith"`` or ``"critique"``).
         row_eps: added to row norms in cosines (critique: 1e-8; 0 = exact).
+        cka_eps: added to the linear-CKA denominator (critique: 1e-10; 0 = exact).
         optimal: run the Hungarian matching.
         detail_samples: sequences (first ones seen) that also get the gamma test and standardised
             eigenvalues (the critique's gamma script used 3 images, its eigenvalue script 25).
             Relative gamma differences use 1024 sampled token pairs per head.
-        gamma_noise, seed: the random-orthogonal control of the gamma test.
+        null_samples, null_draws: sequences (first ones seen) whose alignment measures also get the
+            permutation and Gaussian nulls, and draws per null (averaged).
+        control_samples: sequences that also get the positive control at ``control_snrs``.
+        gamma_noise, seed: the random-orthogonal control of the gamma test; ``seed`` also seeds the
+            null and control draws (one generator, advanced in the order sequences arrive).
         chunk_elems: float64 elements per batched N x N stack (bounds memory: 2^25 = 256 MiB).
     """
 
@@ -89,8 +121,13 @@ class AnalysisConfig:
     bandwidth: str = "kornblith"
     threshold: float = 1.0
     row_eps: float = 0.0
+    cka_eps: float = 0.0
     optimal: bool = True
     detail_samples: int = 10
+    null_samples: int = 20
+    null_draws: int = 10
+    control_samples: int = 2
+    control_snrs: tuple[float, ...] = DEFAULT_SNRS
     gamma_noise: float = 0.1
     seed: int = 0
     chunk_elems: int = 2**25
@@ -104,11 +141,19 @@ class AnalysisConfig:
         ):
             if getattr(self, name) not in valid:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: {', '.join(valid)}")
-        if self.detail_samples < 0:
-            raise ValueError(f"detail_samples must be >= 0, got {self.detail_samples}")
+        for name in ("detail_samples", "null_samples", "control_samples"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.null_draws < 1:
+            raise ValueError(f"null_draws must be >= 1, got {self.null_draws}")
+        if self.row_eps < 0 or self.cka_eps < 0:
+            raise ValueError(f"row_eps and cka_eps must be >= 0, got {self.row_eps} and {self.cka_eps}")
+        self.control_snrs = tuple(float(x) for x in self.control_snrs)
+        if any(not (x >= 0) for x in self.control_snrs):
+            raise ValueError(f"control_snrs must be >= 0 (inf allowed), got {self.control_snrs}")
 
 
-def _scaled_sv(site: AttentionSite, k: Tensor, v: Tensor) -> Tensor | None:
+def scaled_sv(site: AttentionSite, k: Tensor, v: Tensor) -> Tensor | None:
     """``S V`` of a Scaled Attention layer for ``k, v`` of shape ``(B, H, N, D)``; None for other layers."""
     from ..layers import ScaledAttention
 
@@ -159,6 +204,14 @@ class Analyzer:
         self.official: dict[str, list[float]] = defaultdict(list)
         self.seconds = 0.0
         self._workers: int | None = None
+        self._gen = torch.Generator().manual_seed(self.cfg.seed)  # null and control draws
+        # gamma test per detailed (sequence, layer, head): mean over axes of the relative differences
+        self.gamma_records: dict[str, list] = defaultdict(list)
+        # positive control: [variant][measure] -> list of (len(snrs),) arrays, one per (sequence, layer, head)
+        self.control: dict[str, dict[str, list[np.ndarray]]] = {
+            "plain": defaultdict(list),
+            "rotated": defaultdict(list),
+        }
 
     # ------------------------------------------------------------------------------ accumulation
     @torch.no_grad()
@@ -212,7 +265,7 @@ class Analyzer:
         """Sequences of one length: ``(S, H, L, D)`` each."""
         cfg = self.cfg
         s_n, h_n, length, d = k.shape
-        sv = _scaled_sv(site, k, v)
+        sv = scaled_sv(site, k, v)
         v_eff = v if sv is None else v - sv
         d_v = cfg.d_v or v.shape[-1]
         flat = [x.reshape(s_n * h_n, length, x.shape[-1]) for x in (q, k, v, v_eff)]
@@ -226,16 +279,27 @@ class Analyzer:
             v_hat = predicted_values(
                 kc, d_v, order=cfg.order, scale=cfg.scale, centering=cfg.centering, eigen=eig
             )
+            akw = dict(
+                optimal=cfg.optimal, threshold=cfg.threshold, bandwidth=cfg.bandwidth,
+                row_eps=cfg.row_eps, cka_eps=cfg.cka_eps,
+            )
             # Scaled Attention is judged on its (I - S) V values; the raw V is kept alongside.
             for prefix, values in (("", vec), ("raw_v_", vc if sv is not None else None)):
                 if values is None:
                     continue
-                al = alignment(
-                    values, v_hat, optimal=cfg.optimal, threshold=cfg.threshold,
-                    bandwidth=cfg.bandwidth, row_eps=cfg.row_eps,
-                )  # type: ignore[arg-type]
+                al = alignment(values, v_hat, **akw)  # type: ignore[arg-type]
                 for key, val in al.items():
                     out[prefix + key].append(val)
+            seq_of = torch.tensor([seq_ids[i // h_n] for i in range(lo, lo + kc.shape[0])])
+            self._nulls(out, vec, v_hat, seq_of < cfg.null_samples, akw)
+            ctrl = seq_of < cfg.control_samples
+            if ctrl.any():
+                for variant in self.control:
+                    resp = positive_control(
+                        v_hat[ctrl], cfg.control_snrs, rotate=variant == "rotated", generator=self._gen, **akw
+                    )
+                    for key, val in resp.items():
+                        self.control[variant][key].extend(val.T.numpy())  # (units, snrs)
             pl = projection_loss(qc, kc, vec)
             for key in PROJECTION_KEYS:
                 out[key].append(pl[key + "_seq"])
@@ -245,6 +309,10 @@ class Analyzer:
             out["eig"].append(eig.eigenvalues.abs())
         res = {key: torch.cat(vals).reshape(s_n, h_n, *vals[0].shape[1:]) for key, vals in out.items()}
         eig_abs = res.pop("eig").numpy()  # (S, H, k)
+        done = len(self.records["sequence"])
+        for key in res:  # a column seen for the first time (e.g. raw_v_* of a later Scaled layer)
+            if key not in self.records:
+                self.records[key] = [float("nan")] * done
         for si, seq in enumerate(seq_ids):
             for hi in range(h_n):
                 self.records["sequence"].append(seq)
@@ -253,6 +321,9 @@ class Analyzer:
                 self.records["tokens"].append(length)
                 for key, val in res.items():
                     self.records[key].append(float(val[si, hi]))
+        for col in self.records.values():  # columns this group lacks stay aligned (NaN)
+            if len(col) < len(self.records["sequence"]):
+                col.extend([float("nan")] * (len(self.records["sequence"]) - len(col)))
             self.eig_raw[seq].append(eig_abs[si])
             self.spectrum[li].append(_pad(eig_abs[si].mean(0), d_v))
         detail = [i for i, s in enumerate(seq_ids) if s < cfg.detail_samples]
@@ -262,6 +333,13 @@ class Analyzer:
             # Kc has rank <= N - 1 (Kc 1 = 0): axes beyond it have eigenvalue 0 and no defined gamma
             d_g = min(d_v, length - 1)
             g = gamma_test(kd, vd, d=d_g, order=cfg.order, noise=cfg.gamma_noise, seed=cfg.seed)
+            for i in detail:
+                for hi in range(h_n):
+                    self.gamma_records["sequence"].append(seq_ids[i])
+                    self.gamma_records["layer"].append(li)
+                    self.gamma_records["head"].append(hi)
+            for variant in GAMMA_VARIANTS:
+                self.gamma_records[variant + "_rel"].extend(g[variant]["mean_rel"].nanmean(-1).tolist())
             for variant in GAMMA_VARIANTS:
                 for stat in GAMMA_STATS:
                     for row in g[variant][stat].numpy():
@@ -270,6 +348,28 @@ class Analyzer:
             std_eig = top_eigenvalues(kd, min(d, length), standardized=True).reshape(len(detail), h_n, -1)
             for j, i in enumerate(detail):
                 self.eig_std[seq_ids[i]].append(std_eig[j].numpy())
+
+    def _nulls(
+        self, out: dict[str, list[Tensor]], v: Tensor, v_hat: Tensor, sel: Tensor, akw: dict[str, Any]
+    ) -> None:
+        """Append ``<measure>_null_<kind>`` for one chunk: the nulls where ``sel`` (units ``(C,)``), NaN
+        elsewhere; the measured optimal cosine (already in ``out``) is its own permutation null."""
+        if self.cfg.null_samples == 0:
+            return
+        measures = [key for key in out if key in ALIGNMENT_KEYS]
+        nulls: dict[str, Tensor] = {}
+        if sel.any():
+            measured_opt = out["optimal_cosine"][-1][sel] if "optimal_cosine" in out else None
+            nulls = null_alignment(
+                v[sel], v_hat[sel], draws=self.cfg.null_draws, generator=self._gen,
+                measured_optimal_cosine=measured_opt, **akw,
+            )
+        for key in measures:  # every chunk gets every column (NaN where no null was drawn)
+            for kind in NULL_KINDS:
+                full = torch.full(sel.shape, float("nan"), dtype=torch.float64)
+                if f"{key}_null_{kind}" in nulls:
+                    full[sel] = nulls[f"{key}_null_{kind}"]
+                out[f"{key}_null_{kind}"].append(full)
 
     # ------------------------------------------------------------------------------ results
     def result(self) -> dict[str, Any]:
@@ -314,6 +414,8 @@ class Analyzer:
             if self.pap[li]:
                 dens = np.array(self.pap[li])  # (batches, iterations)
                 entry["pap_s_density"] = [float(x) for x in dens.mean(0)]
+            if self.cfg.null_samples:  # per layer: units are its heads
+                entry["chance"] = alignment_chance({k: v[sel] for k, v in rec.items()}, CHANCE_MEASURES)
             layers.append(entry)
             for hi in range(site.num_heads):
                 hs = sel & (rec["head"] == hi)
@@ -328,6 +430,31 @@ class Analyzer:
                         },
                     }
                 )
+
+        if self.cfg.null_samples:
+            summary["chance"] = alignment_chance(rec, CHANCE_MEASURES)
+            summary["null_units"] = int(np.isfinite(rec["linear_cka_null_perm"]).sum())
+        for prefix in ("", "official_"):  # how much of J_proj's variation over units is ||h||^2's
+            if prefix + "j_proj" in rec:
+                summary[prefix + "j_proj_share_h"] = share_of_change(
+                    rec[prefix + "j_proj"], rec[prefix + "h_norm_sq"],
+                    clusters=rec["sequence"], seed=self.cfg.seed,
+                )
+        if self.gamma_records:
+            g_units = unit_means(self.gamma_records, [v + "_rel" for v in GAMMA_VARIANTS])
+            summary["gamma_chance"] = chance_test(
+                g_units["values_rel"], g_units["random_rel"], higher_is_better=False
+            )
+        control: dict[str, Any] = {}
+        if any(self.control[v] for v in self.control):
+            control = {
+                "snr": ["inf" if math.isinf(x) else x for x in self.cfg.control_snrs],
+                "units": len(next(iter(self.control["plain"].values()))),
+                **{
+                    variant: {key: np.nanmean(np.stack(rows), 0).tolist() for key, rows in curves.items()}
+                    for variant, curves in self.control.items()
+                },
+            }
 
         gamma: dict[str, Any] = {}
         for li in range(len(self.sites)):
@@ -381,6 +508,7 @@ class Analyzer:
             "spectrum": spectrum,
             "eigen_stats": eig,
             "pap": pap,
+            "positive_control": control,
             "records": {key: val.tolist() for key, val in rec.items()},
             "timing": {"analysis_s": self.seconds},
         }

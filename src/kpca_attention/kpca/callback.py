@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .analysis import _scaled_sv
+from .analysis import scaled_sv
 from .capture import QKVCapture
 from .diagnostics import projection_loss, projection_loss_official
 
@@ -52,7 +52,7 @@ def projection_metrics(model: nn.Module, batch: Any) -> dict[str, float]:
     sums: dict[str, list[float]] = {}
     for site, rec in cap:
         q, k, v = (rec[key].to(torch.float64) for key in ("q", "k", "v"))
-        sv = _scaled_sv(site, k, v)
+        sv = scaled_sv(site, k, v)
         v = v if sv is None else v - sv
         mask = None
         if isinstance(batch, Mapping) and "attention_mask" in batch:

@@ -1,0 +1,188 @@
+"""Null baselines, positive control and chance tests of the alignment measures (kpca.chance)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kpca_attention.kpca import alignment, optimal_cosine, predicted_values
+from kpca_attention.kpca.analysis import AnalysisConfig, Analyzer
+from kpca_attention.kpca.capture import QKVCapture
+from kpca_attention.kpca.chance import (
+    alignment_chance,
+    chance_test,
+    null_alignment,
+    null_values,
+    positive_control,
+    share_of_change,
+    unit_means,
+)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_null_values_are_row_permutations_and_scaled_gaussians():
+    v = _randn(3, 12, 5)
+    perm = null_values(v, "perm", 4, torch.Generator().manual_seed(1))
+    assert perm.shape == (4, 3, 12, 5)
+    for d in range(4):
+        for b in range(3):
+            # the same multiset of rows, in another order
+            assert torch.equal(torch.sort(perm[d, b], dim=0).values, torch.sort(v[b], dim=0).values)
+    assert not torch.equal(perm[0], perm[1])  # draws differ
+    big = 1e-9 * _randn(2, 200, 50)
+    gauss = null_values(big, "gauss", 3, torch.Generator().manual_seed(1))
+    rms = gauss.pow(2).mean((-2, -1)).sqrt() / big.pow(2).mean((-2, -1)).sqrt()
+    assert torch.allclose(rms, torch.ones_like(rms), atol=0.05)
+    with pytest.raises(ValueError, match="unknown null"):
+        null_values(v, "shuffle", 2)
+    with pytest.raises(ValueError, match="draws"):
+        null_values(v, "perm", 0)
+
+
+def test_alignment_broadcasts_over_leading_dims():
+    v, v_hat = _randn(4, 3, 15, 6, seed=1), _randn(3, 15, 6, seed=2)
+    a = alignment(v, v_hat)
+    b = alignment(v, v_hat.expand_as(v))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="leading dims broadcast"):
+        alignment(v, _randn(2, 15, 6))
+
+
+def test_null_alignment_is_the_mean_of_alignment_over_the_draws():
+    v, v_hat = _randn(2, 10, 4, seed=3), predicted_values(_randn(2, 10, 4, seed=4))
+    # max_elems forces draws into groups of 2: the grouping must not change the draws or the mean
+    got = null_alignment(v, v_hat, draws=5, generator=torch.Generator().manual_seed(7), max_elems=400)
+    gen = torch.Generator().manual_seed(7)
+    for kind in ("perm", "gauss"):
+        draws = torch.cat([null_values(v, kind, n, gen) for n in (2, 2, 1)])
+        ref = alignment(draws, v_hat.expand_as(draws), optimal=kind != "perm")
+        for key, val in ref.items():
+            torch.testing.assert_close(got[f"{key}_null_{kind}"], val.mean(0), rtol=1e-10, atol=1e-12)
+    # the optimal cosine is blind to token order: its permutation null is the measured value
+    torch.testing.assert_close(got["optimal_cosine_null_perm"], optimal_cosine(v, v_hat))
+    shuffled = v[:, torch.randperm(10, generator=torch.Generator().manual_seed(0))]
+    torch.testing.assert_close(optimal_cosine(shuffled, v_hat), optimal_cosine(v, v_hat), rtol=1e-12, atol=0)
+
+
+def test_random_values_are_at_chance_and_noisy_prediction_is_above():
+    keys = _randn(40, 30, 8, seed=5)
+    v_hat = predicted_values(keys)
+    gen = torch.Generator().manual_seed(0)
+    v = _randn(40, 30, 8, seed=6)  # values unrelated to the keys
+    meas = alignment(v, v_hat, optimal=False)
+    nulls = null_alignment(v, v_hat, draws=10, generator=gen, optimal=False)
+    for key in ("linear_cka", "kernel_cka", "direct_cosine"):
+        test = chance_test(meas[key].numpy(), nulls[f"{key}_null_perm"].numpy())
+        assert test["verdict"] == "at chance", (key, test)
+    # V = V_hat (rescaled) plus noise at SNR 1: every measure is above its permutation null
+    rms = v_hat.pow(2).mean((-2, -1), keepdim=True).sqrt()
+    v = v_hat / rms + _randn(40, 30, 8, seed=8)
+    meas = alignment(v, v_hat, optimal=False)
+    nulls = null_alignment(v, v_hat, draws=10, generator=gen, optimal=False)
+    for key in ("linear_cka", "kernel_cka", "direct_cosine", "relative_frobenius"):
+        test = chance_test(
+            meas[key].numpy(), nulls[f"{key}_null_perm"].numpy(), higher_is_better=key != "relative_frobenius"
+        )
+        assert test["verdict"] == "above chance" and test["p_above"] < 1e-6, (key, test)
+
+
+def test_chance_test_directions_and_effect_size():
+    rng = np.random.default_rng(0)
+    null = rng.uniform(0.2, 0.3, 50)
+    below = null - 0.05 + 0.01 * rng.standard_normal(50)
+    t = chance_test(below, null)
+    assert t["verdict"] == "below chance" and t["diff"] == pytest.approx(np.mean(below - null))
+    assert t["d_z"] == pytest.approx(np.mean(below - null) / np.std(below - null, ddof=1))
+    assert t["share_above_null"] < 0.05
+    # for a lower-is-better measure the same numbers mean better than chance
+    assert chance_test(below, null, higher_is_better=False)["verdict"] == "above chance"
+    same = chance_test(null, null)
+    assert same["verdict"] == "at chance" and same["p_above"] == 1.0
+    assert chance_test([np.nan], [0.1])["verdict"] == "n/a"
+    with pytest.raises(ValueError, match="pair up"):
+        chance_test([1.0, 2.0], [1.0])
+
+
+def test_positive_control_response_and_rotation():
+    v_hat = predicted_values(_randn(20, 40, 8, seed=9))
+    snrs = (0.0, 0.1, 1.0, 10.0, math.inf)
+    plain = positive_control(v_hat, snrs, generator=torch.Generator().manual_seed(0))
+    rot = positive_control(v_hat, snrs, rotate=True, generator=torch.Generator().manual_seed(0))
+    for key in ("linear_cka", "kernel_cka"):
+        curve = plain[key].mean(1).numpy()
+        assert np.all(np.diff(curve) > 0), (key, curve)
+        assert curve[-1] == pytest.approx(1.0, abs=1e-9)
+        assert rot[key].mean(1)[-1].item() == pytest.approx(1.0, abs=1e-9)  # CKA ignores the rotation
+    assert plain["direct_cosine"].mean(1)[-1].item() == pytest.approx(1.0, abs=1e-9)
+    assert abs(rot["direct_cosine"].mean(1)[-1].item()) < 0.2  # the cosine does not
+    with pytest.raises(ValueError, match="snrs"):
+        positive_control(v_hat, (-1.0,))
+
+
+def test_unit_means_and_alignment_chance():
+    rec = {
+        "layer": [0, 0, 1, 1, 0],
+        "head": [0, 1, 0, 0, 0],
+        "x": [1.0, 2.0, 3.0, 5.0, 3.0],
+        "x_null_perm": [0.0, 0.0, 1.0, np.nan, 1.0],
+    }
+    m = unit_means(rec, ["x", "x_null_perm"])
+    assert m["layer"].tolist() == [0, 0, 1] and m["head"].tolist() == [0, 1, 0]
+    assert m["x"].tolist() == [2.0, 2.0, 4.0]
+    assert m["x_null_perm"].tolist() == [0.5, 0.0, 1.0]
+    res = alignment_chance(rec, ["x"])["x"]["perm"]
+    # only entries with a drawn null enter: unit (1, 0) has measure 3 (not 4) against null 1
+    assert res["n"] == 3 and res["measured"] == pytest.approx((2.0 + 2.0 + 3.0) / 3)
+
+
+def test_share_of_change():
+    rng = np.random.default_rng(1)
+    h = rng.uniform(1, 2, 40)
+    phi = rng.uniform(1, 2, 40)
+    assert share_of_change(5.0 - h, h)["share"] == pytest.approx(1.0)
+    assert share_of_change(phi - 3.0, np.full(40, 3.0))["share"] == pytest.approx(0.0)
+    mixed = share_of_change(phi - h, h, clusters=np.repeat(np.arange(10), 4), n_boot=300)
+    lo, hi = mixed["ci"]
+    assert lo <= mixed["share"] <= hi and 0.2 < mixed["share"] < 0.8 and mixed["n_clusters"] == 10
+
+
+def test_analyzer_reports_nulls_control_and_tests():
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(
+        img_size=16, patch_size=4, in_chans=1, num_classes=3, embed_dim=24, depth=2, num_heads=2
+    ).eval()
+    x = torch.randn(4, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    cfg = AnalysisConfig(detail_samples=2, null_samples=3, null_draws=10, control_samples=1,
+                         control_snrs=(0.0, 1.0, math.inf))
+    with QKVCapture(model) as cap, torch.no_grad():
+        model(x)
+        an = Analyzer(cap.sites, cfg)
+        an.add(cap.records)
+    res = an.result()
+    s = res["summary"]
+    for key in ("linear_cka", "kernel_cka", "optimal_cosine", "direct_cosine", "signfix_cosine",
+                "relative_frobenius"):
+        for kind in ("perm", "gauss"):
+            assert isinstance(s[f"{key}_null_{kind}"], float), key
+            assert isinstance(res["layers"][0][f"{key}_null_{kind}"], float)
+        assert s["chance"][key]["perm"]["n"] == 4  # 2 layers x 2 heads
+    rec = res["records"]
+    assert np.isfinite(rec["linear_cka_null_perm"]).sum() == 3 * 2 * 2  # the first 3 of 4 inputs
+    assert s["null_units"] == 12
+    assert res["positive_control"]["snr"] == [0.0, 1.0, "inf"]
+    assert res["positive_control"]["plain"]["linear_cka"][-1] == pytest.approx(1.0)
+    assert s["gamma_chance"]["n"] == 4
+    assert set(s["j_proj_share_h"]) == {"share", "ci", "n", "n_clusters"}
+    with pytest.raises(ValueError, match="null_draws"):
+        AnalysisConfig(null_draws=0)
