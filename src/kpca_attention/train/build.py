@@ -10,13 +10,19 @@ from torch.utils.data import Dataset
 
 from .config import TrainConfig
 
-__all__ = ["build_model", "vision_datasets", "lm_datasets", "vision_info"]
+__all__ = ["build_model", "vision_datasets", "segmentation_datasets", "lm_datasets", "vision_info"]
 
 #: datasets whose training transform is DeiT's (timm create_transform); the recipe's options go there
 _FOLDER_DATASETS = ("imagenet", "imagefolder")
 
 
 def vision_info(cfg: TrainConfig) -> Any:
+    """The dataset's :class:`~kpca_attention.data.images.ImageDatasetInfo` (classes, channels, size,
+    statistics)."""
+    if cfg.task == "segmentation":
+        from ..data.segmentation import segmentation_info
+
+        return segmentation_info(cfg.dataset, img_size=cfg.img_size)
     from ..data.images import dataset_info
 
     return dataset_info(cfg.dataset, root=cfg.data_root if cfg.dataset in ("imagefolder",) else None)
@@ -27,7 +33,7 @@ def build_model(cfg: TrainConfig, vocab: Any | None = None) -> nn.Module:
     language models get ``vocab`` (default: built from the corpus) as ``model.vocab``."""
     from ..models import NormalizedModel, create_model
 
-    if cfg.task == "vision":
+    if cfg.task in ("vision", "segmentation"):
         info = vision_info(cfg)
         net = create_model(
             cfg.model,
@@ -63,6 +69,22 @@ def vision_datasets(cfg: TrainConfig, *, with_eval: bool = True) -> Splits:
     if with_eval:
         ev = build_image_dataset(cfg.dataset, "val", root=cfg.data_root, img_size=cfg.img_size,
                                  train_transform=False, subset=cfg.eval_subset)
+    return train, ev, {"num_classes": info.num_classes, "in_chans": info.in_chans}
+
+
+def segmentation_datasets(cfg: TrainConfig, *, with_eval: bool = True) -> Splits:
+    """``(train, eval, info)`` for a segmentation config (:mod:`kpca_attention.data.segmentation`):
+    training augmentation when ``cfg.augment`` (flip with ``cfg.hflip``; ADE20K: resize, crop, flip,
+    photometric distortion), evaluation on the ``val`` split."""
+    from ..data.segmentation import build_segmentation_dataset
+
+    info = vision_info(cfg)
+    train = build_segmentation_dataset(cfg.dataset, "train", root=cfg.data_root, img_size=cfg.img_size,
+                                       train_transform=cfg.augment, hflip=cfg.hflip, subset=cfg.train_subset)
+    ev = None
+    if with_eval:
+        ev = build_segmentation_dataset(cfg.dataset, "val", root=cfg.data_root, img_size=cfg.img_size,
+                                        subset=cfg.eval_subset)
     return train, ev, {"num_classes": info.num_classes, "in_chans": info.in_chans}
 
 

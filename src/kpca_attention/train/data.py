@@ -161,6 +161,10 @@ def build_loaders(cfg: TrainConfig, dist: DistInfo, *, with_eval: bool = True) -
         from .build import vision_datasets
 
         train_set, eval_set, info = vision_datasets(cfg, with_eval=with_eval)
+    elif cfg.task == "segmentation":
+        from .build import segmentation_datasets
+
+        train_set, eval_set, info = segmentation_datasets(cfg, with_eval=with_eval)
     else:
         from .build import lm_datasets
 

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt_mod
-from .build import build_model
+from .build import build_model, vision_info
 from .config import TrainConfig
 from .data import build_loaders, preserved_rngs
 from .distributed import (
@@ -28,7 +28,7 @@ from .distributed import (
     gather_objects,
     init_distributed,
 )
-from .evaluate import evaluate_lm, evaluate_vision
+from .evaluate import evaluate_lm, evaluate_segmentation, evaluate_vision
 from .logger import MetricLogger
 
 __all__ = ["train", "TrainResult", "Callback", "RESUMABLE_CHANGES"]
@@ -123,7 +123,7 @@ class _Trainer:
         scheduler, _ = timm.scheduler.create_scheduler_v2(
             optimizer, sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=warmup_epochs,
             warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, step_on_epochs=not on_steps,
-            updates_per_epoch=updates_per_epoch,
+            updates_per_epoch=updates_per_epoch, decay_rate=cfg.decay_rate,
         )
         amp = cfg.amp if cfg.amp is not None else dev.type == "cuda"
         scaler = torch.amp.GradScaler(dev.type, enabled=amp and dev.type == "cuda")
@@ -138,6 +138,8 @@ class _Trainer:
             ema = ModelEmaV3(model, decay=cfg.model_ema_decay)
 
         mixup_fn = None
+        if cfg.task == "segmentation":  # per-pixel cross-entropy; 255 marks unlabelled pixels
+            criterion = nn.CrossEntropyLoss(ignore_index=255, label_smoothing=cfg.smoothing)
         if cfg.task == "vision":
             from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
@@ -230,7 +232,7 @@ class _Trainer:
                 if mixup_fn is not None:
                     x, y = mixup_fn(x, y)
                 with autocast():
-                    if cfg.task == "vision":
+                    if cfg.task in ("vision", "segmentation"):
                         loss = criterion(net(x), y)
                     else:
                         _, loss = net(x, y)
@@ -320,6 +322,12 @@ class _Trainer:
                            history=list(logger.epoch_rows), global_step=progress["global_step"])
 
     def _evaluate(self, net: nn.Module, loader: Any, amp: bool, prefix: str) -> dict[str, float]:
+        if self.cfg.task == "segmentation":
+            show = self.cfg.progress and self.dist.is_main
+            n_cls = vision_info(self.cfg).num_classes
+            res = evaluate_segmentation(net, loader, self.dist.device, num_classes=n_cls, amp=amp,
+                                        progress=show, desc=f"{prefix}eval")
+            return {f"{prefix}eval_{k}": res[k] for k in ("miou", "mean_accuracy", "pixel_accuracy", "loss")}
         fn = evaluate_vision if self.cfg.task == "vision" else evaluate_lm
         res = fn(net, loader, self.dist.device, amp=amp, progress=self.cfg.progress and self.dist.is_main,
                  desc=f"{prefix}eval")
