@@ -1,4 +1,5 @@
-"""Evaluation: top-1/top-5 accuracy for vision models, perplexity for language models.
+"""Evaluation: top-1/top-5 accuracy for vision models, perplexity for language models, mIoU / mean
+accuracy / pixel accuracy for segmentation models.
 
 ``kpca-attention evaluate CHECKPOINT [--dataset NAME] [--split val] [--ema]`` rebuilds the model with
 :func:`kpca_attention.train.load_model` and prints (and optionally writes as JSON) the metrics.
@@ -18,7 +19,7 @@ from tqdm.auto import tqdm
 
 from .distributed import all_reduce_sum
 
-__all__ = ["evaluate_vision", "evaluate_lm", "evaluate_checkpoint"]
+__all__ = ["evaluate_vision", "evaluate_lm", "evaluate_segmentation", "evaluate_checkpoint"]
 
 
 def _autocast(device: torch.device, amp: bool) -> Any:
@@ -59,6 +60,48 @@ def evaluate_vision(
     n = max(sums[3].item(), 1.0)
     return {"top1": sums[0].item() / n, "top5": sums[1].item() / n, "loss": sums[2].item() / n,
             "n": sums[3].item()}
+
+
+@torch.no_grad()
+def evaluate_segmentation(
+    model: nn.Module,
+    loader: DataLoader,
+    device: torch.device | str = "cpu",
+    *,
+    num_classes: int,
+    ignore_index: int = 255,
+    amp: bool = False,
+    progress: bool = False,
+    desc: str = "eval",
+) -> dict[str, float]:
+    """mIoU, mean accuracy, pixel accuracy (mmseg's conventions, see
+    :mod:`kpca_attention.segmentation.metrics`) and mean per-pixel cross-entropy over ``loader`` of
+    (images (B, C, H, W) in [0, 1], labels (B, H', W')). Logits are upsampled bilinearly to the labels'
+    size when it differs (ADE20K validation labels stay at the original resolution). Under DDP each rank
+    passes its shard; the confusion matrices are summed over ranks."""
+    from ..segmentation import SegmentationAccumulator
+
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    acc = SegmentationAccumulator(num_classes, ignore_index, device=device)
+    loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # cross-entropy sum, labelled pixels
+    for x, y in tqdm(loader, desc=desc, disable=not progress, leave=False):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with _autocast(device, amp):
+            logits = model(x)
+        logits = logits.float()
+        if logits.shape[-2:] != y.shape[-2:]:
+            logits = F.interpolate(logits, size=y.shape[-2:], mode="bilinear", align_corners=False)
+        loss_sum[0] += F.cross_entropy(logits, y, ignore_index=ignore_index, reduction="sum").double()
+        loss_sum[1] += (y != ignore_index).sum()
+        acc.update(logits.argmax(dim=1), y)
+    all_reduce_sum(acc.confusion)
+    all_reduce_sum(loss_sum)
+    model.train(was_training)
+    m = acc.compute()
+    return {"miou": m["miou"], "mean_accuracy": m["mean_accuracy"], "pixel_accuracy": m["pixel_accuracy"],
+            "loss": loss_sum[0].item() / max(loss_sum[1].item(), 1.0), "pixels": float(m["pixels"])}
 
 
 @torch.no_grad()
@@ -107,7 +150,8 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Metrics of a checkpoint on a dataset (default: the one it was trained on).
 
-    Vision: top-1/top-5 on ``split``; ``subset`` = number of images. LMs: sliding-window perplexity
+    Vision: top-1/top-5 on ``split``; segmentation: mIoU, mean and pixel accuracy; ``subset`` = number of
+    images. LMs: sliding-window perplexity
     (window = training context, ``stride`` 1 = the paper's protocol); ``subset`` = first N tokens."""
     from .checkpoint import load_model
     from .distributed import resolve_device
@@ -119,7 +163,16 @@ def evaluate_checkpoint(
     if data_root is not None:
         cfg.data_root = data_root
     bs = batch_size or cfg.eval_batch_size
-    if cfg.task == "vision":
+    if cfg.task == "segmentation":
+        from ..data.segmentation import build_segmentation_dataset
+        from .build import vision_info
+
+        ds = build_segmentation_dataset(cfg.dataset, split, root=cfg.data_root, img_size=cfg.img_size,
+                                        subset=subset)
+        loader = DataLoader(ds, batch_size=bs, shuffle=False, num_workers=cfg.num_workers)
+        metrics = evaluate_segmentation(model, loader, dev, num_classes=vision_info(cfg).num_classes,
+                                        progress=progress, desc=f"evaluate {cfg.dataset}/{split}")
+    elif cfg.task == "vision":
         from ..data.images import build_image_dataset
 
         ds = build_image_dataset(cfg.dataset, split, root=cfg.data_root, img_size=cfg.img_size, subset=subset)
