@@ -4,14 +4,20 @@ the word-swap attack. The models used here fail the test if they are ever called
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from kpca_attention.checks import check_choice, check_int, check_real
+from kpca_attention.data.images import build_image_dataset
+from kpca_attention.data.text import Vocab
 from kpca_attention.robustness import attacks as A
+from kpca_attention.train.config import FIELD_CHECKS, PRESETS, TrainConfig, apply_overrides, get_preset
+from kpca_attention.train.evaluate import evaluate_checkpoint, evaluate_lm, evaluate_vision
 
 
 class _MustNotRun(nn.Module):
@@ -136,3 +142,108 @@ def test_evaluate_attack_and_sweep_check_everything_first() -> None:
         A.sparse_l1_descent(model, x, y, 1.0, steps=0)
     with pytest.raises(ValueError, match="autoattack: version"):
         A.build_autoattack(model, 0.1, 10, version="fast")
+
+
+# ------------------------------------------------------------------------------- training config
+
+def test_every_config_field_is_checked() -> None:
+    assert {f.name for f in dataclasses.fields(TrainConfig)} == set(FIELD_CHECKS)
+    for name in PRESETS:  # the presets themselves pass
+        get_preset(name)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("epochs=abc", "epochs must be an integer >= 1; got 'abc'"),
+    ("epochs=True", "epochs must be an integer >= 1; got True"),
+    ("epochs=2.0", "epochs must be an integer >= 1; got 2.0"),
+    ("lr=fast", "lr must be a finite number > 0 or None; got 'fast'"),
+    ("lr=-1e-3", "lr must be a finite number > 0 or None; got -0.001"),
+    ("lr=inf", "lr must be a finite number > 0 or None; got 'inf'"),
+    ("train_subset=1.5", "train_subset must be an integer >= 1 or None; got 1.5"),
+    ("eval_subset=0", "eval_subset must be an integer >= 1 or None; got 0"),
+    ("img_size=0", "img_size must be an integer >= 1 or None; got 0"),
+    ("batch_size=0", "batch_size must be an integer >= 1; got 0"),
+    ("eval_batch_size=-4", "eval_batch_size must be an integer >= 1; got -4"),
+    ("weight_decay=-0.1", "weight_decay must be a finite number >= 0; got -0.1"),
+    ("warmup_epochs=-1", "warmup_epochs must be a finite number >= 0; got -1"),
+    ("warmup_steps=-5", "warmup_steps must be an integer >= 0 or None; got -5"),
+    ("smoothing=1.0", r"smoothing must be a finite number in \[0, 1\); got 1.0"),
+    ("mixup=-0.2", "mixup must be a finite number >= 0; got -0.2"),
+    ("mixup_prob=1.5", r"mixup_prob must be a finite number in \[0, 1\]; got 1.5"),
+    ("drop_path=1", r"drop_path must be a finite number in \[0, 1\); got 1"),
+    ("opt_betas=(0.9,)", r"opt_betas must be None or two numbers in \[0, 1\)"),
+    ("opt_betas=(0.9,1.5)", r"opt_betas entry must be a finite number in \[0, 1\); got 1.5"),
+    ("clip_grad=0", "clip_grad must be a finite number > 0 or None; got 0"),
+    ("seed=-1", "seed must be an integer in"),
+    ("num_workers=-1", "num_workers must be an integer >= 0; got -1"),
+    ("amp=yes", "amp must be True or False or None; got 'yes'"),
+    ("device=foo", "device must be one of auto, cpu, cuda; got 'foo'"),
+    ("mixup_mode=all", "mixup_mode must be one of batch, pair, elem; got 'all'"),
+    ("model_kwargs=3", "model_kwargs must be a dict"),
+    ("model=", "model must be a non-empty string; got ''"),
+])
+def test_config_override_names_the_key(override: str, message: str) -> None:
+    """``--set epochs=abc`` / ``lr=fast`` / ``train_subset=1.5`` used to end in TypeErrors that did not
+    name the key (or to be accepted: ``epochs=True`` ran 1 epoch)."""
+    cfg = get_preset("fmnist-cpu")
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(cfg, [override])
+
+
+def test_config_from_dict_checks_types() -> None:
+    with pytest.raises(ValueError, match="epochs must be an integer >= 1; got '3'"):
+        TrainConfig.from_dict({"epochs": "3"})
+    with pytest.raises(ValueError, match="lr must be a finite number > 0 or None; got nan"):
+        TrainConfig(lr=math.nan)
+    cfg = apply_overrides(get_preset("fmnist-cpu"), ["lr=None", "opt_betas=[0.9,0.95]"])
+    assert cfg.lr is None and cfg.opt_betas == (0.9, 0.95)
+
+
+# ------------------------------------------------------------------------------------- evaluation
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"batch_size": 0}, "batch_size must be an integer >= 1 or None; got 0"),
+    ({"batch_size": 2.5}, "batch_size must be an integer >= 1 or None; got 2.5"),
+    ({"device": "foo"}, "device must be one of auto, cpu, cuda; got 'foo'"),
+    ({"subset": -1}, "subset must be an integer >= 1 or None; got -1"),
+    ({"stride": 0}, "stride must be an integer >= 1; got 0"),
+    ({"split": "dev"}, "split must be one of train, val, valid, test; got 'dev'"),
+])
+def test_evaluate_checkpoint_checks_before_loading(tmp_path, kwargs, message) -> None:
+    """``evaluate --batch-size 0`` and ``--device foo`` were accepted silently (0 fell back to the
+    config's batch size, foo to the CPU). The path does not exist: the check must come first."""
+    with pytest.raises(ValueError, match=message):
+        evaluate_checkpoint(str(tmp_path / "missing"), progress=False, **kwargs)
+
+
+def test_evaluating_nothing_is_an_error() -> None:
+    """An empty loader used to report top-1 = 0 (and a loss of 0) over n = 0 examples."""
+    empty = DataLoader(TensorDataset(torch.zeros(0, 1, 4, 4), torch.zeros(0, dtype=torch.long)))
+    with pytest.raises(ValueError, match="no examples to evaluate"):
+        evaluate_vision(_MustNotRun(), empty)
+    with pytest.raises(ValueError, match="no tokens to evaluate"):
+        evaluate_lm(_MustNotRun(), empty)
+
+
+# ---------------------------------------------------------------------------------------- datasets
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"img_size": 0}, "img_size must be an integer >= 1 or None; got 0"),
+    ({"img_size": 28.5}, "img_size must be an integer >= 1 or None; got 28.5"),
+    ({"subset": 1.5}, "subset must be an integer >= 1 or None; got 1.5"),
+    ({"subset": 0}, "subset must be an integer >= 1 or None; got 0"),
+    ({"subset": 10, "subset_seed": -1}, "subset_seed must be an integer >= 0 or None; got -1"),
+])
+def test_image_dataset_options(kwargs, message) -> None:
+    """``img_size=0`` silently gave the native size; ``subset=1.5`` failed inside torch."""
+    with pytest.raises(ValueError, match=message):
+        build_image_dataset("digits", "train", **kwargs)
+
+
+def test_vocab_build_options() -> None:
+    with pytest.raises(ValueError, match="min_freq must be an integer >= 1; got 0.5"):
+        Vocab.build("a b c", min_freq=0.5)
+    with pytest.raises(ValueError, match=r"max_size \(counting the 2 special .* >= 2 or None; got 1"):
+        Vocab.build("a b c", max_size=1)

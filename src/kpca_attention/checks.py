@@ -25,12 +25,15 @@ __all__ = ["check_int", "check_real", "check_choice", "describe_range"]
 def describe_range(kind: str, min: float | None = None, max: float | None = None, *,
                    min_open: bool = False, max_open: bool = False, allow_none: bool = False) -> str:
     """What is valid, in words: ``"an integer >= 1"``, ``"a finite number in [0, 1)"``, ``"... or None"``."""
+    def fmt(x: float) -> str:
+        return str(x) if isinstance(x, int) else f"{x:g}"
+
     if min is not None and max is not None:
-        text = f"{kind} in {'(' if min_open else '['}{min:g}, {max:g}{')' if max_open else ']'}"
+        text = f"{kind} in {'(' if min_open else '['}{fmt(min)}, {fmt(max)}{')' if max_open else ']'}"
     elif min is not None:
-        text = f"{kind} {'>' if min_open else '>='} {min:g}"
+        text = f"{kind} {'>' if min_open else '>='} {fmt(min)}"
     elif max is not None:
-        text = f"{kind} {'<' if max_open else '<='} {max:g}"
+        text = f"{kind} {'<' if max_open else '<='} {fmt(max)}"
     else:
         text = kind
     return text + (" or None" if allow_none else "")

@@ -36,6 +36,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, Subset
 from torchvision.transforms import v2
 
+from ..checks import check_int
 from ..models.normalize import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = [
@@ -340,13 +341,18 @@ def build_image_dataset(
             ImageNet / folders: DeiT's transforms, see :func:`deit_transform`, ``kw`` goes there).
         subset: keep only this many examples (for fast CPU runs): a random sample drawn with
             ``subset_seed`` (fixed: 0), or the first ``subset`` when ``subset_seed`` is None.
+
+    Raises:
+        ValueError: before anything is read, for an unknown name or split, or an ``img_size``,
+            ``subset`` (integers >= 1 or None) or ``subset_seed`` (an integer >= 0 or None) out of range.
     """
     key = _check_name(name)
     split = _check_split(split)
+    check_int(img_size, "img_size", min=1, allow_none=True)
+    check_int(subset, "subset", min=1, allow_none=True)
+    check_int(subset_seed, "subset_seed", min=0, allow_none=True)
     info = _INFO[key]
-    size = int(img_size or info.img_size)
-    if size < 1:
-        raise ValueError(f"img_size must be >= 1, got {img_size}")
+    size = info.img_size if img_size is None else int(img_size)
     train = split == "train"
 
     ds: Dataset
@@ -377,8 +383,6 @@ def build_image_dataset(
         ds = _cifar(key, _need_root(key, root), split, size, train_transform)
 
     if subset is not None:
-        if subset < 1:
-            raise ValueError(f"subset must be >= 1, got {subset}")
         n = len(ds)
         if subset < n:
             if subset_seed is None:

@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..checks import check_int
+
 __all__ = ["TextCorpus", "Vocab", "load_corpus", "CORPORA", "tokenize_words", "BIBLE_RANGE"]
 
 CORPORA: tuple[str, ...] = ("bible-kjv", "wikitext-103", "wikitext-2")
@@ -196,11 +198,10 @@ class Vocab:
         """
         if level not in cls.LEVELS:
             raise ValueError(f"unknown vocabulary level {level!r}; valid: {', '.join(cls.LEVELS)}")
-        if min_freq < 1:
-            raise ValueError(f"min_freq must be >= 1, got {min_freq}")
+        check_int(min_freq, "min_freq", min=1)
         specials = ["<unk>"] if level == "char" else ["<unk>", "<eos>"]
-        if max_size is not None and max_size < len(specials):
-            raise ValueError(f"max_size must be >= {len(specials)} (the special tokens), got {max_size}")
+        check_int(max_size, f"max_size (counting the {len(specials)} special tokens)", min=len(specials),
+                  allow_none=True)
         counts: collections.Counter[str] = collections.Counter()
         for chunk in [text] if isinstance(text, str) else text:
             counts.update(chunk if level == "char" else _word_tokens(chunk, "<eos>"))

@@ -25,10 +25,100 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TrainConfig", "PRESETS", "get_preset", "apply_overrides", "parse_override"]
+from ..checks import check_choice, check_int, check_real
+
+__all__ = ["TrainConfig", "PRESETS", "DEVICES", "get_preset", "apply_overrides", "parse_override",
+           "check_device"]
+
+#: the devices a run may name (``auto``: CUDA when available, else CPU)
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+
+
+def check_device(device: Any, name: str = "device") -> str:
+    """``device`` if it is one of :data:`DEVICES`; else a ``ValueError`` naming the valid ones."""
+    return check_choice(device, name, DEVICES)
+
+
+def _int(min: int, none: bool = False) -> Callable[[Any, str], Any]:
+    return lambda v, n: check_int(v, n, min=min, allow_none=none)
+
+
+def _real(min: float | None = None, max: float | None = None, *, min_open: bool = False,
+          max_open: bool = False, none: bool = False) -> Callable[[Any, str], Any]:
+    return lambda v, n: check_real(v, n, min=min, max=max, min_open=min_open, max_open=max_open,
+                                   allow_none=none)
+
+
+def _text(none: bool = False) -> Callable[[Any, str], Any]:
+    def check(v: Any, n: str) -> Any:
+        if (v is None and none) or (isinstance(v, str) and v):
+            return v
+        raise ValueError(f"{n} must be a non-empty string{' or None' if none else ''}; got {v!r}")
+    return check
+
+
+def _flag(none: bool = False) -> Callable[[Any, str], Any]:
+    def check(v: Any, n: str) -> Any:
+        if isinstance(v, bool) or (v is None and none):
+            return v
+        raise ValueError(f"{n} must be True or False{' or None' if none else ''}; got {v!r}")
+    return check
+
+
+def _choice(*choices: str) -> Callable[[Any, str], Any]:
+    return lambda v, n: check_choice(v, n, choices)
+
+
+def _dict(v: Any, n: str) -> Any:
+    if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+        raise ValueError(f"{n} must be a dict with string keys, e.g. {{'rpc_iters': 4}}; got {v!r}")
+    return v
+
+
+def _betas(v: Any, n: str) -> Any:
+    if v is None:
+        return v
+    if isinstance(v, (str, bytes)) or not isinstance(v, (tuple, list)) or len(v) != 2:
+        raise ValueError(f"{n} must be None or two numbers in [0, 1), e.g. (0.9, 0.999); got {v!r}")
+    for b in v:
+        check_real(b, f"{n} entry", min=0, max=1, max_open=True)
+    return v
+
+
+_PROBABILITY = _real(0, 1)
+_FRACTION = _real(0, 1, max_open=True)
+_POSITIVE = _real(0, min_open=True)
+_NONNEGATIVE = _real(0)
+
+# One check per field: types and ranges, each raising a ValueError that names the field, the value
+# and what is valid. A test makes sure every field of TrainConfig has one.
+FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
+    "task": _choice("vision", "lm", "segmentation"), "model": _text(), "model_kwargs": _dict,
+    "dataset": _text(),
+    "data_root": _text(none=True), "img_size": _int(1, none=True), "train_subset": _int(1, none=True),
+    "eval_subset": _int(1, none=True),
+    "epochs": _int(1), "max_steps": _int(1, none=True), "batch_size": _int(1), "eval_batch_size": _int(1),
+    "opt": _text(), "lr": _real(0, min_open=True, none=True), "lr_base": _POSITIVE, "lr_base_size": _int(1),
+    "weight_decay": _NONNEGATIVE, "opt_eps": _real(0, min_open=True, none=True), "opt_betas": _betas,
+    "clip_grad": _real(0, min_open=True, none=True),
+    "sched": _text(), "warmup_epochs": _NONNEGATIVE, "warmup_steps": _int(0, none=True),
+    "warmup_lr": _NONNEGATIVE, "min_lr": _NONNEGATIVE, "decay_rate": _POSITIVE, "sched_on_steps": _flag(),
+    "drop_path": _FRACTION, "smoothing": _FRACTION, "mixup": _NONNEGATIVE, "cutmix": _NONNEGATIVE,
+    "mixup_prob": _PROBABILITY, "mixup_switch_prob": _PROBABILITY,
+    "mixup_mode": _choice("batch", "pair", "elem"), "auto_augment": _text(none=True),
+    "color_jitter": _NONNEGATIVE, "reprob": _PROBABILITY, "remode": _choice("pixel", "rand", "const"),
+    "recount": _int(1), "augment": _flag(), "hflip": _PROBABILITY, "train_interpolation": _text(),
+    "repeated_aug": _int(0), "model_ema": _flag(), "model_ema_decay": _PROBABILITY,
+    "context": _int(1), "vocab": _choice("word", "char"),
+    "amp": _flag(none=True), "device": check_device, "num_workers": _int(0),
+    "seed": lambda v, n: check_int(v, n, min=0, max=2**63 - 1), "output_dir": _text(),
+    "checkpoint_every_steps": _int(1, none=True), "log_every_steps": _int(1), "eval_every_epochs": _int(1),
+    "progress": _flag(), "preset": _text(none=True),
+}  # fmt: skip
 
 
 @dataclass
@@ -104,25 +194,17 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        if self.task not in ("vision", "lm", "segmentation"):
-            raise ValueError(f"task must be 'vision', 'lm' or 'segmentation', got {self.task!r}")
+        """Check every field's type and range (:data:`FIELD_CHECKS`).
+
+        Raises:
+            ValueError: one line naming the field, the value and what is valid, e.g.
+                ``"epochs must be an integer >= 1; got 'abc'"``. ``bool`` is not a number here.
+        """
+        for f in dataclasses.fields(self):
+            FIELD_CHECKS[f.name](getattr(self, f.name), f.name)
         if self.task == "segmentation" and (self.mixup > 0 or self.cutmix > 0):
             raise ValueError(f"task 'segmentation' takes no Mixup/CutMix (they mix labels of whole images); "
                              f"got mixup={self.mixup}, cutmix={self.cutmix}")
-        for name in ("epochs", "batch_size", "eval_batch_size", "log_every_steps", "eval_every_epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1 or None, got {self.max_steps}")
-        if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
-            raise ValueError(
-                f"checkpoint_every_steps must be >= 1 or None, got {self.checkpoint_every_steps}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        if self.vocab not in ("word", "char"):
-            raise ValueError(f"vocab must be 'word' or 'char', got {self.vocab!r}")
-        if not 0.0 <= self.smoothing < 1.0:
-            raise ValueError(f"smoothing must be in [0, 1), got {self.smoothing}")
         if self.opt_betas is not None:
             self.opt_betas = tuple(float(b) for b in self.opt_betas)  # JSON gives a list
 
@@ -244,18 +326,25 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def apply_overrides(cfg: TrainConfig, items: list[str] | dict[str, Any]) -> TrainConfig:
-    """A new config with ``key=value`` strings (or a mapping) applied; unknown keys are an error."""
+    """A new config with ``key=value`` strings (or a mapping) applied.
+
+    Each value is checked as it is applied, so an error names the key it came from (``--set
+    epochs=abc``: ``"epochs must be an integer >= 1; got 'abc'"``); unknown keys are an error. Values
+    of ``model_kwargs.NAME`` keys are checked by the model when it is built."""
     pairs = list(items.items()) if isinstance(items, dict) else [parse_override(s) for s in items]
     data = cfg.to_dict()
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     for key, value in pairs:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"override keys must be non-empty field names; got {key!r}")
         if "." in key:
             head, sub = key.split(".", 1)
-            if head not in fields or not isinstance(data.get(head), dict):
+            if head not in fields or not isinstance(data.get(head), dict) or not sub:
                 raise ValueError(f"{key!r}: only dict fields (model_kwargs) take dotted keys")
             data[head] = {**data[head], sub: value}
         elif key not in fields:
             raise ValueError(f"unknown config key {key!r}; valid: {', '.join(sorted(fields))}")
         else:
+            FIELD_CHECKS[key](value, key)  # names the key, whatever else is wrong
             data[key] = value
     return TrainConfig.from_dict(data)

@@ -17,6 +17,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from ..checks import check_choice, check_int
+from .config import check_device
 from .distributed import all_reduce_sum
 
 __all__ = ["evaluate_vision", "evaluate_lm", "evaluate_segmentation", "evaluate_checkpoint"]
@@ -57,7 +59,9 @@ def evaluate_vision(
         sums[3] += y.numel()
     all_reduce_sum(sums)
     model.train(was_training)
-    n = max(sums[3].item(), 1.0)
+    if sums[3].item() == 0:
+        raise ValueError(f"{desc}: no examples to evaluate (the loader is empty)")
+    n = sums[3].item()
     return {"top1": sums[0].item() / n, "top5": sums[1].item() / n, "loss": sums[2].item() / n,
             "n": sums[3].item()}
 
@@ -130,7 +134,9 @@ def evaluate_lm(
         sums[1] += y.numel()
     all_reduce_sum(sums)
     model.train(was_training)
-    n = max(sums[1].item(), 1.0)
+    if sums[1].item() == 0:
+        raise ValueError(f"{desc}: no tokens to evaluate (the loader is empty)")
+    n = sums[1].item()
     mean = sums[0].item() / n
     return {"loss": mean, "ppl": math.exp(min(mean, 700.0)), "tokens": sums[1].item()}
 
@@ -152,9 +158,20 @@ def evaluate_checkpoint(
 
     Vision: top-1/top-5 on ``split``; segmentation: mIoU, mean and pixel accuracy; ``subset`` = number of
     images. LMs: sliding-window perplexity
-    (window = training context, ``stride`` 1 = the paper's protocol); ``subset`` = first N tokens."""
+    (window = training context, ``stride`` 1 = the paper's protocol); ``subset`` = first N tokens.
+
+    Raises:
+        ValueError: before the checkpoint is loaded, for a ``split`` other than train / val / valid /
+            test, a ``subset``, ``batch_size`` or ``stride`` that is not an integer >= 1 (None: all /
+            the config's ``eval_batch_size``), or a ``device`` other than auto / cpu / cuda."""
     from .checkpoint import load_model
     from .distributed import resolve_device
+
+    check_choice(split, "split", ("train", "val", "valid", "test"))
+    check_int(subset, "subset", min=1, allow_none=True)
+    check_int(batch_size, "batch_size", min=1, allow_none=True)
+    check_int(stride, "stride", min=1)
+    check_device(device)
 
     dev = resolve_device(device)
     model, cfg = load_model(path, dev, ema=ema)
@@ -162,7 +179,7 @@ def evaluate_checkpoint(
         cfg.dataset = dataset
     if data_root is not None:
         cfg.data_root = data_root
-    bs = batch_size or cfg.eval_batch_size
+    bs = cfg.eval_batch_size if batch_size is None else batch_size
     if cfg.task == "segmentation":
         from ..data.segmentation import build_segmentation_dataset
         from .build import vision_info
