@@ -408,14 +408,20 @@ def test_without_return_info_nothing_is_kept() -> None:
 
 
 def test_dropout_on_last_softmax_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a softmax step goes through SDPA or, on the CPU for wide logit ranges, through cutoff_attention
+    import importlib
+
+    pap_module = importlib.import_module("kpca_attention.pap")  # the package re-exports the function pap
     calls: list[float] = []
-    sdpa = F.scaled_dot_product_attention
 
-    def spy(*args, **kwargs):
-        calls.append(kwargs.get("dropout_p", 0.0))
-        return sdpa(*args, **kwargs)
+    def spy(fn):
+        def run(*args, **kwargs):
+            calls.append(kwargs.get("dropout_p", 0.0))
+            return fn(*args, **kwargs)
+        return run
 
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy(F.scaled_dot_product_attention))
+    monkeypatch.setattr(pap_module, "cutoff_attention", spy(pap_module.cutoff_attention))
     k, v = kv(dtype=torch.float32)
     pap(k, v, 4, 4.0, dropout_p=0.5)
     assert calls == [0.0, 0.0, 0.0, 0.5]

@@ -62,7 +62,10 @@ from torch.autograd.function import once_differentiable
 Threshold = Literal["lambda_mu", "lambda_over_mu"]
 THRESHOLDS: tuple[str, ...] = ("lambda_mu", "lambda_over_mu")
 
-__all__ = ["pap", "pap_mu", "shrink", "THRESHOLDS", "check_options", "visible", "tracing", "checks_values"]
+__all__ = [
+    "pap", "pap_mu", "shrink", "THRESHOLDS", "check_options", "visible", "tracing", "checks_values",
+    "cutoff_attention", "softmax_cutoff",
+]
 
 
 def shrink(x: Tensor, tau: Tensor | float) -> Tensor:
@@ -358,9 +361,11 @@ def pap(
     sdpa_mask, sdpa_causal = _merge_masks(attn_mask, is_causal, k.shape[-2], k.device)
 
     def attend(x: Tensor, last: bool) -> Tensor:
+        query, p = (x if q is None else q), (dropout_p if last else 0.0)
+        if _uses_cutoff(query, x, sdpa_mask):  # CPU, logits may span > softmax_cutoff: see there
+            return cutoff_attention(query, x, v, attn_mask=sdpa_mask, is_causal=sdpa_causal, dropout_p=p)
         return F.scaled_dot_product_attention(
-            x if q is None else q, x, v, attn_mask=sdpa_mask, is_causal=sdpa_causal,
-            dropout_p=dropout_p if last else 0.0,
+            query, x, v, attn_mask=sdpa_mask, is_causal=sdpa_causal, dropout_p=p
         )
 
     if not (sparse and dual):
@@ -429,6 +434,237 @@ def _pap_ablated(
     if trace is not None:
         return L, trace.info
     return L
+
+
+# ----------------------------------------------------------------------------- softmax steps
+#
+# PAP's iterates grow over the iterations (docs/pap.md, "Iterate growth"): the dual accumulates the
+# residual K - L - S, and X = K - S - Y / mu moves away from K. Once a row of logits x_i . x_j / sqrt(D)
+# spans more than ~87, exp(logit - row max) lands in float32's subnormal range (below 1.2e-38), and
+# on Intel cores every arithmetic operation with a subnormal operand or result takes a microcode
+# assist (~100x slower); AMD Zen cores mostly do not. SDPA's CPU flash kernel recomputes the
+# probabilities in its backward with a full-range exp and runs four GEMMs on them, so a PAP backward
+# became 10-25x slower on Intel. Those probabilities are below float32's resolution next to the row
+# maximum and change nothing, but no SDPA backend can be told to drop them, and flush-to-zero is a
+# per-thread CPU state that library code should not change behind a caller's back. Hence, on the
+# CPU, a softmax step whose rows *could* span more than ``softmax_cutoff(dtype)`` (a Cauchy-Schwarz
+# bound, one pass over X) goes through :func:`cutoff_attention`, which raises every logit to at
+# least ``row max - cutoff`` before the exp, so no subnormal ever arises, in the forward or the
+# backward. Every other step, and every step on an accelerator (GPUs process subnormals at full
+# speed), uses SDPA unchanged.
+
+_BLOCK_FLOATS = 1 << 18  # logits per block of cutoff_attention: 1 MiB of float32, an L2 cache's worth
+
+
+def softmax_cutoff(dtype: torch.dtype) -> float:
+    """The logit range kept by :func:`cutoff_attention`: ``-2 ln(eps)`` of ``dtype`` (31.8 for float32).
+
+    A logit more than this below its row's maximum has probability below ``eps**2`` times the
+    largest one; raising it to that level changes each output by at most ``N * eps**2 * max|v|``,
+    under the dtype's rounding error for any sequence shorter than ``1 / eps`` (8.4 million tokens in
+    float32), and keeps every probability and every product with it far from the subnormal range.
+    """
+    return -2.0 * math.log(torch.finfo(dtype).eps)
+
+
+def _may_underflow(query: Tensor, key: Tensor, sdpa_mask: Tensor | None) -> bool:
+    """Whether some row of ``softmax(query key^T / sqrt(D))`` may hold a probability below
+    ``exp(-softmax_cutoff) / N`` (SDPA's backward would then meet subnormals on wide ranges).
+
+    By Cauchy-Schwarz, the logits of row i lie in ``+-|q_i| max_j |k_j| / sqrt(D)``. An additive float
+    mask shifts logits by amounts this bound does not see, so such a step always counts as "may".
+    One pass over query and key, and a host synchronisation (free on the CPU, where this is used).
+    """
+    if sdpa_mask is not None and sdpa_mask.dtype != torch.bool:
+        return True
+    n, d = key.shape[-2], key.shape[-1]
+    acc = torch.promote_types(key.dtype, torch.float32)
+    k_max = torch.linalg.vector_norm(key, dim=-1, dtype=acc).amax(-1)  # (B, H)
+    q_norm = k_max if query is key else torch.linalg.vector_norm(query, dim=-1, dtype=acc).amax(-1)
+    spread = 2.0 * q_norm * k_max / math.sqrt(d)
+    return bool((spread > softmax_cutoff(key.dtype) - math.log(n)).any())
+
+
+def _uses_cutoff(query: Tensor, key: Tensor, sdpa_mask: Tensor | None) -> bool:
+    """The softmax-step dispatch of :func:`pap` (see the comment above :func:`softmax_cutoff`)."""
+    if key.device.type != "cpu" or key.dtype not in (torch.float32, torch.float64):
+        return False
+    # While tracing or compiling nothing may branch on values: take the path that is always safe.
+    return tracing() or _may_underflow(query, key, sdpa_mask)
+
+
+def cutoff_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    cutoff: float | None = None,
+) -> Tensor:
+    """``softmax(q k^T / sqrt(D) + mask) v`` with every logit raised to at least ``row max - cutoff``.
+
+    The softmax step :func:`pap` takes on the CPU when a row's logits may span more than the cutoff
+    (see :func:`softmax_cutoff` for why the result equals SDPA's to rounding). No probability, and no
+    intermediate of the hand-written backward, is then subnormal. The scores are formed in blocks of
+    ~1 MiB (a few heads, or a band of query rows for long sequences), so memory stays
+    ``O(N * D)`` per (batch, head) beyond one block, as with SDPA's flash kernel; the backward
+    recomputes the probabilities from the saved row maxima and sums.
+
+    Args:
+        q, k, v: ``(B, H, N, D)`` (q may have its own N), float32 or float64.
+        attn_mask: as SDPA: boolean (True = may attend) or additive float, broadcastable to
+            ``(B, H, Nq, N)``; an additive value <= half the dtype's lowest (or -inf) hides the key.
+            A query that sees no key gets output 0 (as SDPA). The mask receives no gradient.
+        is_causal: hide key j from query i when j > i.
+        dropout_p: attention dropout (on the probabilities, scaled by ``1 / (1 - p)``).
+        cutoff: the kept logit range, default :func:`softmax_cutoff` of the dtype.
+
+    Returns:
+        ``(B, H, Nq, D)``.
+    """
+    if q.dtype not in (torch.float32, torch.float64) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"cutoff_attention: q, k, v must share float32 or float64, got "
+                         f"{q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dim() != 4 or k.dim() != 4 or v.shape[:-1] != k.shape[:-1] or q.shape[:2] != k.shape[:2] \
+            or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"cutoff_attention: q (B, H, Nq, D), k (B, H, N, D), v (B, H, N, Dv) expected, "
+                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"cutoff_attention: dropout_p must be in [0, 1), got {dropout_p}")
+    cutoff = softmax_cutoff(q.dtype) if cutoff is None else float(cutoff)
+    if not cutoff > 0:
+        raise ValueError(f"cutoff_attention: cutoff must be > 0, got {cutoff}")
+    nq, n = q.shape[-2], k.shape[-2]
+    hidden = bias = None
+    if is_causal:
+        hidden = torch.ones(nq, n, dtype=torch.bool, device=q.device).triu(1)
+    if attn_mask is not None:
+        vis = visible(attn_mask)
+        hidden = ~vis if hidden is None else hidden | ~vis
+        if attn_mask.dtype != torch.bool:
+            bias = attn_mask.detach().masked_fill(~vis, 0.0)  # finite: hidden keys are zeroed after exp
+    return _CutoffAttention.apply(q, k, v, hidden, bias, dropout_p, cutoff)
+
+
+def _blocks(bh: int, nq: int, n: int) -> list[tuple[slice, slice]]:
+    """(batch-head slice, query slice) pairs covering ``(bh, nq)`` with ~_BLOCK_FLOATS logits each."""
+    budget = _BLOCK_FLOATS * max(1, torch.get_num_threads())  # fewer, larger blocks for more threads
+    if nq * n <= budget:
+        step = budget // (nq * n)
+        return [(slice(i, min(i + step, bh)), slice(0, nq)) for i in range(0, bh, step)]
+    rows = max(1, budget // n)
+    return [(slice(i, i + 1), slice(r, min(r + rows, nq))) for i in range(bh) for r in range(0, nq, rows)]
+
+
+def _mask_block(mask: Tensor | None, shape: tuple[int, int], bs: slice, qs: slice) -> Tensor | None:
+    """The block ``[bs, qs, :]`` of a mask broadcastable to ``(B, H, Nq, N)``, indexed by flat b*H+h."""
+    if mask is None:
+        return None
+    b, h = shape
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    idx = torch.arange(bs.start, bs.stop, device=mask.device)
+    bi = idx // h if mask.shape[0] > 1 else torch.zeros_like(idx)
+    hi = idx % h if mask.shape[1] > 1 else torch.zeros_like(idx)
+    blk = mask[bi, hi]  # (nb, Nq | 1, N | 1): a copy of this block only
+    return blk[:, qs] if blk.shape[1] > 1 else blk
+
+
+def _probabilities(
+    S: Tensor, m: Tensor, hidden: Tensor | None, cutoff: float
+) -> Tensor:
+    """In place: ``exp(max(S - m, -cutoff))``, 0 where hidden. (The clamp comes before the exp: an exp
+    of a very negative number is itself slow on Intel, since its result or intermediates are subnormal.)"""
+    S.sub_(m).clamp_(min=-cutoff).exp_()
+    if hidden is not None:
+        S.masked_fill_(hidden, 0.0)
+    return S
+
+
+class _CutoffAttention(torch.autograd.Function):
+    """:func:`cutoff_attention` with a blocked, hand-written backward (first-order only).
+
+    Forward per block: S = q k^T / sqrt(D) (+ bias, hidden = -inf), m = row max, P~ = exp(max(S - m,
+    -cutoff)) (0 where hidden), l = row sum, O = (P~ v) / l. Backward with P = P~ / l (and the dropout
+    keep mask Z / (1 - p)): dV = (P Z)^T dO, dP = (dO V^T) Z, dS = P (dP - rowsum(dO * O)),
+    dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D). The clamp is passed through (dS is the softmax
+    backward at the clamped probabilities): the exact derivative differs by less than the cutoff's
+    own effect on the output.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, hidden: Tensor | None, bias: Tensor | None,
+                dropout_p: float, cutoff: float) -> Tensor:
+        b, h, nq, d = q.shape
+        n = k.shape[-2]
+        scale = 1.0 / math.sqrt(d)
+        qf = (q * scale).reshape(b * h, nq, d)
+        kf = k.reshape(b * h, n, d)
+        vf = v.reshape(b * h, n, v.shape[-1])
+        out = torch.empty(b * h, nq, v.shape[-1], dtype=q.dtype, device=q.device)
+        m = torch.empty(b * h, nq, 1, dtype=q.dtype, device=q.device)
+        l_sum = torch.empty_like(m)
+        keeps: list[Tensor] = []
+        ctx.blocks = blocks = _blocks(b * h, nq, n)  # the same blocks in the backward (and thread count)
+        for bs, qs in blocks:
+            S = torch.bmm(qf[bs, qs], kf[bs].transpose(1, 2))
+            hid = _mask_block(hidden, (b, h), bs, qs)
+            if bias is not None:
+                S.add_(_mask_block(bias, (b, h), bs, qs))
+            if hid is not None:
+                S.masked_fill_(hid, float("-inf"))
+            mb = torch.amax(S, dim=-1, keepdim=True)
+            mb.masked_fill_(mb == float("-inf"), 0.0)  # a query that sees no key: all P~ = 0 below
+            m[bs, qs] = mb
+            P = _probabilities(S, mb, hid, cutoff)
+            lb = P.sum(-1, keepdim=True)
+            l_sum[bs, qs] = lb.masked_fill_(lb == 0, 1.0)  # -> output 0, as SDPA
+            if dropout_p > 0:
+                keep = torch.empty_like(P, dtype=torch.bool).bernoulli_(1.0 - dropout_p)
+                keeps.append(keep)
+                P.masked_fill_(~keep, 0.0).div_(1.0 - dropout_p)
+            torch.bmm(P, vf[bs], out=out[bs, qs]).div_(lb)
+        ctx.save_for_backward(q, k, v, out, m, l_sum, hidden, bias, *keeps)
+        ctx.dropout_p, ctx.cutoff = dropout_p, cutoff
+        return out.view(b, h, nq, v.shape[-1])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, m, l_sum, hidden, bias, *keeps = ctx.saved_tensors
+        b, h, nq, d = q.shape
+        n, dv = k.shape[-2], v.shape[-1]
+        scale = 1.0 / math.sqrt(d)
+        p = ctx.dropout_p
+        qf = (q * scale).reshape(b * h, nq, d)
+        kf = k.reshape(b * h, n, d)
+        ks = kf * scale
+        vf = v.reshape(b * h, n, dv)
+        gf = g.reshape(b * h, nq, dv)
+        delta = (gf * out).sum(-1, keepdim=True)  # rowsum(dO * O) = rowsum(P * dP)
+        gq = torch.empty_like(qf)
+        gk = torch.zeros_like(kf)
+        gv = torch.zeros_like(vf)
+        for i, (bs, qs) in enumerate(ctx.blocks):
+            S = torch.bmm(qf[bs, qs], kf[bs].transpose(1, 2))
+            hid = _mask_block(hidden, (b, h), bs, qs)
+            if bias is not None:
+                S.add_(_mask_block(bias, (b, h), bs, qs))
+            P = _probabilities(S, m[bs, qs], hid, ctx.cutoff).div_(l_sum[bs, qs])
+            gb = gf[bs, qs]
+            dP = torch.bmm(gb, vf[bs].transpose(1, 2))
+            if p > 0:
+                keep = keeps[i]
+                gv[bs].baddbmm_((P.masked_fill(~keep, 0.0) / (1.0 - p)).transpose(1, 2), gb)
+                dP.masked_fill_(~keep, 0.0).div_(1.0 - p)
+            else:
+                gv[bs].baddbmm_(P.transpose(1, 2), gb)
+            dS = dP.sub_(delta[bs, qs]).mul_(P)
+            torch.bmm(dS, ks[bs], out=gq[bs, qs])
+            gk[bs].baddbmm_(dS.transpose(1, 2), qf[bs, qs])
+        return gq.view_as(q), gk.view_as(k), gv.view_as(v), None, None, None, None
 
 
 # ----------------------------------------------------------------------------- fused update
