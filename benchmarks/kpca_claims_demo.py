@@ -16,11 +16,12 @@ from pathlib import Path
 import torch
 
 from kpca_attention.data.images import build_image_dataset
+from kpca_attention.io import write_json_atomic
 from kpca_attention.kpca.callback import ProjectionLossCallback
-from kpca_attention.kpca.claims import judge, write_claims
-from kpca_attention.kpca.cli import write_json
+from kpca_attention.kpca.claims import judge
 from kpca_attention.kpca.load import load_for_analysis
 from kpca_attention.kpca.run import analyze_model, resolve_inputs
+from kpca_attention.report.kpca import write_claims
 from kpca_attention.train import get_preset, train
 
 MODELS = {
@@ -53,7 +54,7 @@ def main() -> None:
         txt, imgs, desc = resolve_inputs(loaded, max_samples=args.samples, bible_fallback=True)
         res = analyze_model(loaded, texts=txt, images=imgs)
         res["inputs"] = desc
-        write_json(res, out / f"analysis_{Path(name).name}.json")
+        write_json_atomic(out / f"analysis_{Path(name).name}.json", res, indent=None)
         verdicts.append(judge(res, run_dir=Path(name) if Path(name).exists() else None))
     md = write_claims(verdicts, out)
     print(md.read_text())

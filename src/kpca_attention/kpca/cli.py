@@ -2,33 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
-from typing import Any
 
 import typer
 
+from ..io import write_json_atomic
+
 __all__ = ["analyze_cmd", "claims_cmd"]
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None  # strict JSON has no NaN / inf
-    if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
-        return _jsonable(x.item())
-    return x
-
-
-def write_json(obj: Any, path: str | Path) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(_jsonable(obj), indent=1))
-    return p
 
 
 def _config(
@@ -40,6 +20,9 @@ def _config(
     detail_samples: int,
     critique_exact: bool,
     no_optimal: bool,
+    null_samples: int,
+    null_draws: int,
+    control_samples: int,
 ):
     from .analysis import AnalysisConfig
 
@@ -50,9 +33,19 @@ def _config(
         method=eigensolver,
         bandwidth="critique" if critique_exact else bandwidth,
         row_eps=1e-8 if critique_exact else 0.0,
+        cka_eps=1e-10 if critique_exact else 0.0,
         optimal=not no_optimal,
         detail_samples=detail_samples,
+        null_samples=null_samples,
+        null_draws=null_draws,
+        control_samples=control_samples,
     )
+
+
+# options shared by analyze and claims
+_NULL_SAMPLES = typer.Option(20, help="inputs whose alignment also gets the permutation and Gaussian nulls")
+_NULL_DRAWS = typer.Option(10, help="seeded draws per null, averaged")
+_CONTROL_SAMPLES = typer.Option(2, help="inputs that get the positive control (V_hat + noise at known SNRs)")
 
 
 def _threads(n: int | None) -> None:
@@ -91,24 +84,30 @@ def analyze_cmd(
     eigensolver: str = typer.Option("auto", help="auto | dense | lowrank"),
     bandwidth: str = typer.Option("kornblith", help="kernel-CKA bandwidth: kornblith | critique"),
     critique_exact: bool = typer.Option(
-        False, help="critique's conventions: 1e-8 on row norms, its bandwidth"
+        False,
+        help="critique's conventions: 1e-8 on row norms, 1e-10 on the linear-CKA denominator, its bandwidth",
     ),
     no_optimal: bool = typer.Option(False, help="skip the Hungarian matching"),
     detail_samples: int = typer.Option(
         10, help="inputs that also get the gamma test and standardised eigenvalues"
     ),
+    null_samples: int = _NULL_SAMPLES,
+    null_draws: int = _NULL_DRAWS,
+    control_samples: int = _CONTROL_SAMPLES,
     device: str = typer.Option("cpu", help="torch device"),
     threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
 ) -> None:
     """KPCA diagnostics of every attention layer and head of MODEL (paper Sec. 2 and its critique)."""
+    from ..report.kpca import write_report
+    from .claims import fmt
     from .load import load_for_analysis
-    from .report import fmt, write_report
     from .run import analyze_model, resolve_inputs
 
     _threads(threads)
     try:
         cfg = _config(
-            order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, no_optimal
+            order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, no_optimal,
+            null_samples, null_draws, control_samples,
         )
         loaded = load_for_analysis(model, pretrained=pretrained, device=device)
         txt, imgs, desc = resolve_inputs(
@@ -134,7 +133,7 @@ def analyze_cmd(
         keep_padding=keep_padding,
     )
     res["inputs"] = desc
-    write_json(res, json_out)
+    write_json_atomic(json_out, res, indent=1)
     s = res["summary"]
     typer.echo(
         f"{model}: "
@@ -167,17 +166,31 @@ def claims_cmd(
     max_samples: int = typer.Option(100, help="inputs per model"),
     pretrained: bool = typer.Option(True, "--pretrained/--no-pretrained", help="timm: pretrained weights"),
     detail_samples: int = typer.Option(10, help="inputs that also get the gamma test"),
+    null_samples: int = _NULL_SAMPLES,
+    null_draws: int = _NULL_DRAWS,
+    control_samples: int = _CONTROL_SAMPLES,
+    report: bool = typer.Option(
+        True, "--report/--no-report", help="also write each model's report.md and plots into OUT/<model>/"
+    ),
     device: str = typer.Option("cpu", help="torch device"),
     threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
 ) -> None:
     """One table: each empirical claim of the paper and each measure of the critique, per model,
-    with the measured value and a verdict against a stated threshold."""
-    from .claims import judge, write_claims
+    with the measured value, its chance level and a verdict against a stated threshold or test."""
+    from ..report.kpca import write_claims, write_report
+    from .claims import judge
     from .load import load_for_analysis
     from .run import analyze_model, resolve_inputs
 
     _threads(threads)
-    cfg = _config("abs", "unit", "GHA", "auto", "kornblith", detail_samples, False, False)
+    try:
+        cfg = _config(
+            "abs", "unit", "GHA", "auto", "kornblith", detail_samples, False, False,
+            null_samples, null_draws, control_samples,
+        )
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
     verdicts = []
     for name in models:
         try:
@@ -197,7 +210,9 @@ def claims_cmd(
             raise typer.Exit(2) from e
         res = analyze_model(loaded, texts=txt, images=imgs, config=cfg)
         res["inputs"] = desc
-        write_json(res, out / f"analysis_{Path(name).name}.json")
+        write_json_atomic(out / f"analysis_{Path(name).name}.json", res, indent=None)
+        if report:
+            typer.echo(f"report: {write_report(res, out / Path(name).name)}")
         verdicts.append(judge(res, run_dir=Path(name) if Path(name).exists() else None))
     md = write_claims(verdicts, out)
     typer.echo(md.read_text())
