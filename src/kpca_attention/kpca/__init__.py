@@ -4,11 +4,14 @@ critique's (Saritas & Yildiz 2025, arXiv 2505.07908), batched, float64, log spac
 Library: :func:`feature_gram`, :func:`kpca_eigen`, :func:`predicted_values` (Theorem 1),
 :func:`projection_loss` / :func:`projection_loss_official` (eq. 13, Fig. 1), :func:`gamma_test`
 (Fig. 2, 5), :func:`top_eigenvalues` / :func:`eigen_stats`, :func:`alignment`, :func:`linear_cka`,
-:func:`kernel_cka`. Capturing q, k, v from models lives in :mod:`.capture`, the whole-model analysis
-in :mod:`.analysis`, the claims table in :mod:`.claims`, the training callback in :mod:`.callback`.
+:func:`kernel_cka`; their chance levels and positive control: :func:`null_alignment`,
+:func:`positive_control`, :func:`chance_test` (:mod:`.chance`). Capturing q, k, v from models lives
+in :mod:`.capture`, the whole-model analysis in :mod:`.analysis`, the claims table in :mod:`.claims`,
+the training callback in :mod:`.callback`.
 """
 
 from .alignment import alignment, kernel_cka, linear_cka, optimal_cosine, rbf_gram, row_cosine
+from .chance import chance_test, null_alignment, positive_control, share_of_change
 from .diagnostics import (
     eigen_stats,
     gamma_test,
@@ -40,4 +43,8 @@ __all__ = [
     "linear_cka",
     "kernel_cka",
     "rbf_gram",
+    "null_alignment",
+    "positive_control",
+    "chance_test",
+    "share_of_change",
 ]
