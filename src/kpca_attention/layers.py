@@ -16,6 +16,15 @@ hook on them to read q, k, v of any layer. In symmetric layers ``hook_q`` sees t
 
 timm calls ``issubclass(attn_layer, ...)``, so options cannot be bound with ``functools.partial``:
 :func:`configure` makes a subclass with new constructor defaults instead.
+
+Tracing and compiling: the forward passes branch in Python on shapes and options only, never on a
+tensor's values, so ``torch.compile`` sees no graph break in them and FX traces them
+(``torchvision.models.feature_extraction.create_feature_extractor`` works as on timm's ViTs). Under FX,
+:func:`~kpca_attention.pap.pap` is one leaf call (``torch.fx.wrap``): its input checks run when the
+traced graph runs. Checks that read values (NaN/Inf inputs) follow ``pap``'s ``validate`` rule: eager
+mode on the CPU by default. TorchScript is not supported: PAP's fused update is a
+``torch.autograd.Function`` with a hand-written backward, which TorchScript cannot compile
+(``torch.compile`` / ``torch.export`` are the supported graph paths).
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .pap import THRESHOLDS, pap, visible
+from .pap import check_options, pap, visible
 
 __all__ = [
     "SymmetricAttention",
@@ -38,6 +47,15 @@ __all__ = [
     "replace_attention",
     "resolve_blocks",
 ]
+
+# FX: record every call of pap as one node instead of tracing through it (its mask handling and checks
+# branch on shapes); the GraphModule then calls pap itself, with real tensors.
+torch.fx.wrap("pap")
+
+
+def _is_proxy(x: object) -> bool:
+    """True for an FX symbolic-tracing proxy: its shape is no concrete number to check."""
+    return isinstance(x, torch.fx.Proxy)
 
 
 class _HeadsAttention(nn.Module):
@@ -68,6 +86,9 @@ class _HeadsAttention(nn.Module):
         # timm's Attention takes these too; only their defaults are supported here. An unknown
         # keyword is a TypeError (not swallowed), so a misspelt option of configure() is caught.
         del depth  # timm's block index, used by none of these layers
+        for name, value in (("dim", dim), ("num_heads", num_heads)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{type(self).__name__}: {name} must be an integer >= 1, got {value!r}")
         if gated or dim_out not in (None, dim) or attn_head_dim not in (None, dim // max(num_heads, 1)):
             raise ValueError(
                 f"{type(self).__name__} supports timm's attn_head_dim, dim_out and gated only at their "
@@ -101,7 +122,8 @@ class _HeadsAttention(nn.Module):
         """``(B, N, C)`` -> ``{"q"?, "k", "v"}`` each ``(B, H, N, D)``, normed and hooked."""
         b, n, _ = x.shape
         parts = self.in_proj(x).reshape(b, n, len(self.projections), self.num_heads, self.head_dim)
-        out = dict(zip(self.projections, parts.permute(2, 0, 3, 1, 4).unbind(0), strict=True))
+        parts = parts.permute(2, 0, 3, 1, 4)  # (S, B, H, N, D); indexed, as FX cannot iterate a proxy
+        out = {name: parts[i] for i, name in enumerate(self.projections)}
         out["k"] = self.hook_k(self.k_norm(out["k"]))
         out["q"] = self.hook_q(self.q_norm(out["q"])) if "q" in out else self.hook_q(out["k"])
         out["v"] = self.hook_v(out["v"])
@@ -111,7 +133,8 @@ class _HeadsAttention(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-        if x.dim() != 3 or x.shape[-1] != self.attn_dim:
+        """``x (B, N, C)`` -> ``(B, N, C)``; ``attn_mask`` an SDPA mask broadcastable to (B, H, N, N)."""
+        if not _is_proxy(x) and (x.dim() != 3 or x.shape[-1] != self.attn_dim):
             raise ValueError(
                 f"{type(self).__name__}: x must be (B, N, {self.attn_dim}), got {tuple(x.shape)}"
             )
@@ -151,6 +174,8 @@ class RPCAttention(_HeadsAttention):
         sparse: False forces the sparse component to zero (ablation: iterated attention with dual
             feedback, no shrinkage).
         dual: False removes the dual update (ablation: Y = 0 throughout).
+        validate: :func:`~kpca_attention.pap.pap`'s ``validate``: None checks inputs for NaN/Inf in
+            eager mode on the CPU only (no host sync on an accelerator), True on every device.
     """
 
     def __init__(
@@ -166,19 +191,22 @@ class RPCAttention(_HeadsAttention):
         record_trace: bool = False,
         sparse: bool = True,
         dual: bool = True,
+        validate: bool | None = None,
         **kwargs: Any,
     ) -> None:
-        if n_iter < 1:
-            raise ValueError(f"RPCAttention: n_iter must be >= 1, got {n_iter}")
-        if lam <= 0:
-            raise ValueError(f"RPCAttention: lam must be > 0, got {lam}")
-        if threshold not in THRESHOLDS:
-            raise ValueError(f"RPCAttention: unknown threshold {threshold!r}; valid: {', '.join(THRESHOLDS)}")
+        check_options(n_iter=n_iter, lam=lam, threshold=threshold, mu_dim=mu_dim, where="RPCAttention")
+        for name, value in (("symmetric", symmetric), ("record_trace", record_trace), ("sparse", sparse),
+                            ("dual", dual)):
+            if not isinstance(value, bool):
+                raise ValueError(f"RPCAttention: {name} must be True or False, got {value!r}")
+        if validate not in (None, True, False):
+            raise ValueError(f"RPCAttention: validate must be None, True or False, got {validate!r}")
         self.projections = ("k", "v") if symmetric else ("q", "k", "v")
         super().__init__(dim, num_heads, *args, **kwargs)
         self.n_iter, self.lam, self.threshold, self.mu_dim = n_iter, lam, threshold, mu_dim
         self.symmetric = symmetric
-        self.sparse, self.dual = bool(sparse), bool(dual)
+        self.sparse, self.dual = sparse, dual
+        self.validate = validate
         self.record_trace = record_trace
         self.last_trace: dict | None = None
 
@@ -188,7 +216,7 @@ class RPCAttention(_HeadsAttention):
             mu_dim=self.mu_dim, threshold=self.threshold,
             q=None if self.symmetric else qkv["q"],
             attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.dropout_p,
-            sparse=self.sparse, dual=self.dual, return_info=self.record_trace,
+            sparse=self.sparse, dual=self.dual, return_info=self.record_trace, validate=self.validate,
         )
         if self.record_trace:
             result, self.last_trace = result
@@ -231,20 +259,21 @@ class ScaledAttention(_HeadsAttention):
             raise ValueError(f"ScaledAttention: unknown mode {mode!r}; valid: {', '.join(self.MODES)}")
         self.mode = mode
         self.num_tokens = num_tokens
+        dd = {"device": self.proj.weight.device, "dtype": self.proj.weight.dtype}  # timm's device=, dtype=
         if mode == "matrix":
             if num_tokens is None or num_tokens < 1:
                 raise ValueError(
                     "ScaledAttention(mode='matrix') needs num_tokens >= 1 (the fixed sequence length)"
                 )
-            self.scale_s = nn.Parameter(torch.zeros(num_heads, num_tokens, num_tokens))
+            self.scale_s = nn.Parameter(torch.zeros(num_heads, num_tokens, num_tokens, **dd))
         else:
-            self.alpha = nn.Parameter(torch.zeros(1))
+            self.alpha = nn.Parameter(torch.zeros(1, **dd))
 
     def attend(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool) -> Tensor:
         q, k, v = qkv["q"], qkv["k"], qkv["v"]
         if self.mode == "matrix":
             n = v.shape[-2]
-            if n != self.num_tokens:
+            if not _is_proxy(n) and n != self.num_tokens:
                 raise ValueError(
                     f"ScaledAttention(mode='matrix') was built for {self.num_tokens} tokens, got {n}"
                 )
@@ -331,6 +360,56 @@ def resolve_blocks(spec: str | int | Iterable[int], depth: int) -> list[int]:
     return sorted({i % depth for i in idx})
 
 
+_LAYOUT = (
+    "timm's Attention layout: a fused input projection `qkv` = nn.Linear(dim, 3 * dim), an output "
+    "projection `proj` = nn.Linear(dim, dim) and an integer `num_heads` dividing dim (optional: "
+    "`attn_drop` / `proj_drop` nn.Dropout, absent = no dropout; `q_norm`, `k_norm`, `norm`)"
+)
+
+
+def _timm_layout(old: nn.Module, where: str) -> tuple[nn.Linear, nn.Linear]:
+    """The fused input and the output projection of an attention layer in timm's layout, or a
+    ValueError listing what the layer lacks (e.g. ``nn.MultiheadAttention``, separate q/k/v Linears)."""
+    proj = getattr(old, "proj", None)
+    in_proj = old.in_proj if isinstance(old, _HeadsAttention) else getattr(old, "qkv", None)
+    problems = []
+    if not isinstance(in_proj, nn.Linear):
+        seen = ("q", "k", "v", "q_proj", "k_proj", "v_proj", "in_proj_weight")
+        names = [n for n in seen if hasattr(old, n)]
+        problems.append("no fused `qkv` nn.Linear" + (f" (it has {', '.join(names)})" if names else ""))
+    if not isinstance(proj, nn.Linear):
+        problems.append("no `proj` nn.Linear" + (" (it has `out_proj`)" if hasattr(old, "out_proj") else ""))
+    heads = getattr(old, "num_heads", None)
+    if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
+        problems.append(f"no integer `num_heads` (got {heads!r})")
+    if not problems:
+        dim = proj.in_features
+        n_parts = len(old.projections) if isinstance(old, _HeadsAttention) else 3
+        if proj.out_features != dim or getattr(old, "gate", None) is not None:
+            problems.append(f"gated attention or dim_out != dim (proj is {dim} -> {proj.out_features})")
+        if in_proj.in_features != dim or in_proj.out_features != n_parts * dim:
+            problems.append(f"`qkv` is {in_proj.in_features} -> {in_proj.out_features}, not {dim} -> "
+                            f"{n_parts * dim}")
+        elif dim % heads:
+            problems.append(f"num_heads {heads} does not divide dim {dim}")
+    if problems:
+        raise ValueError(f"{where}: cannot replace {type(old).__name__}: {'; '.join(problems)}. "
+                         f"replace_attention needs {_LAYOUT}")
+    return in_proj, proj
+
+
+def _dropout_p(old: nn.Module, name: str, where: str) -> float:
+    drop = getattr(old, name, None)
+    if drop is None:
+        return 0.0
+    if isinstance(drop, nn.Dropout):
+        return drop.p
+    if isinstance(drop, nn.Identity):
+        return 0.0
+    raise ValueError(f"{where}: `{name}` of {type(old).__name__} is a {type(drop).__name__}; "
+                     "replace_attention reads its rate from an nn.Dropout (no attribute = no dropout)")
+
+
 def replace_attention(
     model: nn.Module,
     attn_layer: type[nn.Module],
@@ -342,25 +421,33 @@ def replace_attention(
     (and Q, taking W_Q = W_K from a symmetric layer) rows of the input projection, the output
     projection and the norms. New parameters (e.g. Scaled Attention's S) keep their init.
 
+    The attention layers must have timm's layout (``qkv``, ``proj``, ``num_heads``; see the error
+    message for the rest): a ValueError names what a layer lacks, before anything is replaced.
+
     Returns the indices of the replaced blocks.
     """
-    if not hasattr(model, "blocks"):
-        raise TypeError(f"{type(model).__name__} has no .blocks; expected a timm VisionTransformer")
-    chosen = resolve_blocks(blocks, len(model.blocks))
+    blocks_of = getattr(model, "blocks", None)
+    if blocks_of is None or not hasattr(blocks_of, "__len__") or not hasattr(blocks_of, "__getitem__"):
+        raise TypeError(f"{type(model).__name__} has no .blocks sequence; expected a timm VisionTransformer "
+                        "(or a module whose .blocks[i].attn are attention layers in timm's layout)")
+    chosen = resolve_blocks(blocks, len(blocks_of))
+    layouts = {}
+    for i in chosen:  # check every block first, so that a failure leaves the model unchanged
+        if not isinstance(getattr(blocks_of[i], "attn", None), nn.Module):
+            raise ValueError(f"block {i} ({type(blocks_of[i]).__name__}) has no `attn` module to replace")
+        layouts[i] = _timm_layout(blocks_of[i].attn, f"block {i}")
     for i in chosen:
-        old = model.blocks[i].attn
-        dim = old.proj.in_features
-        if getattr(old, "gate", None) is not None or old.proj.out_features != dim:
-            raise ValueError(f"block {i}: gated attention or dim_out != dim cannot be replaced")
-        qkv_lin = old.in_proj if isinstance(old, _HeadsAttention) else old.qkv
+        old = blocks_of[i].attn
+        qkv_lin, proj = layouts[i]
+        dim = proj.in_features
         kwargs = dict(
             num_heads=old.num_heads,
             qkv_bias=qkv_lin.bias is not None,
             qk_norm=not isinstance(getattr(old, "k_norm", nn.Identity()), nn.Identity),
             scale_norm=not isinstance(getattr(old, "norm", nn.Identity()), nn.Identity),
-            proj_bias=old.proj.bias is not None,
-            attn_drop=old.attn_drop.p,
-            proj_drop=old.proj_drop.p,
+            proj_bias=proj.bias is not None,
+            attn_drop=_dropout_p(old, "attn_drop", f"block {i}"),
+            proj_drop=_dropout_p(old, "proj_drop", f"block {i}"),
         )
         if kwargs["qk_norm"] or kwargs["scale_norm"]:
             norm = old.k_norm if kwargs["qk_norm"] else old.norm
@@ -370,5 +457,5 @@ def replace_attention(
         new = attn_layer(dim, device=p.device, dtype=p.dtype, **kwargs)
         _carry_weights(old, new)
         new.train(old.training)
-        model.blocks[i].attn = new
+        blocks_of[i].attn = new
     return chosen

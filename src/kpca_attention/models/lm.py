@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..layers import RPCAttention, SymmetricAttention, configure, resolve_blocks
+from .vit import check_rpc_options
 
 __all__ = ["LMConfig", "CausalLM", "LM_MODELS", "LM_PRESETS", "create_lm", "perplexity"]
 
@@ -90,6 +91,7 @@ class LMConfig:
                     f"{self.vocab_size}), got {self.adaptive_softmax_cutoffs}"
                 )
             self.adaptive_softmax_cutoffs = cut
+        check_rpc_options(dataclasses.asdict(self), "LMConfig")  # rpc_mu_dim=0 would give tau = 0
         # None: the paper's layers 1-4 (fewer when the model has fewer layers)
         spec = list(range(min(4, self.n_layer))) if self.rpc_layers is None else self.rpc_layers
         self.rpc_layers = resolve_blocks(spec, self.n_layer)

@@ -31,23 +31,31 @@ dual update, see :func:`~kpca_attention.pap.pap`). The RPC layers are swapped in
 over, so ``rpc_symvit_X`` and ``symvit_X`` built under the same seed start from identical weights.
 
 All entry points take timm's keyword arguments (``num_classes``, ``in_chans``, ``img_size``,
-``drop_path_rate``, ...). None has pretrained weights.
+``drop_path_rate``, ``out_indices``, ...). None has pretrained weights.
+
+timm conventions, as timm's own ViTs: every model has a complete pretrained cfg (the fields of timm's
+ViT cfgs: ``input_size`` with ``fixed_input_size``, ``mean``/``std``, ``crop_pct``, ``interpolation``,
+``num_classes``, ``pool_size``, ``first_conv``, ``classifier``); ``features_only=True`` returns the
+last ``out_indices`` (3) blocks as NCHW maps through ``forward_intermediates`` (timm's "getter"
+feature wrapper); FX tracing (``create_feature_extractor``) and ``torch.compile`` work (see
+:mod:`kpca_attention.layers`). ``make timm-compat`` runs timm's own model tests on these models.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from timm.layers import Attention
-from timm.models import build_model_with_cfg, register_model
-from timm.models._registry import generate_default_cfgs
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
 
 from ..layers import RPCAttention, ScaledAttention, SymmetricAttention, configure, replace_attention
+from ..pap import check_options
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
 
-__all__ = ["VISION_MODELS", "ARCHS", "RPC_DEFAULTS"]
+__all__ = ["VISION_MODELS", "ARCHS", "RPC_DEFAULTS", "RPC_OPTION_ARGS", "check_rpc_options"]
 
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -126,11 +134,18 @@ def _size_of(name: str) -> str:
     raise KeyError(name)
 
 
+def _cfg(**kwargs: Any) -> dict[str, Any]:
+    """A pretrained cfg with every field of timm's ViT cfgs (``timm.models.vision_transformer._cfg``).
+
+    ``fixed_input_size``: the position embedding is learned for one grid, so data pipelines and timm's
+    tests use ``input_size`` (other sizes work with ``dynamic_img_size=True`` or ``img_size=``).
+    """
+    return dict(url="", pool_size=None, interpolation="bicubic", fixed_input_size=True,
+                first_conv="patch_embed.proj", classifier="head", **kwargs)
+
+
 def _build_default_cfgs() -> Any:
-    return generate_default_cfgs({
-        name: dict(url="", first_conv="patch_embed.proj", classifier="head", **ARCHS[_size_of(name)]["cfg"])
-        for name in VISION_MODELS
-    })
+    return generate_default_cfgs({name: _cfg(**ARCHS[_size_of(name)]["cfg"]) for name in VISION_MODELS})
 
 
 default_cfgs = _build_default_cfgs()
@@ -138,24 +153,60 @@ default_cfgs = _build_default_cfgs()
 
 # ----------------------------------------------------------------------------- builders
 
-def _create(variant: str, pretrained: bool, attn_layer: type, **kwargs: Any) -> VisionTransformer:
+def _create(
+    variant: str,
+    pretrained: bool,
+    attn_layer: type,
+    post: Callable[[VisionTransformer], VisionTransformer] | None = None,
+    **kwargs: Any,
+) -> VisionTransformer:
+    """Build through timm's ``build_model_with_cfg``; ``post`` (e.g. the RPC swap) runs on the
+    VisionTransformer before timm wraps it for ``features_only``."""
     if pretrained:
         raise ValueError(f"{variant}: no pretrained weights exist; train it (kpca-attention train) and load "
                          "the checkpoint instead")
     arch = dict(ARCHS[_size_of(variant)]["arch"])
     arch.update(kwargs)
-    return build_model_with_cfg(VisionTransformer, variant, pretrained=False, attn_layer=attn_layer, **arch)
+    out_indices = arch.pop("out_indices", 3)
+
+    def make(**model_kwargs: Any) -> VisionTransformer:
+        model = VisionTransformer(**model_kwargs)
+        return model if post is None else post(model)
+
+    # features_only as timm's ViTs: forward_intermediates of the last out_indices blocks, as NCHW maps
+    return build_model_with_cfg(
+        make, variant, pretrained=False, attn_layer=attn_layer,
+        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"), **arch,
+    )
 
 
-def _pop_rpc(kwargs: dict[str, Any]) -> dict[str, Any]:
+#: rpc_* option -> the argument of :func:`~kpca_attention.pap.check_options` it is
+RPC_OPTION_ARGS: dict[str, str] = dict(rpc_iters="n_iter", rpc_lambda="lam", rpc_threshold="threshold",
+                                       rpc_mu_dim="mu_dim")
+
+
+def check_rpc_options(opts: dict[str, Any], where: str) -> None:
+    """ValueError naming the ``rpc_*`` option and its valid values for a bad value in ``opts``."""
+    for key, arg in RPC_OPTION_ARGS.items():
+        if key in opts:
+            check_options(**{arg: opts[key]}, where=f"{where}: {key}")
+
+
+def _pop_rpc(variant: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     opts = {k: kwargs.pop(k, v) for k, v in RPC_DEFAULTS.items()}
     unknown = [k for k in kwargs if k.startswith("rpc_")]
     if unknown:
         raise TypeError(f"unknown RPC option(s) {unknown}; valid: {', '.join(RPC_DEFAULTS)}")
+    check_rpc_options(opts, variant)
     return opts
 
 
-def _with_rpc(model: VisionTransformer, opts: dict[str, Any], symmetric: bool) -> VisionTransformer:
+def _with_rpc(opts: dict[str, Any], symmetric: bool) -> Callable[[VisionTransformer], VisionTransformer]:
+    """The RPC swap of :func:`_create`'s ``post``: RPC layers in ``rpc_layers``, weights carried over."""
+    return functools.partial(_swap_rpc, opts=opts, symmetric=symmetric)
+
+
+def _swap_rpc(model: VisionTransformer, opts: dict[str, Any], symmetric: bool) -> VisionTransformer:
     blocks = opts["rpc_layers"]
     chosen = replace_attention(
         model, RPCAttention, blocks if isinstance(blocks, (str, int)) else list(blocks),
@@ -171,18 +222,18 @@ def _build_symvit(variant: str, pretrained: bool = False, **kwargs: Any) -> Visi
 
 
 def _build_rpc_symvit(variant: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    opts = _pop_rpc(kwargs)
-    return _with_rpc(_create(variant, pretrained, SymmetricAttention, **kwargs), opts, symmetric=True)
+    opts = _pop_rpc(variant, kwargs)
+    return _create(variant, pretrained, SymmetricAttention, _with_rpc(opts, symmetric=True), **kwargs)
 
 
 def _build_rpc_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    opts = _pop_rpc(kwargs)
-    return _with_rpc(_create(variant, pretrained, Attention, **kwargs), opts, symmetric=False)
+    opts = _pop_rpc(variant, kwargs)
+    return _create(variant, pretrained, Attention, _with_rpc(opts, symmetric=False), **kwargs)
 
 
 def _build_rpc_symasym_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    opts = _pop_rpc(kwargs)
-    return _with_rpc(_create(variant, pretrained, Attention, **kwargs), opts, symmetric=True)
+    opts = _pop_rpc(variant, kwargs)
+    return _create(variant, pretrained, Attention, _with_rpc(opts, symmetric=True), **kwargs)
 
 
 def _build_scaled_vit(
