@@ -117,6 +117,54 @@ def test_cache_is_written_once_and_read_back(tmp_path, monkeypatch):
     assert C.CorruptedDataset(other, "glass_blur", 2, seed=3, cache_dir=tmp_path).cache_path != path
 
 
+def test_partial_cache_is_repaired(tmp_path, monkeypatch):
+    """A cache missing only its labels file used to count as built: build_cache did nothing and every
+    later run recomputed the corruptions on the fly, silently. Now reading warns and build_cache
+    rewrites the labels from the base data set, without corrupting anything again."""
+    base = _Base(4)
+    ds = C.CorruptedDataset(base, "gaussian_noise", 3, seed=1, cache_dir=tmp_path)
+    path = ds.build_cache(progress=False)
+    want = [ds[i] for i in range(4)]
+    ds.labels_path.unlink()
+
+    calls = []
+    real = C.corrupt
+    monkeypatch.setattr(C, "corrupt", lambda *a, **k: calls.append(1) or real(*a, **k))
+    partial = C.CorruptedDataset(base, "gaussian_noise", 3, seed=1, cache_dir=tmp_path)
+    assert partial.cache_problem() == "no labels file"
+    with pytest.warns(UserWarning, match="incomplete \\(no labels file\\).*build_cache\\(\\) repairs it"):
+        x, y = partial[2]
+    assert torch.equal(x, want[2][0]) and y == want[2][1] and len(calls) == 1  # computed on the fly
+    assert partial.build_cache(progress=False) == path
+    assert len(calls) == 1 and partial.cache_problem() is None  # labels only: no corruption recomputed
+    fresh = C.CorruptedDataset(base, "gaussian_noise", 3, seed=1, cache_dir=tmp_path)
+    for i in range(4):
+        x, y = fresh[i]
+        assert torch.equal(x, want[i][0]) and y == want[i][1]
+    assert len(calls) == 1 and not list(tmp_path.glob("*.tmp"))
+
+    # damaged images (truncated file): everything is recomputed, the same images come back
+    path.write_bytes(path.read_bytes()[:100])
+    again = C.CorruptedDataset(base, "gaussian_noise", 3, seed=1, cache_dir=tmp_path)
+    assert "unreadable images file" in again.cache_problem()
+    again.build_cache(progress=False)
+    assert len(calls) == 1 + 4 and again.cache_problem() is None
+    assert all(torch.equal(again[i][0], want[i][0]) for i in range(4))
+
+
+def test_dataset_options_are_validated():
+    base = _Base(2)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+            C.CorruptedDataset(base, "fog", 1, seed=bad)
+    with pytest.raises(ValueError, match="seed must be an integer >= 0 or None; got -2"):
+        C.corrupt(_gray(), "fog", 1, seed=-2)
+    with pytest.raises(ValueError, match="the string 'fog'"):
+        C.corrupted_views(base, "fog")
+    with pytest.raises(ValueError, match="non-empty"):
+        C.corrupted_views(base, ["fog"], [])
+
+
 def test_imagenet_c_folder(tmp_path):
     for wnid in ("n01440764", "n01443537"):
         d = tmp_path / "fog" / "3" / wnid

@@ -38,6 +38,8 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
+from ..checks import check_int
+
 # The 15 ImageNet-C corruptions (the benchmark, used for mCE) in the paper's order, then the 4
 # "extra"/validation corruptions of Hendrycks & Dietterich (not part of mCE).
 COMMON_CORRUPTIONS: tuple[str, ...] = (
@@ -96,6 +98,7 @@ def corrupt(image: np.ndarray, name: str, severity: int, seed: int | None = None
         RGB image; see the module docstring).
     """
     check_corruption(name, severity)
+    check_int(seed, "seed", min=0, allow_none=True)
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
         raise TypeError(f"expected a uint8 numpy array, got {type(image).__name__} "
                         f"{getattr(image, 'dtype', '')}")
@@ -171,8 +174,12 @@ class CorruptedDataset(Dataset):
     in every process, worker and run.
 
     With ``cache_dir``, :meth:`build_cache` writes all corrupted images once to one ``.npy`` file
-    (atomically; the name holds the corruption, severity, seed and a fingerprint of the base data),
-    and later instances (other checkpoints, a restarted run) read it instead of recomputing.
+    and their labels to a second one (each atomically; the name holds the corruption, severity, seed
+    and a fingerprint of the base data), and later instances (other checkpoints, a restarted run) read
+    them instead of recomputing. A cache counts as built only when both files are readable and hold
+    ``len(self)`` items: :meth:`build_cache` repairs an incomplete one (a missing or damaged labels
+    file is rewritten from the base data set without corrupting anything again; damaged images are
+    recomputed), and reading items from an incomplete cache warns once and computes them on the fly.
     """
 
     def __init__(
@@ -187,11 +194,12 @@ class CorruptedDataset(Dataset):
         self.base = base
         self.name = name
         self.severity = int(severity)
-        self.seed = int(seed)
+        self.seed = check_int(seed, "seed", min=0)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._cache: np.ndarray | None = None
         self._labels: np.ndarray | None = None
         self._fingerprint: str | None = None
+        self._warned = False
 
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]
@@ -219,38 +227,100 @@ class CorruptedDataset(Dataset):
                       seed=item_seed(self.seed, index, self.name, self.severity))
         return out, int(label)
 
-    def build_cache(self, progress: bool = True) -> Path:
-        """Corrupt every item once and save them; a no-op when the cache file exists."""
+    @property
+    def labels_path(self) -> Path | None:
+        """The labels file next to :attr:`cache_path`."""
         path = self.cache_path
-        if path is None:
+        return None if path is None else path.with_suffix(".labels.npy")
+
+    def _read_images(self) -> tuple[np.ndarray | None, str]:
+        """The cached images ``(N, H, W, C)`` uint8 (memory-mapped), or None and why not."""
+        path = self.cache_path
+        if path is None or not path.exists():
+            return None, "no images file"
+        try:
+            images = np.load(path, mmap_mode="r")
+        except (ValueError, OSError) as e:  # truncated or foreign file
+            return None, f"unreadable images file ({e})"
+        if images.dtype != np.uint8 or images.ndim != 4 or len(images) != len(self):
+            return None, (f"images file holds {images.dtype} {images.shape}, expected uint8 "
+                          f"({len(self)}, H, W, C)")
+        return images, ""
+
+    def _read_labels(self) -> tuple[np.ndarray | None, str]:
+        """The cached labels ``(N,)``, or None and why not."""
+        path = self.labels_path
+        if path is None or not path.exists():
+            return None, "no labels file"
+        try:
+            labels = np.load(path)
+        except (ValueError, OSError) as e:
+            return None, f"unreadable labels file ({e})"
+        if labels.shape != (len(self),) or not np.issubdtype(labels.dtype, np.integer):
+            return None, f"labels file holds {labels.dtype} {labels.shape}, expected integers ({len(self)},)"
+        return labels, ""
+
+    def cache_problem(self) -> str | None:
+        """None when the cache is complete (both files readable, ``len(self)`` items each), else what
+        is wrong ("no images file", "no labels file", ...)."""
+        if self.cache_path is None:
+            return "no cache_dir"
+        images, why_images = self._read_images()
+        labels, why_labels = self._read_labels()
+        if images is None or labels is None:
+            return "; ".join(w for w in (why_images, why_labels) if w)
+        return None
+
+    def build_cache(self, progress: bool = True) -> Path:
+        """Corrupt every item once and save images and labels; a no-op when the cache is complete.
+
+        An incomplete cache is repaired: when only the labels file is missing or damaged it is rewritten
+        from the base data set (labels do not depend on the corruption), otherwise everything is
+        recomputed and both files are replaced.
+        """
+        path, labels_path = self.cache_path, self.labels_path
+        if path is None or labels_path is None:
             raise ValueError("build_cache needs cache_dir")
-        if not path.exists():
-            first, _ = self._corrupt_item(0)
+        if len(self) == 0:
+            raise ValueError("build_cache: the base data set is empty")
+        images, _ = self._read_images()
+        labels, _ = self._read_labels()
+        if images is not None and labels is not None:
+            return path
+        self._cache = self._labels = None
+        if images is None:
+            first, label = self._corrupt_item(0)
             images = np.empty((len(self), *first.shape), dtype=np.uint8)
-            labels = np.empty(len(self), dtype=np.int64)
-            for i in tqdm(range(len(self)), desc=f"{self.name} s{self.severity} (cache)",
-                          disable=not progress, leave=False):
-                images[i], labels[i] = self._corrupt_item(i)
+            fresh = np.empty(len(self), dtype=np.int64)
+            images[0], fresh[0] = first, label
+            for i in tqdm(range(1, len(self)), desc=f"{self.name} s{self.severity} (cache)",
+                          initial=1, total=len(self), disable=not progress, leave=False):
+                images[i], fresh[i] = self._corrupt_item(i)
             _atomic_save_npy(path, images)
-            _atomic_save_npy(path.with_suffix(".labels.npy"), labels)
+        else:
+            fresh = np.fromiter((int(self.base[i][1]) for i in tqdm(
+                range(len(self)), desc=f"{self.name} s{self.severity} (cache labels)", disable=not progress,
+                leave=False)), dtype=np.int64, count=len(self))
+        _atomic_save_npy(labels_path, fresh)
         return path
 
     def _load_cache(self) -> bool:
         if self._cache is not None:
             return True
-        path = self.cache_path
-        if path is None or not path.exists() or not path.with_suffix(".labels.npy").exists():
+        if self.cache_path is None:
             return False
-        try:
-            self._cache = np.load(path, mmap_mode="r")
-            self._labels = np.load(path.with_suffix(".labels.npy"))
-        except (ValueError, OSError) as e:  # truncated or foreign file: recompute rather than crash
-            warnings.warn(f"ignoring unreadable corruption cache {path}: {e}", stacklevel=2)
-            self._cache = self._labels = None
+        images, why_images = self._read_images()
+        labels, why_labels = self._read_labels()
+        if images is None or labels is None:
+            if (images is not None or labels is not None or "unreadable" in why_images + why_labels) \
+                    and not self._warned:
+                # Some of a cache is there: it is incomplete, not absent. Say so once, and how to repair.
+                self._warned = True
+                problem = "; ".join(w for w in (why_images, why_labels) if w)
+                warnings.warn(f"corruption cache {self.cache_path} is incomplete ({problem}): computing "
+                              "the images on the fly; build_cache() repairs it", stacklevel=3)
             return False
-        if len(self._cache) != len(self):
-            self._cache = self._labels = None
-            return False
+        self._cache, self._labels = images, labels
         return True
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
@@ -293,6 +363,13 @@ def corrupted_views(
     cache_dir: str | os.PathLike | None = None,
 ) -> dict[tuple[str, int], CorruptedDataset]:
     """``{(name, severity): CorruptedDataset}`` for every combination (validated up front)."""
+    if isinstance(names, str):
+        raise ValueError(f"names must be a sequence of corruption names, got the string {names!r} "
+                         f"(use [{names!r}])")
+    if not names or not severities:
+        raise ValueError(f"names and severities must be non-empty; got names={list(names)}, "
+                         f"severities={list(severities)}")
+    check_int(seed, "seed", min=0)
     for n in names:
         for s in severities:
             check_corruption(n, s)
