@@ -247,3 +247,43 @@ def test_vocab_build_options() -> None:
         Vocab.build("a b c", min_freq=0.5)
     with pytest.raises(ValueError, match=r"max_size \(counting the 2 special .* >= 2 or None; got 1"):
         Vocab.build("a b c", max_size=1)
+
+
+# ------------------------------------------------------------------------- word swap and metrics
+
+
+def test_wordswap_options() -> None:
+    from kpca_attention.robustness.wordswap import swap_words, wordswap_perplexity
+
+    text = "In the beginning God created the heaven and the earth ."
+    for bad in (-0.1, 1.5, math.nan, "0.1", True):
+        with pytest.raises(ValueError, match=r"rate must be a finite number in \[0, 1\]"):
+            swap_words(text, rate=bad)
+    with pytest.raises(ValueError, match="seed must be an integer >= 0; got -1"):
+        swap_words(text, seed=-1)
+    with pytest.raises(ValueError, match="replacement must be one token"):
+        swap_words(text, replacement="A A")
+
+    def encode(_: str) -> torch.Tensor:
+        raise AssertionError("encoded although the arguments were invalid")
+
+    for kwargs, message in [({"context": 0}, "context must be an integer >= 1; got 0"),
+                            ({"context": 8, "stride": 9}, r"stride must be an integer in \[1, 8\]; got 9"),
+                            ({"context": 8, "batch_size": 0}, "batch_size must be an integer >= 1; got 0"),
+                            ({"context": 8, "max_tokens": 1}, "max_tokens must be an integer >= 2 or None"),
+                            ({"context": 8, "rate": 2.0}, "rate must be")]:
+        with pytest.raises(ValueError, match=message):
+            wordswap_perplexity(_MustNotRun(), encode, text, **kwargs)
+
+
+def test_metric_inputs() -> None:
+    from kpca_attention.robustness.metrics import accuracy_table, corruption_errors, relative_mce
+
+    errors = {"fog": [0.1, 0.2, math.nan, 0.3, 0.4]}
+    base = {"fog": [0.5] * 5}
+    with pytest.raises(ValueError, match=r"errors are fractions in \[0, 1\]"):  # NaN gave a NaN CE
+        corruption_errors(errors, base)
+    with pytest.raises(ValueError, match=r"clean_error must be a finite number in \[0, 1\]; got 5"):
+        relative_mce({"fog": [0.2] * 5}, 5, base, 0.1)
+    with pytest.raises(ValueError, match="digits must be an integer >= 0; got -1"):
+        accuracy_table({"m": {"fog": 50.0}}, digits=-1)

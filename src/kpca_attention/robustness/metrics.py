@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from ..checks import check_int, check_real
 from .common import collect_logits
 from .corruptions import COMMON_CORRUPTIONS, SEVERITIES
 
@@ -65,7 +66,7 @@ def _per_severity(errors: Errors, name: str, what: str) -> np.ndarray:
         vals = np.asarray(row, dtype=float)
         if vals.shape != (len(SEVERITIES),):
             raise ValueError(f"{what}: {name} needs 5 errors (severities 1..5), got {vals.shape}")
-    if np.any(vals < 0) or np.any(vals > 1):
+    if not np.all((vals >= 0) & (vals <= 1)):  # NaN fails both comparisons
         raise ValueError(f"{what}: errors are fractions in [0, 1], got {vals.tolist()} for {name}")
     return vals
 
@@ -120,6 +121,8 @@ def relative_mce(
     """Relative mCE (Hendrycks & Dietterich 2019, Sec. 3): mean over corruptions of
     sum_s (E(s,c) - E_clean) / sum_s (E_base(s,c) - E_base_clean), in percent. It measures the
     *degradation* from clean accuracy rather than the corrupted error itself."""
+    check_real(clean_error, "clean_error", min=0, max=1)
+    check_real(baseline_clean_error, "baseline_clean_error", min=0, max=1)
     vals = []
     for name in errors:
         if name not in baseline:
@@ -140,6 +143,7 @@ def accuracy_table(
     """Markdown table, one row per corruption and one column per model (the shape of the paper's
     Table 4): ``accuracies[model][corruption]`` = top-1 accuracy in percent, usually averaged over
     severities. Rows absent for a model show "-"; a final row gives the mean over the shown rows."""
+    check_int(digits, "digits", min=0)
     models = list(accuracies)
     if not models:
         raise ValueError("no models to tabulate")
@@ -216,6 +220,8 @@ def masked_accuracy(
     et al.; images are resized to 1/0.875 of ``img_size`` (bicubic) and centre-cropped, as DeiT
     evaluates.
     """
+    check_int(img_size, "img_size", min=1, allow_none=True)
+    check_int(batch_size, "batch_size", min=1)
     root = _require_dir(root, f"ImageNet-{subset.upper()}")
     indices, wnids = imagenet_subset_indices(subset)
     ds = _image_folder(root, img_size)
@@ -263,6 +269,8 @@ def imagenet_o_aupr(
     """ImageNet-O AUPR in percent: ImageNet-O images are the positives, images of
     ``in_distribution_root`` (the ImageNet validation set, ``<wnid>/*``) the negatives, and the
     anomaly score is minus the maximum softmax probability over the 1000 classes."""
+    check_int(img_size, "img_size", min=1, allow_none=True)
+    check_int(batch_size, "batch_size", min=1)
     o_root = _require_dir(imagenet_o_root, "ImageNet-O")
     in_root = _require_dir(in_distribution_root, "ImageNet-O in-distribution set (ImageNet val)")
     o_logits, _ = collect_logits(model, _image_folder(o_root, img_size), batch_size, progress=progress,

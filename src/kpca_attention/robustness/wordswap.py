@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from ..checks import check_int, check_real
+
 _CANDIDATE = re.compile(r"(?=.*[A-Za-z])[A-Za-z0-9'-]+")
 
 
@@ -46,10 +48,16 @@ def swap_words(
     Returns:
         ``(attacked_text, {"n_candidates": ..., "n_swapped": ..., "n_tokens": ...})``. Line breaks and
         token counts are preserved (tokens are re-joined with single spaces).
+
+    Raises:
+        ValueError: ``rate`` not a number in [0, 1], ``seed`` not an integer >= 0, ``replacement`` not
+            one token, ``text`` not a string.
     """
-    if not 0 <= rate <= 1:
-        raise ValueError(f"rate must be a fraction in [0, 1], got {rate}")
-    if not replacement or any(c.isspace() for c in replacement):
+    check_real(rate, "rate", min=0, max=1)
+    check_int(seed, "seed", min=0)
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a string, got {type(text).__name__}")
+    if not isinstance(replacement, str) or not replacement or any(c.isspace() for c in replacement):
         raise ValueError(f"replacement must be one token without spaces, got {replacement!r}")
     stop = default_stopwords() if stopwords is None else frozenset(w.lower() for w in stopwords)
     lines = [line.split() for line in text.split("\n")]
@@ -88,8 +96,20 @@ def wordswap_perplexity(
             the paper's protocol).
         max_tokens: score only the first ``max_tokens`` ids of both texts (quick runs; the swap is
             done on the whole text first, so it is the same attack, truncated).
+
+    Raises:
+        ValueError: before any work, for ``context``, ``batch_size``, ``stride`` not integers >= 1,
+            ``stride`` > ``context``, ``max_tokens`` not an integer >= 2 (or None), or a bad ``rate``
+            or ``seed`` (see :func:`swap_words`).
     """
     from ..models.lm import perplexity
+
+    check_int(context, "context", min=1)
+    check_int(batch_size, "batch_size", min=1)
+    check_int(stride, "stride", min=1, max=context)
+    check_int(max_tokens, "max_tokens", min=2, allow_none=True)
+    check_real(rate, "rate", min=0, max=1)
+    check_int(seed, "seed", min=0)
 
     attacked, stats = swap_words(text, rate=rate, seed=seed)
     clean_ids, attacked_ids = encode(text), encode(attacked)
