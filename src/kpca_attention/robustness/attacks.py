@@ -444,14 +444,13 @@ def plot_eps_sweep(
     output. Linf budgets are shown in units of 1/255."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..plotting import new_figure, save_figure
 
     methods = list(dict.fromkeys(m for s in sweeps.values() for m in s))
     if not methods:
         raise ValueError("nothing to plot")
-    fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.4), squeeze=False)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = new_figure(1, len(methods), figsize=(4.2 * len(methods), 3.4), squeeze=False)
+    colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, method in zip(axes[0], methods, strict=True):
         scale = 255.0 if NORMS[method] == "Linf" else 1.0
         for i, (label, per_method) in enumerate(sweeps.items()):
@@ -470,9 +469,4 @@ def plot_eps_sweep(
     axes[0][0].legend(fontsize=7)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
