@@ -275,6 +275,8 @@ def test_admm_explicit_mu_and_ialm_mu_growth() -> None:
         (np.ones((3, 3)), {"svd": "lanczos"}, "svd"),
         (np.ones((3, 3)), {"mu_max": -1.0}, "mu_max"),
         (np.ones((3, 3)), {"max_svd_steps": 0}, "max_svd_steps"),
+        (np.ones((3, 3)), {"max_iter": True}, "max_iter must be an integer >= 1; got True"),
+        (np.ones((3, 3)), {"seed": -1}, "seed must be an integer >= 0; got -1"),
     ],
 )
 def test_bad_input(M, kwargs, match) -> None:

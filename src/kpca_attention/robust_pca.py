@@ -82,6 +82,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .checks import check_int
 from .pap import shrink as _shrink_tensor
 
 Method = Literal["ialm", "admm"]
@@ -444,7 +445,8 @@ def robust_pca(
     Raises:
         ValueError: ``M`` not a (batch of) matrix, empty, non-finite or of an unsupported dtype;
             ``lam``, ``mu``, ``tol``, ``rho``, ``mu_max``, ``svd_tol`` not positive finite;
-            ``max_iter`` < 1; unknown ``method`` or ``svd``.
+            ``max_iter``, ``max_svd_steps`` not integers >= 1, ``seed`` not an integer >= 0; unknown
+            ``method`` or ``svd``.
         FloatingPointError: ``L`` or ``S`` does not fit the dtype at the scale of ``M`` (entries near
             the dtype's largest value).
 
@@ -467,11 +469,9 @@ def robust_pca(
     rho = _positive(rho, "rho")
     if method == "ialm" and rho <= 1:
         raise ValueError(f"rho must be > 1 (mu grows geometrically); got {rho}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
-        raise ValueError(f"max_iter must be an integer >= 1; got {max_iter!r}")
-    if isinstance(max_svd_steps, bool) or not isinstance(max_svd_steps, (int, np.integer)) \
-            or max_svd_steps < 1:
-        raise ValueError(f"max_svd_steps must be an integer >= 1; got {max_svd_steps!r}")
+    check_int(max_iter, "max_iter", min=1)
+    check_int(max_svd_steps, "max_svd_steps", min=1)
+    check_int(seed, "seed", min=0)
 
     Mt, from_numpy = _to_tensor(M, "M")
     _check_matrix(Mt, "M")
