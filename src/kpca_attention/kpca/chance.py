@@ -111,7 +111,7 @@ def null_alignment(
     kinds: Sequence[str] = NULL_KINDS,
     generator: torch.Generator | None = None,
     measured_optimal_cosine: Tensor | None = None,
-    max_elems: int = 2**24,
+    max_elems: int = 2**23,
     **alignment_kwargs: Any,
 ) -> dict[str, Tensor]:
     """Chance levels of every alignment measure: ``{f"{measure}_null_{kind}": (...,)}``.

@@ -46,6 +46,11 @@ def _fmts(*keys: str) -> dict[str, Any]:
     return {k: fmt for k in keys}
 
 
+def _cell(text: Any) -> str:
+    """Table-cell text: the norms ``||h||^2`` of the claims would otherwise split markdown cells."""
+    return str(text).replace("|", "\\|")
+
+
 # ------------------------------------------------------------------------------------------- plots
 
 
@@ -385,7 +390,7 @@ def _other_tests_section(res: dict[str, Any]) -> list[str]:
             "`share = cov(J, -||h||^2) / var(J)` (the rest is ||phi(q)||^2's); 95 % interval from a "
             "bootstrap over inputs.",
             "",
-            markdown_table(rows, {"variant": "J_proj", "share": "share of ||h||^2", "lo": "95 % lo",
+            markdown_table(rows, {"variant": "J_proj", "share": _cell("share of ||h||^2"), "lo": "95 % lo",
                                   "hi": "95 % hi", "n": "units"}, formats=_fmts("share", "lo", "hi", "n")),
             "",
         ]
@@ -445,12 +450,12 @@ def write_claims(verdicts: list[dict[str, Any]], out_dir: str | Path) -> Path:
     out = Path(out_dir)
     rows = [
         {
-            "model": v["model"],
-            "claim": r["claim"] + (f" ({r['note']})" if r["note"] else ""),
-            "source": r["source"],
-            "measured": r["measured"],
-            "threshold": r["threshold"],
-            "verdict": f"**{r['verdict']}**",
+            "model": _cell(v["model"]),
+            "claim": _cell(r["claim"] + (f" ({r['note']})" if r["note"] else "")),
+            "source": _cell(r["source"]),
+            "measured": _cell(r["measured"]),
+            "threshold": _cell(r["threshold"]),
+            "verdict": f"**{_cell(r['verdict'])}**",
         }
         for v in verdicts
         for r in v["rows"]
