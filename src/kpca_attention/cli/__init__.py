@@ -1,37 +1,128 @@
-"""The ``kpca-attention`` command line. Each command lives beside the library code it calls and
-is registered here, so the CLI stays a thin layer over the library."""
+"""The ``kpca-attention`` command line: a thin layer over the library, one module per area.
+
+Conventions shared by every command:
+
+* ``--out/-o`` names every output folder;
+* lists are comma-separated in one option (``--seeds 0,1,2``, ``--corruptions fog,snow``), parsed by
+  :func:`parse_list` / :func:`parse_ints` / :func:`parse_floats` (fractions allowed: ``1/255``);
+* a user error (a missing path, an unknown name, a bad value) prints one line ``error: ...`` saying
+  what is wrong and what is valid, and exits with code 2; ``--debug`` (before or after the command)
+  shows the traceback instead;
+* progress bars appear only on a terminal; in a log file each command prints one line per epoch or
+  evaluation stage.
+"""
 
 from __future__ import annotations
 
+import functools
+import sys
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
 import typer
+
+__all__ = ["app", "main", "parse_list", "parse_ints", "parse_floats", "USER_ERRORS", "user_errors"]
 
 app = typer.Typer(
     name="kpca-attention",
     help="RPC-Attention models, robustness evaluation and kernel-PCA diagnostics of attention.",
     no_args_is_help=True,
     add_completion=False,
-    pretty_exceptions_show_locals=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click errors: one line, not a panel
 )
 
+#: show tracebacks of user errors (``--debug``)
+DEBUG = False
+
+
+def parse_list(text: str | None, what: str = "value") -> tuple[str, ...]:
+    """``"a, b,c"`` -> ``("a", "b", "c")``; empty or ``None`` -> ``()``."""
+    if text is None:
+        return ()
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def parse_ints(text: str | None, what: str = "value") -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in parse_list(text))
+    except ValueError:
+        raise ValueError(f"{what}: expected comma-separated integers such as 0,1,2, got {text!r}") from None
+
+
+def parse_floats(text: str | None, what: str = "value") -> tuple[float, ...]:
+    """Comma-separated numbers; fractions allowed, so Linf budgets read as ``1/255,2/255``."""
+    try:
+        return tuple(float(Fraction(t)) for t in parse_list(text))
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"{what}: expected comma-separated numbers such as 1/255,2/255 or 0.5, "
+                         f"got {text!r}") from None
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from ..train import CheckpointError
+    from ..train.rundir import RunDirBusy
+
+    return (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+            PermissionError, CheckpointError, RunDirBusy)
+
+
+USER_ERRORS = _user_errors()
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    msg = text.splitlines()[0] if text else type(e).__name__
+    if isinstance(e, FileNotFoundError) and e.filename and str(e.filename) not in msg:
+        msg = f"{msg}: {e.filename}"
+    return msg
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a command so that :data:`USER_ERRORS` print one line ``error: ...`` and exit with code 2
+    (unless ``--debug``)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except USER_ERRORS as e:
+            if DEBUG:
+                raise
+            typer.echo(f"error: {_one_line(e)}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
 # --- command registrations (one line per command; keep sorted by area) -----------------------
-from .train.cli import evaluate_cmd, train_cmd  # noqa: E402, I001
-app.command("train")(train_cmd)
-app.command("evaluate")(evaluate_cmd)
-from .demo import demo_cmd  # noqa: E402, I001
-app.command("demo")(demo_cmd)
-from .robustness.cli import robustness_cmd  # noqa: E402, I001
-app.command("robustness")(robustness_cmd)
-from .kpca.cli import analyze_cmd, claims_cmd  # noqa: E402, I001
-app.command("analyze")(analyze_cmd)
-app.command("claims")(claims_cmd)
-from .pap_trace import pap_trace_cmd  # noqa: E402, I001
-app.command("pap-trace")(pap_trace_cmd)
-from .ablations import ablate_cmd  # noqa: E402, I001
-app.command("ablate")(ablate_cmd)
+from .train import evaluate_cmd, train_cmd  # noqa: E402, I001
+app.command("train")(user_errors(train_cmd))
+app.command("evaluate")(user_errors(evaluate_cmd))
+from .studies import ablate_cmd, demo_cmd, report_cmd, study_cmd  # noqa: E402, I001
+app.command("demo")(user_errors(demo_cmd))
+app.command("study")(user_errors(study_cmd))
+app.command("ablate")(user_errors(ablate_cmd))
+app.command("report")(user_errors(report_cmd))
+from .robustness import robustness_cmd  # noqa: E402, I001
+app.command("robustness")(user_errors(robustness_cmd))
+from .kpca import analyze_cmd, claims_cmd, pap_trace_cmd  # noqa: E402, I001
+app.command("analyze")(user_errors(analyze_cmd))
+app.command("claims")(user_errors(claims_cmd))
+app.command("pap-trace")(user_errors(pap_trace_cmd))
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """Entry point. ``--debug`` anywhere on the line shows tracebacks of user errors."""
+    global DEBUG
+    args = list(sys.argv[1:] if argv is None else argv)
+    DEBUG = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    try:
+        app(args=args, prog_name="kpca-attention")
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

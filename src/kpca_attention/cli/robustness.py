@@ -2,40 +2,20 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
 from pathlib import Path
 
 import typer
 
-from .attacks import METHODS
-from .corruptions import corruption_names
-from .run import SUITES, Options, run_robustness
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    """``"1/255,2/255,0.5"`` -> floats (fractions allowed, so Linf budgets read as k/255)."""
-    try:
-        return tuple(float(Fraction(t.strip())) for t in text.split(",") if t.strip())
-    except (ValueError, ZeroDivisionError):
-        raise typer.BadParameter(
-            f"expected comma-separated numbers such as 1/255,2/255 or 0.5, got {text!r}") from None
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(t) for t in _names(text))
-    except ValueError:
-        raise typer.BadParameter(f"expected comma-separated integers such as 1,2,3, got {text!r}") from None
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(t.strip() for t in text.split(",") if t.strip())
+from ..robustness.attacks import METHODS
+from ..robustness.corruptions import corruption_names
+from ..robustness.run import SUITES, Options, run_robustness
+from . import parse_floats, parse_ints, parse_list
 
 
 def robustness_cmd(
     checkpoints: list[Path] = typer.Argument(..., help="Run directories or checkpoint directories."),
-    suite: list[str] = typer.Option(["corruptions"], "--suite", "-s",
-                                    help=f"Repeatable: {' | '.join(SUITES)}."),
+    suite: str = typer.Option("corruptions", "--suite", "-s",
+                              help=f"Comma-separated suites: {', '.join(SUITES)}."),
     out: Path = typer.Option(Path("runs/robustness"), "--out", "-o", help="Output directory."),
     labels: str | None = typer.Option(None, help="Comma-separated names for the checkpoints (default: "
                                       "run directory names)."),
@@ -78,11 +58,12 @@ def robustness_cmd(
     reused when the command is run again with the same parameters."""
     from ..train.distributed import resolve_device
 
-    bad = [s for s in suite if s not in SUITES]
-    if bad:
-        raise typer.BadParameter(f"unknown suite(s) {bad}; valid: {', '.join(SUITES)}")
+    suites = parse_list(suite)
+    bad = [s for s in suites if s not in SUITES]
+    if bad or not suites:
+        raise ValueError(f"unknown suite(s) {bad or suite!r}; valid: {', '.join(SUITES)}")
     names = (corruption_names(corruptions) if corruptions in ("common", "extra", "all")
-             else _names(corruptions))
+             else parse_list(corruptions))
     attack_options: dict[str, dict[str, int]] = {}
     if steps is not None:
         attack_options = {"pgd": {"steps": steps}, "sld": {"steps": steps}, "cw": {"steps": steps}}
@@ -91,16 +72,16 @@ def robustness_cmd(
 
     opts = Options(
         split=split, n=n, batch_size=batch_size, seed=seed, corruptions=names,
-        severities=_ints(severities), imagenet_c=opt_str(imagenet_c),
-        cache=cache, methods=_names(method), eps=_floats(eps) if eps else None, attack_n=attack_n,
+        severities=parse_ints(severities, "--severities"), imagenet_c=opt_str(imagenet_c),
+        cache=cache, methods=parse_list(method), eps=parse_floats(eps, "--eps") if eps else None, attack_n=attack_n,
         attack_options=attack_options, imagenet_a=opt_str(imagenet_a), imagenet_r=opt_str(imagenet_r),
         imagenet_o=opt_str(imagenet_o), imagenet_val=opt_str(imagenet_val),
-        lm_splits=_names(lm_splits), rate=rate, stride=stride, max_tokens=max_tokens, baseline=baseline,
+        lm_splits=parse_list(lm_splits), rate=rate, stride=stride, max_tokens=max_tokens, baseline=baseline,
         progress=progress,
     )
-    run_robustness([str(c) for c in checkpoints], suite, out, opts,
-                   labels=_names(labels) if labels else None, device=str(resolve_device(device)), ema=ema)
-    for s in suite:
+    run_robustness([str(c) for c in checkpoints], suites, out, opts,
+                   labels=parse_list(labels) if labels else None, device=str(resolve_device(device)), ema=ema)
+    for s in suites:
         md = out / f"{s}.md"
         typer.echo(md.read_text())
-    typer.echo("reports: " + ", ".join(str(out / f"{s}.md") for s in suite))
+    typer.echo("reports: " + ", ".join(str(out / f"{s}.md") for s in suites))

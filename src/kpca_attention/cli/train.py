@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from .config import PRESETS, apply_overrides, get_preset
+from ..train.config import PRESETS, apply_overrides, get_preset
 
 __all__ = ["train_cmd", "evaluate_cmd"]
 
@@ -29,7 +29,8 @@ def train_cmd(
     batch_size: Annotated[int | None, typer.Option(help="Batch size per process.")] = None,
     lr: Annotated[float | None, typer.Option(help="Peak learning rate (default: the preset's rule).")] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
-    output_dir: Annotated[str | None, typer.Option("--output-dir", "-o", help="Run directory.")] = None,
+    output_dir: Annotated[str | None, typer.Option(
+        "--out", "-o", "--output-dir", help="Run directory.")] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda.")] = None,
     num_workers: Annotated[int | None, typer.Option(help="DataLoader worker processes.")] = None,
     set_: Annotated[list[str] | None, typer.Option(
@@ -43,18 +44,19 @@ def train_cmd(
     print_config: Annotated[bool, typer.Option(help="Print the resolved config and exit.")] = False,
 ) -> None:
     """Train a model with a named preset plus overrides; metrics to CSV/TensorBoard, atomic checkpoints."""
-    from .loop import train
+    from ..train.loop import train
 
     explicit = {"model": model, "dataset": dataset, "data_root": data_root, "epochs": epochs,
                 "max_steps": max_steps, "batch_size": batch_size, "lr": lr, "seed": seed,
                 "output_dir": output_dir, "device": device, "num_workers": num_workers}
-    try:
-        cfg = get_preset(preset, **{k: v for k, v in explicit.items() if v is not None})
-        cfg = apply_overrides(cfg, list(set_ or []))
-        if not progress:
-            cfg.progress = False
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from e
+    if resume and (overwrite or resume_from):
+        raise ValueError("--resume cannot be combined with --overwrite or --resume-from")
+    if overwrite and resume_from:
+        raise ValueError("--overwrite and --resume-from exclude each other")
+    cfg = get_preset(preset, **{k: v for k, v in explicit.items() if v is not None})
+    cfg = apply_overrides(cfg, list(set_ or []))
+    if not progress:
+        cfg.progress = False
     if print_config:
         typer.echo(cfg.to_json())
         return
@@ -81,12 +83,12 @@ def evaluate_cmd(
         "--json", help="Also write the metrics to this JSON file.")] = None,
 ) -> None:
     """Top-1/top-5 accuracy (vision) or perplexity (language models) of a checkpoint."""
-    from .evaluate import evaluate_checkpoint
+    from ..io import write_text_atomic
+    from ..train.evaluate import evaluate_checkpoint
 
     res = evaluate_checkpoint(checkpoint, dataset=dataset, split=split, data_root=data_root, subset=subset,
                               batch_size=batch_size, ema=ema, device=device, stride=stride)
     text = json.dumps(res, indent=2)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(text + "\n")
+        write_text_atomic(json_out, text + "\n")
     typer.echo(text)

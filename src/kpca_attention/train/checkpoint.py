@@ -46,7 +46,10 @@ import safetensors.torch
 import torch
 from torch import nn
 
+from ..io import fsync_dir as _fsync_dir
+from ..io import write_json_atomic
 from .config import TrainConfig
+from .rundir import LATEST_FILE
 
 __all__ = [
     "CheckpointError",
@@ -63,7 +66,6 @@ EMA_FILE = "ema.safetensors"
 STATE_FILE = "state.pt"
 CONFIG_FILE = "config.json"
 MARKER_FILE = "COMPLETE"
-LATEST_FILE = "latest.json"
 VOCAB_FILE = "vocab.json"
 
 
@@ -106,17 +108,6 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # some filesystems do not allow opening directories
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -125,20 +116,53 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """``json.dump`` to a temporary file, fsync, ``os.replace`` (readers never see half a file)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def checkpoint_name(epoch: int, global_step: int) -> str:
     return f"e{epoch:04d}-s{global_step:08d}"
+
+
+def _write_error(where: Path, e: Exception) -> str:
+    """One line saying why a checkpoint could not be written: torch.save and safetensors report a full
+    disk as stream errors ("basic_ios::clear", "unexpected pos"), so the free space is checked too."""
+    import errno
+
+    free = None
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        pass
+    if getattr(e, "errno", None) == errno.ENOSPC or (free is not None and free < (64 << 20)):
+        return (f"cannot write a checkpoint in {where}: no space left on device "
+                f"({free or 0} bytes free); the previous checkpoint is kept")
+    return f"cannot write a checkpoint in {where}: {type(e).__name__}: {e}; the previous checkpoint is kept"
+
+
+def _write_checkpoint_files(tmp: Path, *, model: nn.Module, config: TrainConfig, state: dict[str, Any],
+                            ema: nn.Module | None, finished: bool,
+                            extra_files: dict[str, Callable[[Path], None]] | None) -> None:
+    """Every file of one checkpoint into the temporary folder ``tmp``, ``COMPLETE`` last."""
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    progress = state["progress"]
+    files = [MODEL_FILE, STATE_FILE, CONFIG_FILE]
+    safetensors.torch.save_model(model, str(tmp / MODEL_FILE))
+    if ema is not None:
+        safetensors.torch.save_model(ema, str(tmp / EMA_FILE))
+        files.append(EMA_FILE)
+    torch.save(state, tmp / STATE_FILE)
+    (tmp / CONFIG_FILE).write_text(config.to_json())
+    for fname, writer in (extra_files or {}).items():
+        writer(tmp / fname)
+        files.append(fname)
+    for fname in files:
+        _fsync_file(tmp / fname)
+    marker = {
+        "files": {f: {"size": (tmp / f).stat().st_size, "sha256": _sha256(tmp / f)} for f in files},
+        "progress": {k: progress[k] for k in ("epoch", "step_in_epoch", "global_step")},
+        "finished": finished,
+    }
+    write_json_atomic(tmp / MARKER_FILE, marker)
+    _fsync_dir(tmp)
 
 
 def save_checkpoint(
@@ -171,33 +195,22 @@ def save_checkpoint(
     name = checkpoint_name(int(progress["epoch"]), int(progress["global_step"]))
     final = ckpt_root / name
     tmp = ckpt_root / f".{name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    files = [MODEL_FILE, STATE_FILE, CONFIG_FILE]
-    safetensors.torch.save_model(model, str(tmp / MODEL_FILE))
-    if ema is not None:
-        safetensors.torch.save_model(ema, str(tmp / EMA_FILE))
-        files.append(EMA_FILE)
-    torch.save(state, tmp / STATE_FILE)
-    (tmp / CONFIG_FILE).write_text(config.to_json())
-    for fname, writer in (extra_files or {}).items():
-        writer(tmp / fname)
-        files.append(fname)
-    for fname in files:
-        _fsync_file(tmp / fname)
-    marker = {
-        "files": {f: {"size": (tmp / f).stat().st_size, "sha256": _sha256(tmp / f)} for f in files},
-        "progress": {k: progress[k] for k in ("epoch", "step_in_epoch", "global_step")},
-        "finished": finished,
-    }
-    write_json_atomic(tmp / MARKER_FILE, marker)
-    _fsync_dir(tmp)
+    try:
+        _write_checkpoint_files(tmp, model=model, config=config, state=state, ema=ema, finished=finished,
+                                extra_files=extra_files)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # never leave half a checkpoint behind
+        if isinstance(e, Exception):
+            raise CheckpointError(_write_error(ckpt_root, e)) from e
+        raise
     if final.exists():  # same name: an earlier attempt of this very step; replace it
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(ckpt_root)
-    write_json_atomic(ckpt_root / LATEST_FILE, {"name": name, "finished": finished})
+    try:
+        write_json_atomic(ckpt_root / LATEST_FILE, {"name": name, "finished": finished})
+    except OSError as e:
+        raise CheckpointError(_write_error(ckpt_root, e)) from e
     # prune old checkpoints only after the new one is in place
     ckpts = sorted(p for p in ckpt_root.iterdir() if p.is_dir() and not p.name.startswith("."))
     for old in ckpts[:-keep] if keep > 0 else []:

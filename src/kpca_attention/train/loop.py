@@ -30,18 +30,13 @@ from .distributed import (
 )
 from .evaluate import evaluate_lm, evaluate_segmentation, evaluate_vision
 from .logger import MetricLogger
+from .rundir import RESUMABLE_CHANGES, RunDir
 
 __all__ = ["train", "TrainResult", "Callback", "RESUMABLE_CHANGES"]
 
 #: signature of a training callback: ``callback(model, epoch, logger)`` (see the package docstring)
 Callback = Callable[[nn.Module, int, MetricLogger], None]
 
-#: config fields that may differ between a checkpoint and the run resuming it (they do not change the
-#: trajectory, or - epochs, max_steps - extend it deliberately)
-RESUMABLE_CHANGES = frozenset({
-    "epochs", "max_steps", "output_dir", "progress", "num_workers", "log_every_steps",
-    "checkpoint_every_steps", "eval_every_epochs", "eval_batch_size", "eval_subset", "device", "preset",
-})
 
 
 @dataclass
@@ -76,10 +71,17 @@ class _Trainer:
                  resume: bool | str | Path, overwrite: bool) -> None:
         self.cfg, self.dist, self.callbacks = cfg, dist, list(callbacks)
         self.run_dir = Path(cfg.output_dir)
+        self.rundir = RunDir(self.run_dir)
+        self.overwrite = overwrite
         self.resume_from: Path | None = None
+        if resume and overwrite:
+            raise ValueError("resume and overwrite exclude each other: resume continues the run, overwrite "
+                             "deletes it")
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise NotADirectoryError(f"output directory {self.run_dir} is a file")
         if resume:
             self.resume_from = self.run_dir if resume is True else Path(resume)
-        elif (self.run_dir / "checkpoints" / ckpt_mod.LATEST_FILE).exists() and not overwrite:
+        elif self.rundir.has_checkpoint() and not overwrite:
             raise FileExistsError(
                 f"{self.run_dir} already holds a training run; pass resume=True (--resume) to continue it "
                 "or overwrite=True (--overwrite) to start again"
@@ -87,6 +89,15 @@ class _Trainer:
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
+        """Train, holding the run directory's lock on the writing rank (see :class:`RunDir`)."""
+        if not self.dist.is_main:
+            return self._run()
+        with self.rundir.lock():
+            if self.overwrite:
+                self.rundir.clear()  # exactly the new run is left: no old checkpoints, no old metrics
+            return self._run()
+
+    def _run(self) -> TrainResult:
         cfg, dist = self.cfg, self.dist
         dev = dist.device
         state: dict[str, Any] | None = None
@@ -224,7 +235,8 @@ class _Trainer:
             logger.epoch = epoch
             net.train()
             bar = tqdm(loaders.train, total=updates_per_epoch, initial=start, leave=False, dynamic_ncols=True,
-                       disable=not (cfg.progress and dist.is_main), desc=f"epoch {epoch + 1}/{cfg.epochs}")
+                       disable=None if (cfg.progress and dist.is_main) else True,  # None: only on a terminal
+                       desc=f"epoch {epoch + 1}/{cfg.epochs}")
             t0 = time.perf_counter()
             window_t, window_n = time.perf_counter(), 0
             for x, y in bar:
@@ -305,7 +317,7 @@ class _Trainer:
                     self._run_callbacks(model, epoch, logger)
             row = logger.end_epoch(metrics)
             logger.step = progress["global_step"]
-            if dist.is_main and cfg.progress:
+            if dist.is_main:  # one line per epoch: on a terminal and in a log file
                 shown = ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k not in ("epoch", "step"))
                 tqdm.write(f"[{cfg.model}] epoch {epoch + 1}/{cfg.epochs} "
                            f"step {progress['global_step']}: {shown}")
@@ -315,8 +327,7 @@ class _Trainer:
             save(finished=done or epoch >= cfg.epochs)
         if progress["global_step"] >= total_steps and last_ckpt is not None and dist.is_main:
             # a resumed run that had nothing left to do: make sure the marker says finished
-            latest = Path(cfg.output_dir) / "checkpoints" / ckpt_mod.LATEST_FILE
-            ckpt_mod.write_json_atomic(latest, {"name": last_ckpt.name, "finished": True})
+            self.rundir.mark_finished(last_ckpt.name)
         logger.close()
         return TrainResult(run_dir=self.run_dir, checkpoint=last_ckpt if dist.is_main else None,
                            history=list(logger.epoch_rows), global_step=progress["global_step"])

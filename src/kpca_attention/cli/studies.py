@@ -1,0 +1,147 @@
+"""``kpca-attention demo``, ``study``, ``ablate`` and ``report``: studies run by the one engine."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from . import parse_ints, parse_list
+
+__all__ = ["demo_cmd", "study_cmd", "ablate_cmd", "report_cmd"]
+
+
+def _passive_openmp(command: str) -> None:
+    """libgomp threads spin while waiting; on a shared, busy CPU that makes small-model training many
+    times slower. Passive waiting must be set before OpenMP starts, so re-run this command with it."""
+    if "OMP_WAIT_POLICY" not in os.environ and command in sys.argv[1:3]:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.execv(sys.executable, [sys.executable, "-m", "kpca_attention.cli", *sys.argv[1:]])
+
+
+def _threads(threads: int | None) -> None:
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progress: bool,
+         only: tuple[str, ...] | None = None) -> None:
+    from ..studies import run_study
+
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file, not a folder")
+    command = "kpca-attention " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    report = run_study(study, out, runs, jobs=jobs, force=force, progress=progress, only=only,
+                       command=command)
+    typer.echo(str(report))
+
+
+def demo_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the runs, results, plots and report.")] = Path(
+        "runs/demo"),
+    epochs: Annotated[int | None, typer.Option(help="Training epochs per model (default 3).")] = None,
+    train_subset: Annotated[int | None, typer.Option(
+        help="Train on this many images (default: all 60000).")] = None,
+    corrupt_images: Annotated[int | None, typer.Option(help="Test images per corruption (default 500).")] = None,
+    attack_images: Annotated[int | None, typer.Option(
+        help="Test images attacked (default 200; 0: no attacks).")] = None,
+    quick: Annotated[bool, typer.Option(help="A one-minute smoke run on tiny subsets.")] = False,
+    jobs: Annotated[int, typer.Option(help="Models trained in parallel, one thread each.")] = 2,
+    force: Annotated[bool, typer.Option(help="Retrain and re-evaluate even if results exist.")] = False,
+    progress: Annotated[bool, typer.Option(help="Progress bars (only shown on a terminal).")] = True,
+) -> None:
+    """Train SymViT and RPC-SymViT on Fashion-MNIST (CPU), evaluate clean / corrupted / attacked
+    accuracy, write OUT/report.md with tables and plots (its path is printed last)."""
+    from ..studies import demo_study, quick_demo_study
+
+    given = {k: v for k, v in dict(epochs=epochs, train_subset=train_subset, corrupt_images=corrupt_images,
+                                   attack_images=attack_images).items() if v is not None}
+    if quick and given:
+        raise ValueError(f"--quick sets its own budget; drop {', '.join('--' + k.replace('_', '-') for k in given)}")
+    for k, v in given.items():
+        if v < (0 if k == "attack_images" else 1):
+            raise ValueError(f"--{k.replace('_', '-')} must be >= {0 if k == 'attack_images' else 1}, got {v}")
+    _passive_openmp("demo")
+    study = quick_demo_study() if quick else demo_study(**given)
+    _run(study, out, out / "runs", jobs, force, progress)
+
+
+def study_cmd(
+    name: Annotated[str, typer.Argument(help="Study to run: demo | ablations | vision.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (default results/NAME).")] = None,
+    runs: Annotated[Path | None, typer.Option(
+        help="Folder for training runs and caches (default runs/studies/NAME).")] = None,
+    seeds: Annotated[str | None, typer.Option(help="Comma-separated training seeds (default: the study's).")] = None,
+    variants: Annotated[str | None, typer.Option(help="Comma-separated variant slugs to run (default all).")] = None,
+    jobs: Annotated[int, typer.Option(help="Runs in parallel, one thread each.")] = 1,
+    threads: Annotated[int | None, typer.Option(help="torch threads with --jobs 1.")] = None,
+    force: Annotated[bool, typer.Option(help="Delete this study's results and runs first.")] = False,
+    progress: Annotated[bool, typer.Option(help="Progress bars (only shown on a terminal).")] = True,
+) -> None:
+    """Run a registered study: train every (variant, seed), evaluate, write OUT/report.md. Finished runs
+    and evaluations (also committed ones) are reused; killed runs resume exactly."""
+    from ..studies import STUDIES, get_study
+
+    if name not in STUDIES:
+        raise ValueError(f"unknown study {name!r}; valid: {', '.join(STUDIES)}")
+    _threads(threads)
+    _passive_openmp("study")
+    kw: dict[str, Any] = {}
+    if seeds is not None:
+        kw["seeds"] = parse_ints(seeds, "--seeds")
+    study = get_study(name, **kw)
+    only = parse_list(variants) or None
+    _run(study, out or Path("results") / name, runs or Path("runs/studies") / name, jobs, force, progress,
+         only=only)
+
+
+def ablate_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for runs, results and report.md.")] = Path(
+        "runs/ablations"),
+    seeds: Annotated[str, typer.Option(help="Comma-separated training seeds.")] = "0,1",
+    variants: Annotated[str | None, typer.Option(
+        help="Comma-separated subset of the variants (SymViT is always included).")] = None,
+    epochs: Annotated[int, typer.Option(help="Training epochs per run.")] = 2,
+    train_subset: Annotated[int, typer.Option(help="Training images (0: all 60000).")] = 15000,
+    clean_images: Annotated[int, typer.Option(help="Clean test images (0: all 10000).")] = 0,
+    corrupt_images: Annotated[int, typer.Option(help="Test images per corruption and severity.")] = 300,
+    attack_images: Annotated[int, typer.Option(help="Test images attacked.")] = 400,
+    quick: Annotated[bool, typer.Option(help="A minute-scale smoke run on tiny subsets.")] = False,
+    jobs: Annotated[int, typer.Option(help="Runs in parallel, one thread each.")] = 1,
+    threads: Annotated[int, typer.Option(help="torch threads with --jobs 1 (1 is fastest on a shared CPU).")] = 1,
+    force: Annotated[bool, typer.Option(help="Retrain and re-evaluate everything.")] = False,
+    progress: Annotated[bool, typer.Option(help="Progress bars (only shown on a terminal).")] = True,
+) -> None:
+    """Ablations of RPC-Attention on Fashion-MNIST (SymViT, official RPC, the paper's threshold with a
+    lambda sweep, S forced to zero, no dual update) over seeds: clean / corrupted / FGSM / PGD accuracy,
+    throughput, PAP trace, paired tests. Resumable; writes OUT/report.md."""
+    from ..studies import ablation_study
+
+    for k, v in (("epochs", epochs), ("corrupt-images", corrupt_images), ("attack-images", attack_images)):
+        if v < 1:
+            raise ValueError(f"--{k} must be >= 1, got {v}")
+    if train_subset < 0 or clean_images < 0:
+        raise ValueError("--train-subset and --clean-images must be >= 0 (0: all)")
+    _threads(threads)
+    _passive_openmp("ablate")
+    study = ablation_study(seeds=parse_ints(seeds, "--seeds"), variants=parse_list(variants) or None,
+                           epochs=epochs, train_subset=train_subset or None, clean_images=clean_images or None,
+                           corrupt_images=corrupt_images, attack_images=attack_images, quick=quick)
+    _run(study, out, out / "runs", jobs, force, progress)
+
+
+def report_cmd(
+    out: Annotated[Path, typer.Argument(help="A study's results folder (holding settings.json).")],
+) -> None:
+    """Rewrite a study's report.md, summary.json and plots from its results (no checkpoints needed)."""
+    from ..report.study import write_study_report
+
+    typer.echo(str(write_study_report(out)))

@@ -1,0 +1,236 @@
+"""What Principal Attention Pursuit does inside a model: the PAP trace over a dataset .
+
+:func:`trace_model` switches on ``record_trace`` in every :class:`~kpca_attention.layers.RPCAttention`
+of a model, runs batches through it and aggregates the per-iteration diagnostics of
+:func:`kpca_attention.pap.pap` (``return_info=True``) per RPC layer and head across the data:
+
+* ``s_density`` - fraction of non-zero entries of the sparse component S_t;
+* ``tau`` and ``k_abs_max`` - the shrinkage threshold and max |K| (per (sample, head));
+* ``primal_residual`` ||K - L - S|| / ||K||, ``dual_norm`` ||Y|| / ||K||,
+  ``l_change`` ||L_t - L_{t-1}|| / ||L_t||.
+
+PAP reports each quantity per iteration and head, averaged over the samples of a batch; here every
+batch is one observation. ``mean`` is the sample-weighted mean over batches and heads, ``std`` the
+spread across batches (of the head mean), ``head_std`` the spread across heads, ``min`` / ``max`` over
+batches and heads. S is "active" when some batch has a non-zero density: since densities are
+non-negative, a zero batch mean means S = 0 for every sample of that batch, so the statement is exact.
+``tau_over_kmax`` is tau / max|K| per (batch, head) (batch means of both): above 1, the first step
+shrinks nothing (S_1 = 0); later steps shrink ``K - L_{t-1} + Y_{t-1} / mu``, which s_density covers.
+
+:func:`kpca_attention.report.pap_trace.write_trace_report` writes ``pap_trace.json``, ``report.md``
+and one PNG per RPC layer; ``kpca-attention pap-trace`` does both for a checkpoint or a model name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..layers import RPCAttention
+from ..pap import _Trace
+
+__all__ = ["rpc_layers", "recording", "trace_model", "trace_statement", "lm_text_batches", "QUANTITIES"]
+
+QUANTITIES: tuple[str, ...] = _Trace.KEYS
+
+
+def rpc_layers(model: nn.Module) -> dict[str, RPCAttention]:
+    """``{module name: layer}`` of every :class:`RPCAttention` in ``model``, in module order."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, RPCAttention)}
+
+
+@contextmanager
+def recording(model: nn.Module) -> Iterator[dict[str, RPCAttention]]:
+    """Switch ``record_trace`` on in every RPC layer of ``model`` (restored on exit)."""
+    layers = rpc_layers(model)
+    saved = {name: m.record_trace for name, m in layers.items()}
+    try:
+        for m in layers.values():
+            m.record_trace = True
+        yield layers
+    finally:
+        for name, m in layers.items():
+            m.record_trace = saved[name]
+
+
+def _default_forward(model: nn.Module, batch: Any) -> int:
+    """Run one batch (a tensor, ``(inputs, labels)`` or a dict of model kwargs); returns its size."""
+    if isinstance(batch, dict):
+        model(**batch)
+        return int(next(iter(batch.values())).shape[0])
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+    device = next(model.parameters()).device
+    model(x.to(device))
+    return int(x.shape[0])
+
+
+def _weighted_std(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted standard deviation over axis 0 (NaN-aware through the caller's masking)."""
+    mean = np.tensordot(w, x, axes=1)
+    return np.sqrt(np.maximum(np.tensordot(w, (x - mean) ** 2, axes=1), 0.0))
+
+
+def _stats(arr: np.ndarray, w: np.ndarray) -> dict[str, list[float]]:
+    """``arr`` (batches, iterations, heads) -> per iteration: mean, std across batches, head_std, min, max."""
+    with np.errstate(invalid="ignore"):
+        per_head = np.tensordot(w, arr, axes=1)  # (T, H), sample-weighted over batches
+        head_mean_b = arr.mean(-1)  # (B, T)
+        return {
+            "mean": per_head.mean(-1).tolist(),
+            "std": _weighted_std(head_mean_b, w).tolist(),
+            "head_std": per_head.std(-1).tolist(),
+            "min": arr.min(axis=(0, 2)).tolist(),
+            "max": arr.max(axis=(0, 2)).tolist(),
+            "per_head": per_head.T.tolist(),  # (H, T)
+        }
+
+
+@torch.no_grad()
+def trace_model(
+    model: nn.Module,
+    batches: Iterable[Any],
+    *,
+    forward: Callable[[nn.Module, Any], int] | None = None,
+    max_batches: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """The PAP trace of every RPC layer of ``model`` over ``batches``.
+
+    Args:
+        model: any module with :class:`RPCAttention` layers (a vision model taking ``(B, C, H, W)``,
+            this project's LMs, ...); run in eval mode, its modes and ``record_trace`` flags are restored.
+        batches: iterable of model inputs: a tensor ``(B, ...)``, an ``(inputs, labels)`` pair, or a
+            dict of keyword arguments.
+        forward: ``forward(model, batch) -> batch size`` for other input conventions.
+        max_batches: stop after this many batches.
+
+    Returns:
+        ``{"n_samples", "n_batches", "layers": {name: {"settings", "n_iter", "heads", "quantities":
+        {q: {"mean", "std", "head_std", "min", "max", "per_head"}}, "tau_over_kmax": {...},
+        "s_active", "s_density_max"}}, "summary": {...}}``; lists run over PAP iterations
+        (``per_head``: heads x iterations). Non-finite values (``l_change`` at t = 1, ``tau`` = inf
+        when ``sparse=False``) are kept as NaN / inf here; :func:`write_trace_report` writes them as null.
+    """
+    from tqdm.auto import tqdm
+
+    forward = forward or _default_forward
+    raw: dict[str, dict[str, list[np.ndarray]]] = {}
+    sizes: list[int] = []
+    was_training = model.training
+    model.eval()
+    try:
+        with recording(model) as layers:
+            if not layers:
+                raise ValueError(f"{type(model).__name__} has no RPCAttention layer: nothing to trace")
+            raw = {name: {q: [] for q in QUANTITIES} for name in layers}
+            bar = tqdm(batches, desc="pap-trace", disable=None if progress else True, leave=False)
+            for i, batch in enumerate(bar):
+                if max_batches is not None and i >= max_batches:
+                    break
+                for m in layers.values():
+                    m.last_trace = None
+                sizes.append(forward(model, batch))
+                for name, m in layers.items():
+                    if m.last_trace is None:
+                        raise RuntimeError(f"RPC layer {name} did not run in the forward pass")
+                    for q in QUANTITIES:
+                        raw[name][q].append(torch.stack(m.last_trace[q + "_per_head"]).double().numpy())
+    finally:
+        model.train(was_training)
+    if not sizes:
+        raise ValueError("trace_model: no batches")
+    w = np.asarray(sizes, dtype=np.float64)
+    w /= w.sum()
+    out_layers: dict[str, Any] = {}
+    for name, per_q in raw.items():
+        m = layers[name]
+        arrs = {q: np.stack(v) for q, v in per_q.items()}  # (batches, T, H)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = arrs["tau"] / arrs["k_abs_max"]
+        dens = arrs["s_density"]
+        out_layers[name] = {
+            "settings": {
+                "n_iter": m.n_iter,
+                "lam": m.lam,
+                "threshold": m.threshold,
+                "mu_dim": m.mu_dim,
+                "symmetric": m.symmetric,
+                "sparse": m.sparse,
+                "dual": m.dual,
+            },
+            "n_iter": int(dens.shape[1]),
+            "heads": int(dens.shape[2]),
+            "quantities": {q: _stats(a, w) for q, a in arrs.items()},
+            "tau_over_kmax": _stats(ratio, w),
+            "s_active": bool((dens > 0).any()),
+            "s_density_max": float(dens.max()),
+            # first iteration (1-based) at which some batch and head has S != 0; None: never
+            "s_first_active_iter": next(
+                (t + 1 for t in range(dens.shape[1]) if (dens[:, t] > 0).any()), None
+            ),
+        }
+    summary = {
+        "rpc_layers": list(out_layers),
+        "s_active": any(v["s_active"] for v in out_layers.values()),
+        "s_density_max": max(v["s_density_max"] for v in out_layers.values()),
+        "tau_over_kmax_min": min(float(np.min(v["tau_over_kmax"]["min"])) for v in out_layers.values()),
+        "tau_over_kmax_mean_first_iter": float(
+            np.mean([v["tau_over_kmax"]["mean"][0] for v in out_layers.values()])
+        ),
+    }
+    return {"n_samples": int(sum(sizes)), "n_batches": len(sizes), "layers": out_layers, "summary": summary}
+
+
+def trace_statement(trace: dict[str, Any]) -> str:
+    """One plain sentence: is the sparse component ever active, with the max density and tau / max|K|."""
+    s = trace["summary"]
+    n = trace["n_samples"]
+    ratio = s["tau_over_kmax_min"]
+    ratio_txt = "inf (S forced to zero)" if math.isinf(ratio) else f"{ratio:.3g}"
+    forced = [name for name, v in trace["layers"].items() if not v["settings"]["sparse"]]
+    if forced and len(forced) == len(trace["layers"]):
+        head = "S is forced to zero (sparse=False) in every RPC layer, so it is never active"
+        head += f" on the {n} inputs"
+    elif not s["s_active"]:
+        head = (
+            f"The sparse component S is never active: S = 0 at every PAP iteration, in every RPC layer and "
+            f"head, on all {n} inputs"
+        )
+    else:
+        where = [
+            f"{name} from iteration {v['s_first_active_iter']} (max density {v['s_density_max']:.3g})"
+            for name, v in trace["layers"].items()
+            if v["s_active"]
+        ]
+        head = (
+            f"The sparse component S is active on these {n} inputs: max density {s['s_density_max']:.3g} "
+            f"(fraction of non-zero entries of S, batch mean); " + "; ".join(where)
+        )
+    return (
+        f"{head}. tau / max|K|: {s['tau_over_kmax_mean_first_iter']:.3g} on average, {ratio_txt} at the "
+        "smallest (batch means per head; above 1 the first PAP step shrinks nothing)."
+    )
+
+
+def lm_text_batches(model: nn.Module, texts: list[str], batch_size: int) -> list[Tensor]:
+    """Token windows (B, <= context) of a project LM from texts, one text per window (truncated)."""
+    vocab = getattr(model, "vocab", None)
+    if vocab is None:
+        raise ValueError("this language model has no vocabulary (model.vocab): cannot encode --texts")
+    ctx = int(getattr(getattr(model, "cfg", None), "context", 0) or 256)
+    ids = [vocab.encode(t)[:ctx] for t in texts]
+    ids = [x for x in ids if len(x) > 1]
+    if not ids:
+        raise ValueError("no text encodes to more than one token")
+    batches = []
+    for i in range(0, len(ids), batch_size):
+        chunk = ids[i : i + batch_size]
+        n = min(len(x) for x in chunk)  # equal length: no padding (project LMs take no mask)
+        batches.append(torch.stack([x[:n] for x in chunk]))
+    return batches

@@ -1,0 +1,254 @@
+"""The robustness suites of an image classifier as data, evaluated item by item with per-example
+results into a :class:`~kpca_attention.robustness.store.ResultStore`.
+
+:class:`ImageSuites` says what to measure; :func:`evaluate_image_suites` measures it for one model:
+
+* ``clean`` - top-1/top-5 on the first ``clean`` test images (all when ``None``);
+* ``corruptions`` - each (corruption, severity) on ``n`` fixed test images
+  (:func:`fixed_subset` with ``data_seed``), corrupted once per image with ``imagecorruptions`` and
+  cached on disk (:func:`~kpca_attention.robustness.corruptions.corrupted_views`), plus the clean
+  accuracy of the same images (so robustness can be read as a drop from clean);
+* ``attacks`` - each method at each eps on ``n`` fixed test images (``data_seed + 1``), in pixel
+  units, through :func:`~kpca_attention.robustness.attacks.attack_logits`, plus clean on those images.
+
+Every model evaluated with the same suites sees the same images, so per-example results pair up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, Subset
+
+from .store import ResultStore, example_result
+
+__all__ = ["Corruptions", "Attack", "ImageSuites", "fixed_subset", "evaluate_image_suites", "eps_label",
+           "structure_items"]
+
+
+@dataclass(frozen=True)
+class Corruptions:
+    """Common corruptions: ``names`` x ``severities`` on ``n`` fixed test images."""
+
+    names: tuple[str, ...]
+    severities: tuple[int, ...] = (1, 2, 3, 4, 5)
+    n: int = 500
+
+    def __post_init__(self) -> None:
+        from .corruptions import check_corruption
+
+        if not self.names or not self.severities:
+            raise ValueError("corruptions need at least one name and one severity")
+        for c in self.names:
+            for s in self.severities:
+                check_corruption(c, s)
+        _positive("corruption images", self.n)
+
+
+@dataclass(frozen=True)
+class Attack:
+    """One attack method at the budgets ``eps`` (pixel units) on ``n`` fixed test images;
+    ``options`` go to :func:`~kpca_attention.robustness.attacks.attack`; ``seeds``: only the runs of
+    these training seeds are attacked (``None``: all) - for expensive attacks on one seed; ``label``
+    names it in results (default: :attr:`name`)."""
+
+    method: str
+    eps: tuple[float, ...]
+    n: int = 200
+    options: Mapping[str, Any] = field(default_factory=dict)
+    seeds: tuple[int, ...] | None = None
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        from .attacks import METHODS, OPTIONS
+
+        if self.method not in METHODS:
+            raise ValueError(f"unknown attack {self.method!r}; valid: {', '.join(METHODS)}")
+        bad = sorted(set(self.options) - set(OPTIONS[self.method]) - {"seed"})
+        if bad:
+            raise ValueError(f"{self.method}: unknown option(s) {bad}; "
+                             f"valid: {', '.join(OPTIONS[self.method])}")
+        if not self.eps or any(not (e > 0) for e in self.eps):
+            raise ValueError(f"{self.method}: eps must be a non-empty list of budgets > 0, got {self.eps}")
+        _positive(f"{self.method} images", self.n)
+
+    @property
+    def name(self) -> str:
+        """The attack's label in results: ``label``, else ``pgd``, or ``pgd-steps50`` with options."""
+        if self.label:
+            return self.label
+        if not self.options:
+            return self.method
+        return self.method + "-" + "-".join(f"{k}{v}" for k, v in sorted(self.options.items()))
+
+
+@dataclass(frozen=True)
+class ImageSuites:
+    """What to measure on an image classifier (see the module docstring)."""
+
+    clean: int | None = None
+    corruptions: Corruptions | None = None
+    attacks: tuple[Attack, ...] = ()
+    data_seed: int = 0
+    batch_size: int = 500
+    attack_batch_size: int = 100
+
+    def __post_init__(self) -> None:
+        if self.clean is not None:
+            _positive("clean images", self.clean)
+        _positive("batch size", self.batch_size)
+        _positive("attack batch size", self.attack_batch_size)
+        names = [a.name for a in self.attacks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two attacks share a name {names}: give them different options")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _positive(what: str, n: Any) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{what} must be an integer >= 1, got {n!r}")
+
+
+def eps_label(eps: float) -> str:
+    """A budget as it names results: Linf budgets as multiples of 1/255 (``4/255`` -> ``"4"``)."""
+    return f"{255 * eps:.4g}"
+
+
+def fixed_subset(dataset: Dataset, n: int, seed: int) -> Dataset:
+    """``n`` examples drawn once with ``seed`` (class-mixed, unlike the first n), in index order."""
+    if n > len(dataset):  # type: ignore[arg-type]
+        raise ValueError(f"asked for {n} examples of a dataset of {len(dataset)}")  # type: ignore[arg-type]
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randperm(len(dataset), generator=g)[:n].sort().values.tolist()  # type: ignore[arg-type]
+    return Subset(dataset, idx)
+
+
+def _clean(model: nn.Module, data: Dataset, batch_size: int) -> dict[str, Any]:
+    from .common import collect_logits
+
+    logits, labels = collect_logits(model, data, batch_size=batch_size, progress=False)
+    return example_result(logits, labels)
+
+
+def structure_items(items: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat ``{item name: result}`` of a :class:`ResultStore` in the shape
+    :func:`evaluate_image_suites` returns (``clean``, ``corruptions``, ``attacks``, ...); other items
+    (``run``, ``trace``) are passed through under their own names."""
+    out: dict[str, Any] = {}
+    for name, r in items.items():
+        parts = name.split("/")
+        if name == "corruptions/clean":
+            out["clean_corrupt_subset"] = r
+        elif name == "attacks/clean":
+            out["clean_attack_subset"] = r
+        elif parts[0] in ("corruptions", "attacks") and len(parts) == 3:
+            out.setdefault(parts[0], {}).setdefault(parts[1], {})[parts[2]] = r
+        else:
+            out[name] = r
+    return out
+
+
+def evaluate_image_suites(
+    model: nn.Module | Callable[[], nn.Module],
+    test_set: Dataset,
+    suites: ImageSuites,
+    store: ResultStore,
+    base_key: Mapping[str, Any],
+    *,
+    cache_dir: str | Path | None = None,
+    seed: int | None = None,
+    log: Callable[[str], None] = print,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Evaluate ``model`` (images in [0, 1]) on every item of ``suites``, reusing the items of
+    ``store`` whose key (``base_key`` + the item's parameters) matches.
+
+    Args:
+        model: the model, or a function returning it (called only if some item must be computed).
+        seed: the training seed of this model (decides which :attr:`Attack.seeds` attacks run).
+    Returns:
+        ``{"clean": r, "corruptions": {name: {severity: r}}, "clean_corrupt_subset": r,
+        "attacks": {attack name: {eps label: r}}, "clean_attack_subset": r, "timing": {...}}`` where
+        each ``r`` is ``{"top1", "top5", "n", "correct"}`` (+ perturbation norms for attacks).
+    """
+    from tqdm.auto import tqdm
+
+    from .attacks import NORMS, attack_logits
+    from .corruptions import corrupted_views
+
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {}
+    bs = suites.batch_size
+    loaded: list[nn.Module] = [model] if isinstance(model, nn.Module) else []
+
+    def net() -> nn.Module:
+        if not loaded:
+            loaded.append(model())  # type: ignore[operator]
+        return loaded[0]
+
+    def item(name: str, params: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
+        return store.get_or_compute(name, {**base_key, **params}, compute)[0]
+
+    n_clean = suites.clean
+    clean_set = test_set if n_clean is None else Subset(test_set, range(n_clean))
+    out["clean"] = item("clean", {"n": n_clean}, lambda: _clean(net(), clean_set, bs))
+    t_clean = time.perf_counter()
+
+    c = suites.corruptions
+    if c is not None:
+        base = fixed_subset(test_set, c.n, suites.data_seed)
+        params = {"n": c.n, "data_seed": suites.data_seed}
+        out["clean_corrupt_subset"] = item("corruptions/clean", params, lambda: _clean(net(), base, bs))
+        views = corrupted_views(base, c.names, c.severities, seed=suites.data_seed, cache_dir=cache_dir)
+        corr: dict[str, dict[str, Any]] = {}
+        for (name, sev), view in tqdm(views.items(), desc="corruptions", disable=None if progress else True,
+                                      leave=False):
+            def compute(view=view) -> dict[str, Any]:
+                if cache_dir is not None:
+                    view.build_cache(progress=False)
+                return _clean(net(), view, bs)
+
+            corr.setdefault(name, {})[str(sev)] = item(
+                f"corruptions/{name}/{sev}", {**params, "corruption": name, "severity": sev}, compute)
+        out["corruptions"] = corr
+        log(f"  corruptions: {len(views)} views of {c.n} images")
+    t_corr = time.perf_counter()
+
+    attacks = [a for a in suites.attacks if a.seeds is None or seed is None or seed in a.seeds]
+    if attacks:
+        n_att = max(a.n for a in attacks)
+        att_base = fixed_subset(test_set, n_att, suites.data_seed + 1)
+        xs, ys = zip(*(att_base[i] for i in range(n_att)), strict=True)
+        x_all, y_all = torch.stack(xs), torch.as_tensor(ys)
+        params = {"n": n_att, "data_seed": suites.data_seed + 1}
+        out["clean_attack_subset"] = item("attacks/clean", params, lambda: _clean(net(), att_base, bs))
+        res: dict[str, dict[str, Any]] = {}
+        for a in attacks:
+            for eps in a.eps:
+                def compute(a: Attack = a, eps: float = eps) -> dict[str, Any]:
+                    lg, lb, nm = attack_logits(net(), (x_all[: a.n], y_all[: a.n]), a.method, eps,
+                                               batch_size=suites.attack_batch_size, progress=progress,
+                                               seed=0, **dict(a.options))
+                    return {**example_result(lg, lb), "norm": NORMS[a.method],
+                            "mean_norm": nm.mean().item(), "max_norm": nm.max().item()}
+
+                t_a = time.perf_counter()
+                res.setdefault(a.name, {})[eps_label(eps)] = item(
+                    f"attacks/{a.name}/{eps_label(eps)}",
+                    {"n": a.n, "data_seed": suites.data_seed + 1, "method": a.method, "eps": eps,
+                     "options": dict(a.options)}, compute)
+                r = res[a.name][eps_label(eps)]
+                log(f"  {a.name} eps {eps_label(eps)}/255: top-1 {100 * r['top1']:.1f}% "
+                    f"({time.perf_counter() - t_a:.0f} s)")
+        out["attacks"] = res
+    out["timing"] = {"clean_s": t_clean - t0, "corruptions_s": t_corr - t_clean,
+                     "attacks_s": time.perf_counter() - t_corr}
+    return out

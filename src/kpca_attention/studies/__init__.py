@@ -1,0 +1,35 @@
+"""Studies: comparisons declared as data (:class:`Study`) and one engine that runs any of them
+(:func:`run_study`): train each (variant, seed) through :mod:`kpca_attention.train`, evaluate through
+:mod:`kpca_attention.robustness.suites` with per-example results, write the report through
+:mod:`kpca_attention.report.study`.
+
+Registered studies (``kpca-attention study NAME``): ``demo``, ``ablations``, ``vision``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .ablations import ablation_study
+from .demo import demo_study, quick_demo_study
+from .engine import run_one, run_study
+from .spec import Check, Study, Variant
+from .vision import vision_study
+
+__all__ = ["Study", "Variant", "Check", "run_study", "run_one", "STUDIES", "get_study", "demo_study",
+           "quick_demo_study", "ablation_study", "vision_study"]
+
+#: name -> function building the study from keyword options
+STUDIES: dict[str, Callable[..., Study]] = {
+    "demo": demo_study,
+    "ablations": ablation_study,
+    "vision": vision_study,
+}
+
+
+def get_study(name: str, **options: Any) -> Study:
+    """The registered study ``name`` built with ``options``."""
+    if name not in STUDIES:
+        raise ValueError(f"unknown study {name!r}; valid: {', '.join(STUDIES)}")
+    return STUDIES[name](**options)

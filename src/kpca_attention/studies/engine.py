@@ -1,0 +1,289 @@
+"""One engine for every study: train each (variant, seed), evaluate it through the robustness suites
+with per-example results, run the study-wide checks, write the report.
+
+Files (``out`` is the study's results folder, small enough to commit; ``runs`` holds checkpoints)::
+
+    <out>/settings.json              the study (Study.to_dict) this folder was made with
+    <out>/results/<slug>-s<seed>.json  per-run ResultStore: training summary ("run"), clean, every
+                                     corruption view and attack with per-example bits, PAP trace
+    <out>/checks/<name>.json         study-wide checks (throughput side by side, ...)
+    <out>/summary.json, report.md, *.png      written by kpca_attention.report.study
+    <runs>/<slug>-s<seed>/           training run directories (kpca_attention.train)
+    <runs>/cache/                    corrupted test images, shared by every run
+
+Reuse, so a study can be continued on another machine from committed results: a run whose results
+file holds every item with the same key (the training settings that change the weights, and the
+evaluation parameters) is neither trained nor evaluated again - its checkpoint is not even needed.
+Otherwise the run is trained when needed: a finished run with the same trajectory settings is reused,
+a killed one is resumed exactly, one made with other settings is trained again (one line says why).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..io import read_json, write_json_atomic
+from ..robustness.store import ResultStore, normalise_key
+from ..robustness.suites import evaluate_image_suites
+from ..train import CheckpointError, load_model, train
+from ..train.rundir import TRAJECTORY_FREE, RunDir
+from .spec import Study, Variant
+
+__all__ = ["run_study", "run_one", "result_path", "run_dir_of", "RESULTS_VERSION"]
+
+#: bump when the per-run results change meaning (older stored items are then recomputed)
+RESULTS_VERSION = 3
+
+
+def run_dir_of(runs: Path, variant: Variant, seed: int) -> Path:
+    return Path(runs) / f"{variant.slug}-s{seed}"
+
+
+def result_path(out: Path, variant: Variant, seed: int) -> Path:
+    return Path(out) / "results" / f"{variant.slug}-s{seed}.json"
+
+
+def _say(prefix: str) -> Callable[[str], None]:
+    def log(msg: str) -> None:
+        print(f"[{prefix}] {msg}" if not msg.startswith("  ") else f"[{prefix}]{msg}", flush=True)
+
+    return log
+
+
+def _run_key(study: Study, variant: Variant, seed: int, runs: Path) -> dict[str, Any]:
+    """What identifies a run's weights: the training settings that change the trajectory."""
+    cfg = study.train_config(variant, seed, str(run_dir_of(runs, variant, seed)))
+    return normalise_key({"train": {k: v for k, v in cfg.to_dict().items() if k not in TRAJECTORY_FREE},
+                          "version": RESULTS_VERSION})
+
+
+def ensure_trained(study: Study, variant: Variant, seed: int, runs: Path, *, progress: bool,
+                   log: Callable[[str], None]) -> Path:
+    """Train, resume or reuse the run of (variant, seed); returns its run directory."""
+    run_dir = run_dir_of(runs, variant, seed)
+    cfg = study.train_config(variant, seed, str(run_dir))
+    cfg.progress = progress
+    rd = RunDir(run_dir)
+    if rd.has_checkpoint():
+        try:
+            changed = rd.changed_fields(cfg)
+        except (CheckpointError, FileNotFoundError) as e:
+            changed = {"checkpoint": (str(e), None)}
+        if changed:
+            log(f"{run_dir} was trained with other settings ({', '.join(sorted(changed))} differ): "
+                "training again")
+            shutil.rmtree(run_dir)
+        elif rd.finished():
+            try:
+                load_model(run_dir)
+            except CheckpointError as e:
+                log(f"the checkpoint in {run_dir} no longer loads ({e}): training again")
+                shutil.rmtree(run_dir)
+            else:
+                log(f"finished checkpoint in {run_dir}: not retrained")
+                return run_dir
+    resume = rd.has_checkpoint()
+    log(f"{'resuming' if resume else 'training'} {cfg.model} {dict(cfg.model_kwargs) or ''} "
+        f"({cfg.epochs} epochs, {cfg.train_subset or 'all'} images, seed {seed}, "
+        f"{torch.get_num_threads()} thread(s))")
+    train(cfg, resume=resume)
+    return run_dir
+
+
+def _training_summary(run_dir: Path, model: nn.Module) -> dict[str, Any]:
+    from ..train.logger import read_csv
+
+    rows = read_csv(run_dir / "epochs.csv")
+    t = sum(r["epoch_time_s"] for r in rows)
+    images = sum(r.get("images_per_s", 0.0) * r["epoch_time_s"] for r in rows)
+    return {
+        "train_time_s": t, "images_per_s": images / max(t, 1e-9), "steps": rows[-1]["step"],
+        "final_train_loss": rows[-1]["train_loss"],
+        "epochs": [{k: v for k, v in r.items() if isinstance(v, (int, float))} for r in rows],
+        "params": sum(p.numel() for p in model.parameters()),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: str | os.PathLike, *,
+            progress: bool = True, threads: int | None = None) -> Path:
+    """Train (when needed) and evaluate one (variant, seed) of ``study``; returns its results file."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    out, runs = Path(out), Path(runs)
+    variant = study.variant(slug)
+    log = _say(f"{slug} s{seed}")
+    store = ResultStore(result_path(out, variant, seed))
+    key = _run_key(study, variant, seed, runs)
+    state: dict[str, Any] = {}
+
+    def run_dir() -> Path:
+        if "dir" not in state:
+            state["dir"] = ensure_trained(study, variant, seed, runs, progress=progress, log=log)
+        return state["dir"]
+
+    def model() -> nn.Module:
+        if "model" not in state:
+            state["model"], _ = load_model(run_dir())
+        return state["model"]
+
+    t0 = time.perf_counter()
+    store.get_or_compute("run", key, lambda: _training_summary(run_dir(), model()))
+    from ..data.images import build_image_dataset
+
+    test = build_image_dataset(study.train_config(variant, seed, "x").dataset, "test")
+    evaluate_image_suites(model, test, study.suites, store, key, cache_dir=runs / "cache", seed=seed,
+                          log=log, progress=progress)
+    if study.trace:
+        from ..kpca.pap_trace import rpc_layers, trace_model
+        from ..robustness.suites import fixed_subset
+
+        def trace() -> dict[str, Any]:
+            from torch.utils.data import DataLoader
+
+            data = fixed_subset(test, study.trace, study.suites.data_seed + 2)
+            return trace_model(model(), DataLoader(data, batch_size=128, shuffle=False))
+
+        if "rpc" in variant.model:  # the registered RPC models; checked against the model when traced
+            def checked_trace() -> dict[str, Any]:
+                if not rpc_layers(model()):
+                    raise ValueError(f"{variant.model} has no RPC-Attention layer to trace")
+                return trace()
+
+            store.get_or_compute("trace", {**key, "n": study.trace}, checked_trace)
+    if store.computed:
+        log(f"done in {time.perf_counter() - t0:.0f} s ({store.computed} item(s) computed, "
+            f"{store.reused} reused)")
+    else:
+        log("results found: nothing to train or evaluate")
+    return store.path
+
+
+def _worker(args: tuple[Study, str, int, str, str]) -> str:
+    study, slug, seed, out, runs = args
+    return str(run_one(study, slug, seed, out, runs, progress=False, threads=1))
+
+
+def _check_settings(study: Study, out: Path, force: bool, command: str | None = None) -> None:
+    """Refuse to mix studies in one folder: ``settings.json`` must describe the same variants'
+    models and the same recipe and evaluation (seeds may grow)."""
+    f = out / "settings.json"
+    saved = read_json(f)
+    now = study.to_dict()
+    if saved and not force:
+        keys = ("preset", "recipe", "suites", "trace", "name")
+        differ = [k for k in keys if saved.get(k) != now.get(k)]
+        if differ:
+            raise ValueError(f"{out} holds the results of study {saved.get('name')!r} with other settings "
+                             f"({', '.join(differ)} differ): choose another --out, or --force to start again")
+        old = {v["slug"]: v for v in saved.get("variants", [])}
+        for v in now["variants"]:
+            o = old.get(v["slug"])
+            if o and (o["model"], o["kwargs"], o["recipe"]) != (v["model"], v["kwargs"], v["recipe"]):
+                raise ValueError(f"{out}: variant {v['slug']} was run as another model; choose another --out")
+        now["seeds"] = sorted(set(now["seeds"]) | set(saved.get("seeds", [])))
+        known = {v["slug"] for v in now["variants"]}
+        now["variants"] += [v for v in saved.get("variants", []) if v["slug"] not in known]
+    if command or (saved or {}).get("command"):
+        now["command"] = command or saved["command"]
+    write_json_atomic(f, now)
+
+
+def run_study(
+    study: Study,
+    out: str | os.PathLike,
+    runs: str | os.PathLike | None = None,
+    *,
+    jobs: int = 1,
+    force: bool = False,
+    progress: bool = True,
+    only: tuple[str, ...] | None = None,
+    report: bool = True,
+    command: str | None = None,
+) -> Path:
+    """Run every (variant, seed) of ``study`` (``only``: these variant slugs), then the checks, then
+    write the report; returns the report's path.
+
+    Args:
+        out: results folder (settings, per-run results, report).
+        runs: training runs and the corruption cache (default ``<out>/runs``).
+        jobs: runs in parallel processes, one thread each (two single-thread runs beat one
+            two-thread run on small models); 1 runs in this process with its thread setting.
+        force: delete earlier results and runs of this study first.
+        command: the command line that regenerates the study (recorded in ``settings.json``).
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
+    out = Path(out)
+    runs = Path(runs) if runs is not None else out / "runs"
+    todo = [(v, s) for v, s in study.runs() if only is None or v.slug in only]
+    if only is not None:
+        unknown = set(only) - {v.slug for v in study.variants}
+        if unknown:
+            raise ValueError(f"unknown variant(s) {sorted(unknown)}; valid: "
+                             f"{', '.join(v.slug for v in study.variants)}")
+    if force:
+        for v, s in todo:
+            result_path(out, v, s).unlink(missing_ok=True)
+            shutil.rmtree(run_dir_of(runs, v, s), ignore_errors=True)
+        shutil.rmtree(out / "checks", ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_settings(study, out, force, command)
+    print(f"[{study.name}] {len(todo)} run(s) of {len(study.variants)} variant(s) x seeds "
+          f"{list(study.seeds)}; results in {out}, runs in {runs}"
+          + (f", {jobs} in parallel" if jobs > 1 else ""), flush=True)
+    if jobs == 1:
+        for v, s in todo:
+            run_one(study, v.slug, s, out, runs, progress=progress)
+            if report:
+                _report(out)
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # one thread each, OpenMP waiting passively: set before the workers start their runtimes
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = [pool.submit(_worker, (study, v.slug, s, str(out), str(runs))) for v, s in todo]
+            for fut in as_completed(futures):
+                fut.result()
+                if report:
+                    _report(out)
+    run_checks(study, out, runs)
+    return _report(out) if report else out / "report.md"
+
+
+def run_checks(study: Study, out: Path, runs: Path) -> None:
+    """The study-wide checks, each cached in ``<out>/checks/<name>.json`` under its key."""
+    have = {(v.slug, s): run_dir_of(runs, v, s) for v, s in study.runs()
+            if RunDir(run_dir_of(runs, v, s)).finished()}
+    for check in study.checks:
+        f = out / "checks" / f"{check.name}.json"
+        key = normalise_key({**dict(check.key), "runs": sorted(f"{a}-s{b}" for a, b in have)})
+        cached = read_json(f)
+        if cached is not None and cached.get("key") == key:
+            continue
+        print(f"[{study.name}] {check.title}", flush=True)
+        write_json_atomic(f, {"key": key, "title": check.title, "result": check.run(study, have)})
+
+
+def _report(out: Path) -> Path:
+    """Rewrite the report; a failure there must not stop a long study (the results are on disk)."""
+    from ..report.study import write_study_report
+
+    try:
+        return write_study_report(out)
+    except Exception as e:  # noqa: BLE001 - reported; `kpca-attention report` redoes it
+        print(f"warning: report not written ({type(e).__name__}: {e}); the results are kept, "
+              f"rerun `kpca-attention report {out}`", file=sys.stderr, flush=True)
+        return out / "report.md"

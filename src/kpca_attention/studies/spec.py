@@ -1,0 +1,131 @@
+"""A study as data: which models (variants), which seeds, which training recipe, what to measure.
+
+A :class:`Study` is everything needed to reproduce a comparison; :func:`kpca_attention.studies.run_study`
+runs any study. Study definitions (``studies/demo.py``, ``studies/ablations.py``, ``studies/vision.py``)
+are a few dozen lines of these dataclasses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..robustness.suites import ImageSuites
+from ..train import TrainConfig, get_preset
+
+__all__ = ["Variant", "Study", "Check"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One model of a study: a registered model name and its kwargs.
+
+    ``slug`` names its files (``<slug>-s<seed>``), ``label`` its rows in tables, ``what`` says in
+    words what it is; ``seeds`` restricts it to some of the study's seeds (``None``: all of them);
+    ``recipe`` overrides training settings for this variant only."""
+
+    slug: str
+    label: str
+    model: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    what: str = ""
+    seeds: tuple[int, ...] | None = None
+    recipe: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.slug or not all(ch.isalnum() or ch in "_." for ch in self.slug):
+            raise ValueError(f"variant slug {self.slug!r}: use letters, digits, '_' and '.' only")
+
+
+@dataclass(frozen=True)
+class Check:
+    """An extra measurement of a study as a whole (e.g. side-by-side training throughput): ``run``
+    is called as ``run(study, runs) -> JSON-able result`` with ``runs = {(slug, seed): run dir}`` of
+    the runs that exist; its result is cached under ``key``."""
+
+    name: str
+    title: str
+    run: Any  # Callable[[Study, dict[tuple[str, int], Path]], Any]
+    key: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Study:
+    """A comparison of ``variants`` over ``seeds`` with one training recipe and one evaluation.
+
+    Args:
+        name: the study's folder name (``results/<name>``).
+        preset: the training preset (:data:`kpca_attention.train.PRESETS`) and ``recipe`` its
+            overrides, shared by every run (the seed and the output folder are set per run).
+        suites: what each trained image model is measured on.
+        trace: test images for the PAP trace of every model with RPC layers (0: none).
+        baseline: the slug every variant is compared with (paired statistics, mCE).
+        checks: extra study-wide measurements.
+    """
+
+    name: str
+    title: str
+    variants: tuple[Variant, ...]
+    seeds: tuple[int, ...]
+    preset: str
+    recipe: Mapping[str, Any]
+    suites: ImageSuites
+    baseline: str
+    description: str = ""
+    trace: int = 0
+    checks: tuple[Check, ...] = ()
+
+    def __post_init__(self) -> None:
+        slugs = [v.slug for v in self.variants]
+        if len(set(slugs)) != len(slugs):
+            raise ValueError(f"variant slugs must be distinct, got {slugs}")
+        if self.baseline not in slugs:
+            raise ValueError(f"baseline {self.baseline!r} is not a variant; valid: {', '.join(slugs)}")
+        if not self.seeds:
+            raise ValueError("a study needs at least one seed")
+        if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
+            raise ValueError(f"seeds must be integers >= 0, got {self.seeds}")
+        if isinstance(self.trace, bool) or not isinstance(self.trace, int) or self.trace < 0:
+            raise ValueError(f"trace images must be an integer >= 0, got {self.trace!r}")
+        for v in self.variants:
+            extra = set(v.seeds or ()) - set(self.seeds)
+            if extra:
+                raise ValueError(f"variant {v.slug}: seeds {sorted(extra)} are not among the study's "
+                                 f"{self.seeds}")
+        self.train_config(self.variants[0], self.seeds[0], "runs/check")  # fail now on a bad recipe
+
+    # --- what runs --------------------------------------------------------------------------------
+    def variant(self, slug: str) -> Variant:
+        for v in self.variants:
+            if v.slug == slug:
+                return v
+        raise ValueError(f"unknown variant {slug!r}; valid: {', '.join(v.slug for v in self.variants)}")
+
+    def runs(self) -> list[tuple[Variant, int]]:
+        """Every (variant, seed), seed-major: a study cut short holds whole seeds."""
+        return [(v, s) for s in self.seeds for v in self.variants if v.seeds is None or s in v.seeds]
+
+    def train_config(self, variant: Variant, seed: int, run_dir: str) -> TrainConfig:
+        """The training config of one run."""
+        opts = {**dict(self.recipe), **dict(variant.recipe), "model": variant.model,
+                "model_kwargs": dict(variant.kwargs), "seed": seed, "output_dir": str(run_dir)}
+        return get_preset(self.preset, **opts)
+
+    def replace(self, **changes: Any) -> Study:
+        """A copy with some fields changed (e.g. ``seeds``), validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The study's settings as JSON-able data (what ``settings.json`` records)."""
+        d = {
+            "name": self.name, "title": self.title, "preset": self.preset, "recipe": dict(self.recipe),
+            "seeds": list(self.seeds), "baseline": self.baseline, "trace": self.trace,
+            "suites": self.suites.to_dict(),
+            "variants": [{**dataclasses.asdict(v), "kwargs": dict(v.kwargs), "recipe": dict(v.recipe)}
+                         for v in self.variants],
+            "checks": [c.name for c in self.checks],
+        }
+        return json.loads(json.dumps(d, default=list))

@@ -1,0 +1,182 @@
+"""The one owner of a run directory: its files, whether it is finished, which config fields change
+what it trains, and who may write to it.
+
+Layout (see :mod:`kpca_attention.train.checkpoint` for one checkpoint's files)::
+
+    <run>/
+      .lock            advisory lock (fcntl) of the process writing this run; holds its pid
+      config.json      the TrainConfig of the run
+      steps.csv, epochs.csv, tb/     metrics (kpca_attention.train.logger)
+      checkpoints/latest.json        {"name": ..., "finished": bool}
+      checkpoints/e0003-s00001234/   checkpoints (atomic directories)
+
+Concurrency: :meth:`RunDir.lock` takes an exclusive ``fcntl.flock`` on ``<run>/.lock``. A second
+writer (another ``train`` with the same ``-o``) gets :class:`RunDirBusy` at once, naming the pid that
+holds it. The kernel drops the lock when its process dies (even on SIGKILL), so a stale lock never
+blocks: the next writer simply takes it over. While the lock is held no other writer exists, so
+temporary checkpoint folders left in ``checkpoints/`` are orphans of a killed writer and are removed
+(:meth:`RunDir.remove_orphans`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .config import TrainConfig
+
+__all__ = ["RunDir", "RunDirBusy", "TRAJECTORY_FREE", "RESUMABLE_CHANGES", "LATEST_FILE", "CHECKPOINTS"]
+
+CHECKPOINTS = "checkpoints"
+LATEST_FILE = "latest.json"
+LOCK_FILE = ".lock"
+METRIC_FILES = ("steps.csv", "epochs.csv", "tb", "config.json")
+
+#: config fields that do not change the trained weights: a finished run stays valid when they differ
+TRAJECTORY_FREE = frozenset({
+    "output_dir", "progress", "num_workers", "log_every_steps", "checkpoint_every_steps",
+    "eval_every_epochs", "eval_batch_size", "eval_subset", "device", "preset",
+})
+#: fields that may differ between a checkpoint and the run resuming it: the trajectory-free ones, and
+#: ``epochs`` / ``max_steps``, which extend (or cut) a run deliberately
+RESUMABLE_CHANGES = TRAJECTORY_FREE | {"epochs", "max_steps"}
+
+
+class RunDirBusy(RuntimeError):
+    """Another live process is writing this run directory."""
+
+
+class RunDir:
+    """A training run's directory. Cheap to create; nothing is read or written until asked."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._lock_fd: int | None = None
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # --- files -------------------------------------------------------------------------------
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def latest_file(self) -> Path:
+        return self.checkpoints / LATEST_FILE
+
+    def latest(self) -> dict[str, Any] | None:
+        """The contents of ``checkpoints/latest.json`` (``None`` when the run has no checkpoint)."""
+        try:
+            data = json.loads(self.latest_file.read_text())
+        except FileNotFoundError:
+            return None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            from .checkpoint import CheckpointError
+
+            raise CheckpointError(
+                f"{self.latest_file} is corrupt ({e}); delete it to pick a checkpoint by hand") from e
+        return data if isinstance(data, dict) else None
+
+    def has_checkpoint(self) -> bool:
+        """Whether a run was started here (it has a checkpoint to resume from)."""
+        return self.latest_file.exists()
+
+    def finished(self) -> bool:
+        """Whether the run's last checkpoint is marked finished (a corrupt marker counts as not)."""
+        try:
+            latest = self.latest()
+        except RuntimeError:
+            return False
+        return bool(latest and latest.get("finished"))
+
+    def checkpoint(self) -> Path:
+        """The latest checkpoint directory (:func:`kpca_attention.train.checkpoint.resolve_checkpoint`)."""
+        from .checkpoint import resolve_checkpoint
+
+        return resolve_checkpoint(self.path)
+
+    def config(self) -> TrainConfig:
+        """The config of the latest checkpoint."""
+        from .checkpoint import read_config
+
+        return read_config(self.checkpoint())
+
+    def mark_finished(self, name: str) -> None:
+        from ..io import write_json_atomic
+
+        write_json_atomic(self.latest_file, {"name": name, "finished": True})
+
+    # --- which settings differ -----------------------------------------------------------------
+    def changed_fields(self, cfg: TrainConfig, allowed: frozenset[str] = TRAJECTORY_FREE) -> dict[str, tuple]:
+        """``{field: (saved, now)}`` for config fields outside ``allowed`` that differ from the run's
+        latest checkpoint (empty when there is no checkpoint)."""
+        if not self.has_checkpoint():
+            return {}
+        saved = self.config().to_dict()
+        now = cfg.to_dict()
+        return {k: (saved.get(k), now[k]) for k in now if k not in allowed and saved.get(k) != now[k]}
+
+    # --- ownership ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[RunDir]:
+        """Hold the run directory exclusively for the ``with`` block (see the module docstring)."""
+        import fcntl
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock_path = self.path / LOCK_FILE
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise RunDirBusy(f"{self.path} is being written by another process (pid {holder}); wait for it "
+                             "to finish or choose another output directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+        try:
+            self.remove_orphans()
+            yield self
+        finally:
+            self._lock_fd = None
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def remove_orphans(self) -> list[Path]:
+        """Remove temporary checkpoint folders and files (``.<name>.tmp-<pid>``) whose writer is not
+        this process: with the lock held, they belong to a writer that died. Returns what was removed."""
+        removed: list[Path] = []
+        if not self.checkpoints.is_dir():
+            return removed
+        for p in self.checkpoints.iterdir():
+            if not (p.name.startswith(".") and ".tmp" in p.name):
+                continue
+            if p.name.endswith(f".tmp-{os.getpid()}"):
+                continue
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p)
+        return removed
+
+    def clear(self) -> None:
+        """Delete the run (checkpoints and metrics) so that exactly a new run is left after
+        ``--overwrite``; the lock file is kept (it is held by the caller)."""
+        if not self.path.exists():
+            return
+        for name in (CHECKPOINTS, *METRIC_FILES):
+            p = self.path / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()

@@ -1,0 +1,245 @@
+"""The study engine (kpca_attention.studies) end to end on tiny studies: training, per-example
+evaluation through the robustness suites, reuse of finished runs and of committed results, refusal
+to mix settings, and that its numbers equal the library's own evaluation functions."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from kpca_attention.data.images import build_image_dataset
+from kpca_attention.layers import RPCAttention
+from kpca_attention.models import create_model
+from kpca_attention.report.stats import bootstrap_diff_ci, mcnemar, seed_test
+from kpca_attention.report.study import load_study_results, write_study_report
+from kpca_attention.robustness.attacks import evaluate_attack
+from kpca_attention.robustness.corruptions import CorruptedDataset
+from kpca_attention.robustness.store import ResultStore, decode_bits, encode_bits
+from kpca_attention.robustness.suites import Attack, Corruptions, ImageSuites, fixed_subset
+from kpca_attention.studies import ablation_study, get_study, quick_demo_study, run_study
+from kpca_attention.studies.ablations import ablation_variants, candes_lambda
+from kpca_attention.studies.engine import ensure_trained
+from kpca_attention.train import evaluate_vision, load_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def test_bits_round_trip() -> None:
+    a = np.array([True, False, True, True, False])
+    assert encode_bits(a) == "10110" and (decode_bits("10110") == a).all()
+    assert encode_bits(torch.tensor([False, True])) == "01"
+
+
+def test_paired_statistics() -> None:
+    a = np.array([True] * 30 + [False] * 10)
+    b = np.array([True] * 10 + [False] * 30)
+    n01, n10, p = mcnemar(a, b)
+    assert (n01, n10) == (20, 0) and p == pytest.approx(2 * 0.5**20)
+    assert mcnemar(a, a)[2] == 1.0
+    lo, hi = bootstrap_diff_ci(a, b, 0)
+    assert lo <= 0.5 <= hi and lo > 0.2  # true difference 0.5
+    assert bootstrap_diff_ci(a, a, 0) == (0.0, 0.0)
+    lo, hi = bootstrap_diff_ci(np.stack([a, a]), np.stack([b, b]), 0)  # views go with their image
+    assert lo <= 0.5 <= hi
+    t = seed_test([1.0, 2.0, 3.0])
+    assert t["mean"] == 2.0 and t["std"] == 1.0 and t["ci"][0] < 2.0 < t["ci"][1]
+    from scipy import stats
+
+    assert t["p"] == pytest.approx(stats.ttest_1samp([1.0, 2.0, 3.0], 0).pvalue)
+    assert seed_test([1.5])["p"] is None
+    with pytest.raises(ValueError, match="same examples"):
+        mcnemar(a, b[:3])
+
+
+def test_specs_are_validated() -> None:
+    with pytest.raises(ValueError, match="unknown attack"):
+        Attack("magic", (1 / 255,))
+    with pytest.raises(ValueError, match="eps must be"):
+        Attack("pgd", (0.0,))
+    with pytest.raises(ValueError, match="unknown option"):
+        Attack("pgd", (1 / 255,), options={"stepz": 3})
+    with pytest.raises(ValueError, match=">= 1"):
+        Corruptions(("fog",), (1,), n=0)
+    with pytest.raises(ValueError, match="unknown study"):
+        get_study("nope")
+    with pytest.raises(ValueError, match="unknown variant"):
+        ablation_study(variants=("rpc_magic",))
+    with pytest.raises(ValueError, match="at least one seed"):
+        ablation_study(seeds=())
+    with pytest.raises(ValueError, match="baseline"):
+        quick_demo_study().replace(baseline="nope")
+
+
+def test_candes_lambda_and_ablation_variants_share_the_init() -> None:
+    assert candes_lambda() == pytest.approx(1 / math.sqrt(50))  # 49 patches + CLS; head width 16
+    weights = {}
+    for v in ablation_variants():
+        torch.manual_seed(3)
+        model = create_model(v.model, **v.kwargs)
+        attn = model.blocks[0].attn
+        weights[v.slug] = attn.in_proj.weight.detach().clone()
+        if v.slug == "symvit":
+            assert not isinstance(attn, RPCAttention)
+            continue
+        assert isinstance(attn, RPCAttention) and attn.n_iter == 4
+        assert not any(isinstance(b.attn, RPCAttention) for b in model.blocks[1:])
+        assert attn.sparse == (v.slug != "rpc_no_sparse") and attn.dual == (v.slug != "rpc_no_dual")
+        if v.slug.startswith("rpc_paper"):
+            assert attn.threshold == "lambda_over_mu" and attn.mu_dim == 16
+    for slug, w in weights.items():  # K/V carried over: every variant starts from SymViT's weights
+        torch.testing.assert_close(w, weights["symvit"], msg=slug)
+
+
+def test_vision_study_is_what_the_paper_asks() -> None:
+    s = get_study("vision")
+    slugs = {v.slug: v for v in s.variants}
+    assert {"symvit", "rpc_official", "rpc_6iter", "rpc_all2", "rpc_no_sparse", "rpc_paper", "vit",
+            "scaled_vit"} == set(slugs)
+    three = [v for v, _ in s.runs() if v.slug == "symvit"]
+    assert len(three) == 3 and slugs["rpc_6iter"].seeds == (0,)
+    assert len(s.suites.corruptions.names) == 15 and "glass_blur" in s.suites.corruptions.names
+    names = {a.name for a in s.suites.attacks}
+    assert {"fgsm", "pgd", "apgd-ce", "square", "spsa", "cw"} == names
+    sq = next(a for a in s.suites.attacks if a.name == "square")
+    assert sq.options["n_queries"] >= 1000 and sq.n >= 500
+    for v in s.variants:  # every variant builds
+        create_model(v.model, **v.kwargs)
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    with torch.inference_mode(False):
+        torch.set_num_threads(1)
+        report = run_study(quick_demo_study(), out, progress=False)
+    return out, report
+
+
+def test_demo_report_and_results(quick_demo) -> None:
+    out, report = quick_demo
+    text = report.read_text()
+    for png in ("accuracy.png", "severity.png", "attacks.png", "training_curves.png"):
+        assert (out / png).stat().st_size > 1000 and f"]({png})" in text
+    settings, res = load_study_results(out)
+    assert sorted(res) == ["rpc_symvit", "symvit"] and settings["baseline"] == "symvit"
+    for slug in res:
+        r = res[slug][0]
+        assert r["clean"]["n"] == 256 and len(r["clean"]["correct"]) == 256
+        assert set(r["corruptions"]) == {"gaussian_noise", "contrast"}
+        assert set(r["corruptions"]["contrast"]) == {"1", "3", "5"}
+        pgd = r["attacks"]["pgd"]["2"]
+        assert pgd["max_norm"] <= 2 / 255 + 1e-6 and len(pgd["correct"]) == 16
+        assert f"{100 * r['clean']['top1']:.1f}" in text
+        # the accuracy is the mean of the per-example bits
+        assert r["clean"]["top1"] == pytest.approx(decode_bits(r["clean"]["correct"]).mean())
+    # both models trained the same number of steps from the same seed
+    assert res["symvit"][0]["run"]["steps"] == res["rpc_symvit"][0]["run"]["steps"] == 8
+    summary = json.loads((out / "summary.json").read_text())
+    assert "clean" in summary["paired"]["rpc_symvit"]
+    assert "Paired differences against SymViT" in text and "McN p" in text
+
+
+def test_engine_numbers_equal_the_library_evaluation(quick_demo) -> None:
+    """The engine evaluates through the same functions as `evaluate`, `robustness` and the old demo:
+    its numbers equal theirs on the same images."""
+    out, _ = quick_demo
+    _, res = load_study_results(out)
+    study = quick_demo_study()
+    test = build_image_dataset("fashion-mnist", "test")
+    for slug in ("symvit", "rpc_symvit"):
+        model, _ = load_model(out / "runs" / f"{slug}-s0")
+        r = res[slug][0]
+        clean = evaluate_vision(model, DataLoader(Subset(test, range(256)), batch_size=500))
+        assert r["clean"]["top1"] == pytest.approx(clean["top1"], abs=1e-9)
+        base = fixed_subset(test, study.suites.corruptions.n, 0)
+        view = CorruptedDataset(base, "contrast", 3, seed=0, cache_dir=out / "runs" / "cache")
+        acc = evaluate_vision(model, DataLoader(view, batch_size=500))["top1"]
+        assert r["corruptions"]["contrast"]["3"]["top1"] == pytest.approx(acc, abs=1e-9)
+        att = evaluate_attack(model, fixed_subset(test, 16, 1), "pgd", 2 / 255, batch_size=100, progress=False,
+                              seed=0)
+        assert r["attacks"]["pgd"]["2"]["top1"] == pytest.approx(att["top1"], abs=1e-9)
+
+
+def test_finished_results_are_reused_without_checkpoints(quick_demo, tmp_path, capsys) -> None:
+    out, _ = quick_demo
+    copy = tmp_path / "committed"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("runs"))  # results only, as committed
+    mtimes = {p: p.stat().st_mtime_ns for p in (copy / "results").glob("*.json")}
+    capsys.readouterr()
+    run_study(quick_demo_study(), copy, progress=False)
+    said = capsys.readouterr().out
+    assert said.count("nothing to train or evaluate") == 2 and "training" not in said.replace("training ", "")
+    assert not (copy / "runs").exists() or not any((copy / "runs").glob("*-s0"))
+    assert mtimes == {p: p.stat().st_mtime_ns for p in (copy / "results").glob("*.json")}
+    assert write_study_report(copy).exists()
+
+
+def test_settings_are_not_mixed(quick_demo, tmp_path) -> None:
+    out, _ = quick_demo
+    other = quick_demo_study().replace(recipe={**quick_demo_study().recipe, "train_subset": 256})
+    with pytest.raises(ValueError, match="other settings"):
+        run_study(other, out, progress=False)
+
+
+def test_runs_with_other_trajectory_settings_are_retrained(tmp_path, capsys) -> None:
+    study = quick_demo_study().replace(recipe={**quick_demo_study().recipe, "train_subset": 128})
+    v = study.variants[0]
+    logs: list[str] = []
+    ensure_trained(study, v, 0, tmp_path, progress=False, log=logs.append)
+    ensure_trained(study, v, 0, tmp_path, progress=False, log=logs.append)
+    assert "not retrained" in logs[-1]
+    # only the evaluation subset differs: the trajectory is the same, the run is reused
+    same = study.replace(recipe={**study.recipe, "eval_subset": 64})
+    ensure_trained(same, v, 0, tmp_path, progress=False, log=logs.append)
+    assert "not retrained" in logs[-1]
+    changed = study.replace(recipe={**study.recipe, "lr": 1e-3})
+    ensure_trained(changed, v, 0, tmp_path, progress=False, log=logs.append)
+    assert any("trained with other settings (lr differ)" in m for m in logs)
+
+
+def test_result_store_recomputes_on_a_new_key(tmp_path) -> None:
+    store = ResultStore(tmp_path / "r.json")
+    calls = []
+    store.get_or_compute("a", {"x": (1, 2)}, lambda: calls.append(1) or {"v": 1})
+    again = ResultStore(tmp_path / "r.json")
+    assert again.get_or_compute("a", {"x": [1, 2]}, lambda: calls.append(2) or {"v": 2}) == ({"v": 1}, True)
+    assert again.get_or_compute("a", {"x": [1, 3]}, lambda: calls.append(3) or {"v": 3}) == ({"v": 3}, False)
+    assert calls == [1, 3]
+
+
+def test_parallel_jobs_give_the_same_results(quick_demo, tmp_path) -> None:
+    """Two runs in two worker processes (one thread each) give the numbers of the serial run."""
+    out, _ = quick_demo
+    run_study(quick_demo_study(), tmp_path, jobs=2, progress=False)
+    _, a = load_study_results(out)
+    _, b = load_study_results(tmp_path)
+    for slug in a:
+        assert a[slug][0]["clean"]["correct"] == b[slug][0]["clean"]["correct"]
+        assert a[slug][0]["attacks"]["pgd"]["2"]["correct"] == b[slug][0]["attacks"]["pgd"]["2"]["correct"]
+
+
+@pytest.mark.slow
+def test_quick_ablation_with_trace_and_checks(tmp_path) -> None:
+    study = ablation_study(seeds=(0,), variants=("rpc_no_dual",), quick=True, train_subset=128)
+    study = study.replace(suites=ImageSuites(clean=64, corruptions=Corruptions(("gaussian_noise",), (3,), 8),
+                                             attacks=(Attack("pgd", (2 / 255,), n=8),)), trace=16)
+    report = run_study(study, tmp_path, progress=False)
+    _, res = load_study_results(tmp_path)
+    trace = res["rpc_no_dual"][0]["trace"]["layers"]["model.blocks.0.attn"]
+    assert trace["settings"]["dual"] is False and trace["quantities"]["dual_norm"]["max"] == [0.0] * 4
+    assert "trace" not in res["symvit"][0]
+    tput = json.loads((tmp_path / "checks" / "throughput.json").read_text())["result"]
+    assert sorted(tput) == ["rpc_no_dual", "symvit"] and min(tput.values()) > 0
+    swaps = json.loads((tmp_path / "checks" / "swaps.json").read_text())["result"]
+    (row,) = [r for r in swaps if r["what"].startswith("SymViT weights in the 'RPC no")]
+    assert row["max_abs_logit_diff"] < 1e-4 and row["same_prediction"] == 1.0
+    (row,) = [r for r in swaps if r["what"].startswith("SymViT weights in the official")]
+    assert row["max_abs_logit_diff"] > 1e-3  # the dual feedback does change the function
+    text = report.read_text()
+    assert "PAP trace" in text and "Training throughput side by side" in text and "ratio to SymViT" in text
