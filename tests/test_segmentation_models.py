@@ -108,3 +108,32 @@ def test_trains_on_images_in_unit_range_through_normalized_model():
     assert losses[-1] < 0.5 * losses[0]
     # every parameter gets a gradient (DDP without find_unused_parameters)
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_encoder_initialised_from_a_trained_classifier(tmp_path):
+    from safetensors.torch import save_file
+
+    from kpca_attention.models.segmenter import load_encoder_weights
+
+    torch.manual_seed(0)
+    net = create_model("rpc_symvit_mini_patch4_32", num_classes=10, in_chans=1)
+    clf = NormalizedModel(net, (0.5,), (0.25,))
+    seg = create_model("segmenter_rpc_symvit_mini_patch4_32", num_classes=5, in_chans=1, img_size=32)
+    decoder_before = {k: v.clone() for k, v in seg.decoder.state_dict().items()}
+    loaded = load_encoder_weights(seg, clf.state_dict())
+    assert "blocks.0.attn.qkv.weight" in loaded or "blocks.0.attn.kv.weight" in loaded
+    x = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(seg.encoder.forward_features(x), clf.model.forward_features(x))
+    for k, v in seg.decoder.state_dict().items():
+        assert torch.equal(v, decoder_before[k])
+    # another window: position embeddings resampled to the 4 x 4 grid; from a safetensors file
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in clf.state_dict().items()}, str(path))
+    small = create_model("segmenter_rpc_symvit_mini_patch4_32", num_classes=5, in_chans=1, img_size=16)
+    load_encoder_weights(small, path)
+    assert small.encoder.pos_embed.shape == (1, 17, 64)
+    torch.testing.assert_close(small.encoder.blocks[1].mlp.fc1.weight, clf.model.blocks[1].mlp.fc1.weight)
+    wide = create_model("segmenter_symvit_mini_patch4_32", num_classes=5, in_chans=3, img_size=16)
+    with pytest.raises(ValueError, match="patch_embed.proj.weight"):
+        load_encoder_weights(wide, clf.state_dict())

@@ -29,13 +29,14 @@ families and their options are those of :mod:`kpca_attention.models.vit` (``rpc_
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import timm
 import torch
 import torch.nn.functional as F
-from timm.layers import trunc_normal_
+from timm.layers import resample_abs_pos_embed, trunc_normal_
 from timm.models import register_model
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import Tensor, nn
@@ -50,6 +51,7 @@ __all__ = [
     "SEGMENTER_SIZES",
     "DECODERS",
     "create_segmenter",
+    "load_encoder_weights",
 ]
 
 DECODERS: tuple[str, ...] = ("mask_transformer", "linear")
@@ -255,6 +257,46 @@ def create_segmenter(
             dec = MaskTransformerDecoder(num_classes, dim, dim, depth=decoder_layers, num_heads=heads,
                                          dropout=decoder_dropout, drop_path=decoder_drop_path)
     return Segmenter(encoder, dec, num_classes, window_size=img_size, window_stride=window_stride)
+
+
+def load_encoder_weights(model: Segmenter, weights: Mapping[str, Tensor] | str | os.PathLike) -> list[str]:
+    """Initialise a Segmenter's encoder from a trained classifier (the Segmenter recipe starts from an
+    ImageNet-trained ViT), e.g. the ``model.safetensors`` of a ``kpca_attention.train`` run.
+
+    ``weights`` is a state dict (or a ``.safetensors`` file) of a timm ViT of the same family and width,
+    optionally wrapped in ``NormalizedModel`` (keys ``model.*``; its ``mean``/``std`` are skipped). The
+    classification head is dropped and the position embeddings are resampled (bicubic, timm's
+    ``resample_abs_pos_embed``) to the encoder's patch grid. The decoder is left as initialised.
+
+    Returns:
+        the encoder keys loaded (all of them).
+    Raises:
+        ValueError: naming the encoder keys missing from ``weights`` or of another shape.
+    """
+    if not isinstance(weights, Mapping):
+        from safetensors.torch import load_file
+
+        weights = load_file(str(weights))
+    prefix = "model." if any(k.startswith("model.") for k in weights) else ""
+    src = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+    target = model.encoder.state_dict()
+    missing = sorted(k for k in target if k not in src)
+    if missing:
+        raise ValueError(f"encoder weights lack {len(missing)} key(s), e.g. {missing[:3]}: not a ViT of this "
+                         f"encoder's family and depth")
+    new = {}
+    for k, v in target.items():
+        w = src[k]
+        if k == "pos_embed" and w.shape != v.shape:
+            n_prefix = model.encoder.num_prefix_tokens
+            new_grid = model.encoder.patch_embed.grid_size
+            w = resample_abs_pos_embed(w, new_size=list(new_grid), num_prefix_tokens=n_prefix)
+        if w.shape != v.shape:
+            raise ValueError(f"encoder weight {k}: shape {tuple(w.shape)} in the checkpoint, "
+                             f"{tuple(v.shape)} in the Segmenter (another width, patch size or channels?)")
+        new[k] = w
+    model.encoder.load_state_dict(new)
+    return sorted(new)
 
 
 # ----------------------------------------------------------------------------- registration
