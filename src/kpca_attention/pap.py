@@ -359,6 +359,8 @@ def pap(
     if tau.dim() < 4:
         tau = tau.reshape(*([1] * (4 - tau.dim())), *tau.shape)
     sdpa_mask, sdpa_causal = _merge_masks(attn_mask, is_causal, k.shape[-2], k.device)
+    if torch.compiler.is_compiling() and not return_info:
+        return _pap_compiled(k, v, q, tau, sdpa_mask, sdpa_causal, dropout_p, n_iter, sparse, dual)
 
     def attend(x: Tensor, last: bool) -> Tensor:
         query, p = (x if q is None else q), (dropout_p if last else 0.0)
@@ -397,6 +399,38 @@ def pap(
             R, X = _update(k, L, R, tau, spare=X if X is not R else None)
     if trace is not None:
         return L, trace.info
+    return L
+
+
+def _pap_compiled(
+    k: Tensor, v: Tensor, q: Tensor | None, tau: Tensor, sdpa_mask: Tensor | None, sdpa_causal: bool,
+    dropout_p: float, n_iter: int, sparse: bool, dual: bool,
+) -> Tensor:
+    """PAP as ``torch.compile`` sees it: Algorithm 1 in plain differentiable ops, every variant.
+
+    With W = Y / mu:  S_t = shrink(K - L_{t-1} + W_{t-1}, tau) (0 when not ``sparse``),
+    X_t = K - S_t - W_{t-1},  L_t = softmax(X_t X_t^T / sqrt(D)) V,  W_t = W_{t-1} + K - L_t - S_t
+    (W stays 0 when not ``dual``). The eager path's hand-written autograd Functions, in-place buffers
+    and blocked CPU softmax (out= writes into views, a thread-count query) are eager-mode
+    optimisations that would each break the graph; the compiler fuses the elementwise work and
+    derives the backward itself. The softmax steps are SDPA.
+    """
+    L: Tensor | None = None
+    W: Tensor | None = None
+    for t in range(n_iter):
+        Z = k if L is None else (k - L if W is None else k - L + W)  # K - L_{t-1} + W_{t-1}
+        S = Z - torch.clamp(Z, -tau, tau) if sparse else None  # shrink(Z, tau)
+        X = k if S is None else k - S
+        if W is not None:
+            X = X - W
+        L = F.scaled_dot_product_attention(
+            X if q is None else q, X, v, attn_mask=sdpa_mask, is_causal=sdpa_causal,
+            dropout_p=dropout_p if t == n_iter - 1 else 0.0,
+        )
+        if dual and t < n_iter - 1:
+            R = k - L if S is None else k - L - S
+            W = R if W is None else W + R
+    assert L is not None  # n_iter >= 1 (checked)
     return L
 
 
