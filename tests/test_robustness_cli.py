@@ -44,7 +44,7 @@ def test_corruptions_and_attacks_side_by_side_and_resumed(runs, tmp_path, monkey
     out = tmp_path / "rob"
     common = [*runs, "--out", out, "--n", 24, "--corruptions", "gaussian_noise,fog", "--no-progress",
               "--device", "cpu", "--batch-size", 32]
-    text = _invoke([*common, "--suite", "corruptions", "--suite", "attacks", "--method", "fgsm,pgd",
+    text = _invoke([*common, "--suite", "corruptions,attacks", "--method", "fgsm,pgd",
                     "--eps", "2/255,8/255", "--attack-n", 8, "--steps", 2])
     assert "mCE relative to symvit" in text and "| gaussian_noise |" in text
     summary = json.loads((out / "corruptions.json").read_text())
@@ -58,7 +58,11 @@ def test_corruptions_and_attacks_side_by_side_and_resumed(runs, tmp_path, monkey
     sweeps = json.loads((out / "attacks.json").read_text())["sweeps"]
     assert [r["eps"] for r in sweeps["rpc"]["pgd"]] == pytest.approx([0, 2 / 255, 8 / 255])
     assert all(r["max_norm"] <= r["eps"] + 1e-6 for r in sweeps["rpc"]["pgd"])
-    assert len(list((out / "results" / "symvit" / "corruptions").glob("*.json"))) == 11
+    from kpca_attention.robustness.store import ResultStore
+
+    items = ResultStore(out / "results" / "symvit.json").items()
+    assert len([k for k in items if k.startswith("corruptions/")]) == 11
+    assert len(items["corruptions/clean"]["correct"]) == 24  # per-example results
     assert list((out / "cache").glob("*.npy"))  # corrupted images cached once for both models
 
     # restart: everything is reused - make any recomputation fail loudly
@@ -66,8 +70,8 @@ def test_corruptions_and_attacks_side_by_side_and_resumed(runs, tmp_path, monkey
         raise AssertionError("recomputed a finished item")
 
     monkeypatch.setattr(R, "collect_logits", boom)
-    monkeypatch.setattr(R.A, "evaluate_attack", boom)
-    again = _invoke([*common, "--suite", "corruptions", "--suite", "attacks", "--method", "fgsm,pgd",
+    monkeypatch.setattr(R.A, "attack_logits", boom)
+    again = _invoke([*common, "--suite", "corruptions,attacks", "--method", "fgsm,pgd",
                      "--eps", "2/255,8/255", "--attack-n", 8, "--steps", 2])
     assert "reused 11/11 finished corruption items" in again
     assert json.loads((out / "corruptions.json").read_text()) == summary

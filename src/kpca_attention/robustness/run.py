@@ -1,8 +1,9 @@
 """Robustness suites over trained checkpoints, side by side, with resumable per-item results.
 
 Every (checkpoint, suite, item) result - one corruption at one severity, one attack at one eps, one
-OOD set, one LM split - is written atomically to ``<out>/results/<label>/<suite>/<item>.json``
-together with the parameters that produced it (checkpoint weights hash, data, subset size, seed,
+OOD set, one LM split - is kept in the checkpoint's result store ``<out>/results/<label>.json``
+(:mod:`kpca_attention.robustness.store`, per-example correctness included) together with the
+parameters that produced it (checkpoint weights hash, data, subset size, seed,
 attack options). A run that is interrupted and started again reuses every file whose parameters
 match and computes only the rest; change a parameter and the affected items are recomputed.
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,10 +27,12 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 from tqdm.auto import tqdm
 
+from ..io import read_json, write_json_atomic
 from . import attacks as A
 from . import metrics as M
-from .common import collect_logits, read_json, topk_accuracy, write_json_atomic
+from .common import collect_logits
 from .corruptions import COMMON_CORRUPTIONS, SEVERITIES, CorruptedDataset, check_corruption, imagenet_c_folder
+from .store import ResultStore, example_result
 
 SUITES: tuple[str, ...] = ("corruptions", "ood", "attacks", "wordswap")
 
@@ -101,28 +103,19 @@ def default_labels(paths: Sequence[str]) -> list[str]:
 
 # ----------------------------------------------------------------------------- result store
 
-class ResultStore:
-    """``<out>/results/<label>/<suite>/<item>.json`` = ``{"key": params, "result": ...}``."""
+class Stores:
+    """One :class:`~kpca_attention.robustness.store.ResultStore` per checkpoint label:
+    ``<out>/results/<label>.json``, items named ``<suite>/<item>``."""
 
     def __init__(self, out_dir: str | os.PathLike) -> None:
         self.root = Path(out_dir) / "results"
+        self._stores: dict[str, ResultStore] = {}
 
-    def path(self, label: str, suite: str, item: str) -> Path:
-        safe = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in item)
-        return self.root / label / suite / f"{safe}.json"
-
-    def get_or_compute(
-        self, label: str, suite: str, item: str, key: dict[str, Any], compute: Callable[[], dict[str, Any]]
-    ) -> tuple[dict[str, Any], bool]:
-        """``(result, reused)``: the stored result when its key matches, else ``compute()`` (stored)."""
-        path = self.path(label, suite, item)
-        stored = read_json(path)
-        key = json.loads(json.dumps(key))  # normalise (tuples -> lists) so it compares with the file
-        if isinstance(stored, dict) and stored.get("key") == key and "result" in stored:
-            return stored["result"], True
-        result = compute()
-        write_json_atomic(path, {"key": key, "result": result})
-        return result, False
+    def get_or_compute(self, label: str, suite: str, item: str, key: dict[str, Any],
+                       compute: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+        if label not in self._stores:
+            self._stores[label] = ResultStore(self.root / f"{label}.json")
+        return self._stores[label].get_or_compute(f"{suite}/{item}", key, compute)
 
 
 # ----------------------------------------------------------------------------- options
@@ -180,7 +173,7 @@ def run_corruptions(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> di
     for name in opts.corruptions:
         for s in opts.severities:
             check_corruption(name, s)
-    store = ResultStore(out)
+    store = Stores(out)
     per_model: dict[str, dict[str, Any]] = {}
     items = [("clean", None, None)] + [(f"{c}-s{s}", c, s) for c in opts.corruptions for s in opts.severities]
     for ck in ckpts:
@@ -208,7 +201,7 @@ def run_corruptions(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> di
                         ds.build_cache(progress=opts.progress)
                 logits, labels = collect_logits(ck.load(), ds, opts.batch_size, progress=opts.progress,
                                                 desc=item)
-                return {**topk_accuracy(logits, labels), "n": len(labels)}
+                return example_result(logits, labels)
 
             res[item], hit = store.get_or_compute(ck.label, "corruptions", item, key, compute)
             reused += hit
@@ -300,12 +293,9 @@ def _is_imagenet(ckpts: Sequence[Checkpoint], label: str) -> bool:
 
 def _plot_corruptions(summary: dict[str, Any], labels: list[str], corruptions: list[str],
                       severities: list[int], path: Path) -> None:
-    import matplotlib
+    from ..plotting import new_figure, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4), gridspec_kw={"width_ratios": [3, 1]})
+    fig, (ax1, ax2) = new_figure(1, 2, figsize=(13, 4), gridspec_kw={"width_ratios": [3, 1]})
     width = 0.8 / len(labels)
     x = np.arange(len(corruptions))
     for i, lab in enumerate(labels):
@@ -320,9 +310,7 @@ def _plot_corruptions(summary: dict[str, Any], labels: list[str], corruptions: l
     ax2.set_xlabel("severity (0 = clean)")
     ax2.set_title("mean over corruptions")
     ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 # ----------------------------------------------------------------------------- attacks
@@ -335,7 +323,7 @@ def run_attacks(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> dict[s
     for m in opts.methods:
         if m not in A.METHODS:
             raise ValueError(f"unknown attack {m!r}; valid: {', '.join(A.METHODS)}")
-    store = ResultStore(out)
+    store = Stores(out)
     sweeps: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for ck in ckpts:
         data: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -358,8 +346,10 @@ def run_attacks(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> dict[s
                    **({} if eps == 0 else {"method": method, "eps": eps, "options": options})}
 
             def compute(method=method, eps=eps, options=options, ck=ck, tensors=tensors) -> dict[str, Any]:
-                return A.evaluate_attack(ck.load(), tensors(), method, eps, batch_size=opts.batch_size,
-                                         progress=opts.progress, seed=opts.seed, **options)
+                lg, lb, nm = A.attack_logits(ck.load(), tensors(), method, eps, batch_size=opts.batch_size,
+                                             progress=opts.progress, seed=opts.seed, **options)
+                return {**example_result(lg, lb), "norm": A.NORMS[method], "mean_norm": nm.mean().item(),
+                        "max_norm": nm.max().item()}
 
             r, hit = store.get_or_compute(ck.label, "attacks", item, key, compute)
             reused += hit
@@ -396,7 +386,7 @@ def run_attacks(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> dict[s
 
 def run_ood(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> dict[str, Any]:
     sets = {"imagenet-a": opts.imagenet_a, "imagenet-r": opts.imagenet_r, "imagenet-o": opts.imagenet_o}
-    store = ResultStore(out)
+    store = Stores(out)
     results: dict[str, dict[str, Any]] = {ck.label: {} for ck in ckpts}
     skipped = []
     for name, root in sets.items():
@@ -458,7 +448,7 @@ def run_wordswap(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> dict[
     from ..data.text import load_corpus
     from .wordswap import perplexity_table, wordswap_perplexity
 
-    store = ResultStore(out)
+    store = Stores(out)
     results: dict[str, dict[str, Any]] = {}
     for ck in ckpts:
         cfg = ck.config
