@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..io import read_json, write_json_atomic
+from ..machine import machine_info
 from ..robustness.store import ResultStore, normalise_key
 from ..robustness.suites import evaluate_image_suites
 from ..train import CheckpointError, load_model, train
@@ -110,7 +111,7 @@ def _training_summary(run_dir: Path, model: nn.Module) -> dict[str, Any]:
         "final_train_loss": rows[-1]["train_loss"],
         "epochs": [{k: v for k, v in r.items() if isinstance(v, (int, float))} for r in rows],
         "params": sum(p.numel() for p in model.parameters()),
-        "threads": torch.get_num_threads(),
+        "machine": machine_info(),
     }
 
 
