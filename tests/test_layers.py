@@ -281,3 +281,94 @@ def test_rpc_ablation_switches_reach_pap(sparse: bool, dual: bool) -> None:
     if not dual:
         assert max(layer.last_trace["dual_norm"]) == 0.0
     assert ("sparse=False" in repr(layer)) != sparse and ("dual=False" in repr(layer)) != dual
+
+
+@pytest.mark.parametrize("num_heads", [0, -3, 2.5, True])
+def test_bad_head_count_is_a_value_error(num_heads) -> None:
+    with pytest.raises(ValueError, match=r"num_heads must be an integer >= 1, got"):
+        RPCAttention(64, num_heads)  # 0 was a ZeroDivisionError
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"mu_dim": 0}, r"RPCAttention: mu_dim must be None \(the full width H \* D\) or an integer >= 1, "
+                        r"got 0"),
+        ({"mu_dim": -16}, r"mu_dim must be None .* got -16"),
+        ({"n_iter": True}, r"RPCAttention: n_iter must be an integer >= 1 .* got True"),
+        ({"lam": float("inf")}, r"RPCAttention: lam must be a finite number > 0"),
+        ({"sparse": 0}, r"RPCAttention: sparse must be True or False, got 0"),
+        ({"validate": "always"}, r"RPCAttention: validate must be None, True or False"),
+    ],
+)
+def test_rpc_options_are_checked_at_construction(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        RPCAttention(DIM, HEADS, **kwargs)
+
+
+def test_rpc_validate_reaches_pap() -> None:
+    x = torch.randn(2, N_TOKENS, DIM)
+    x[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="k contains non-finite values"):
+        RPCAttention(DIM, HEADS, n_iter=2)(x)  # default: values checked on the CPU
+    out = RPCAttention(DIM, HEADS, n_iter=2, validate=False)(x)  # unchecked: no error, NaN flows on
+    assert torch.isnan(out).any()
+
+
+class _SeparateQKV(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_heads = HEADS
+        self.q, self.k, self.v = (torch.nn.Linear(DIM, DIM) for _ in range(3))
+        self.proj = torch.nn.Linear(DIM, DIM)
+
+
+class _NoDropoutAttention(torch.nn.Module):
+    """timm's layout without attn_drop / proj_drop attributes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_heads = HEADS
+        self.qkv = torch.nn.Linear(DIM, 3 * DIM)
+        self.proj = torch.nn.Linear(DIM, DIM)
+
+
+def _with_attn(make) -> VisionTransformer:
+    model = vit()
+    for blk in model.blocks:
+        blk.attn = make()
+    return model
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: torch.nn.MultiheadAttention(DIM, HEADS, batch_first=True),
+         r"block 0: cannot replace MultiheadAttention: no fused `qkv` nn.Linear \(it has in_proj_weight\); "
+         r"no `proj` nn.Linear \(it has `out_proj`\)\. replace_attention needs timm's Attention layout"),
+        (_SeparateQKV, r"cannot replace _SeparateQKV: no fused `qkv` nn.Linear \(it has q, k, v\)\."),
+        (torch.nn.Identity, r"cannot replace Identity: no fused `qkv`.*no `proj`.*no integer `num_heads`"),
+    ],
+)
+def test_replace_says_what_it_needs(make, match) -> None:
+    model = _with_attn(make)
+    before = [type(b.attn) for b in model.blocks]
+    with pytest.raises(ValueError, match=match):
+        replace_attention(model, SymmetricAttention)
+    assert [type(b.attn) for b in model.blocks] == before  # nothing replaced
+
+
+def test_replace_without_dropout_attributes_means_no_dropout() -> None:
+    model = _with_attn(_NoDropoutAttention)
+    old = model.blocks[1].attn
+    assert replace_attention(model, SymmetricAttention, "last") == [1]
+    new = model.blocks[1].attn
+    assert isinstance(new, SymmetricAttention) and new.attn_drop.p == 0.0 and new.proj_drop.p == 0.0
+    assert torch.equal(new.kv.weight, old.qkv.weight[DIM:]) and torch.equal(new.proj.weight, old.proj.weight)
+
+
+def test_replace_blocks_without_attn() -> None:
+    model = vit()
+    model.blocks[0] = torch.nn.Identity()
+    with pytest.raises(ValueError, match=r"block 0 \(Identity\) has no `attn` module to replace"):
+        replace_attention(model, SymmetricAttention)

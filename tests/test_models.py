@@ -168,3 +168,22 @@ def test_mini_forward_backward(name):
     assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0
     for p in model.parameters():
         assert p.grad is None or torch.isfinite(p.grad).all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"rpc_mu_dim": 0}, r"rpc_mu_dim: mu_dim must be None \(the full width H \* D\) or an integer >= 1, "
+                            r"got 0"),
+        ({"rpc_mu_dim": -16}, r"rpc_mu_dim: mu_dim must be None .* got -16"),
+        ({"rpc_iters": True}, r"rpc_iters: n_iter must be an integer >= 1 .* got True"),
+        ({"rpc_lambda": 0.0}, r"rpc_lambda: lam must be a finite number > 0"),
+        ({"rpc_threshold": "paper"}, r"rpc_threshold: unknown threshold 'paper'"),
+    ],
+)
+def test_rpc_options_are_checked(kwargs, match) -> None:
+    """rpc_mu_dim=0 gave tau = 0 (every RPC layer returned the mean of V), -16 a negative tau."""
+    with pytest.raises(ValueError, match="rpc_symvit_mini_patch4_28: " + match):
+        create_model("rpc_symvit_mini_patch4_28", **kwargs)
+    with pytest.raises(ValueError, match="LMConfig: " + match):
+        create_model("rpc_symlm", vocab_size=50, preset="small", **kwargs)
