@@ -584,7 +584,10 @@ def cutoff_attention(
 
 def _blocks(bh: int, nq: int, n: int) -> list[tuple[slice, slice]]:
     """(batch-head slice, query slice) pairs covering ``(bh, nq)`` with ~_BLOCK_FLOATS logits each."""
-    budget = _BLOCK_FLOATS * max(1, torch.get_num_threads())  # fewer, larger blocks for more threads
+    # With several threads every op is a parallel region whose barrier can wait a scheduler tick on a
+    # shared machine: then fewer, larger blocks (measured: 16x the single-thread block at 2 threads).
+    threads = torch.get_num_threads()
+    budget = _BLOCK_FLOATS if threads <= 1 else _BLOCK_FLOATS * 8 * threads
     if nq * n <= budget:
         step = budget // (nq * n)
         return [(slice(i, min(i + step, bh)), slice(0, nq)) for i in range(0, bh, step)]
@@ -604,6 +607,20 @@ def _mask_block(mask: Tensor | None, shape: tuple[int, int], bs: slice, qs: slic
     hi = idx % h if mask.shape[1] > 1 else torch.zeros_like(idx)
     blk = mask[bi, hi]  # (nb, Nq | 1, N | 1): a copy of this block only
     return blk[:, qs] if blk.shape[1] > 1 else blk
+
+
+def _scores(
+    q: Tensor, k: Tensor, scale: float, bias: Tensor | None, shape: tuple[int, int], bs: slice, qs: slice
+) -> Tensor:
+    """``scale * q k^T (+ bias block)`` of one block, ``(nb, nq, N)``, in one GEMM (beta = 0 ignores
+    the uninitialised input; with a bias, the bias block is the input)."""
+    kt = k.transpose(1, 2)
+    if bias is not None:
+        blk = _mask_block(bias, shape, bs, qs).expand(q.shape[0], q.shape[1], k.shape[1])
+        return torch.baddbmm(blk, q, kt, alpha=scale)
+    if scale == 1.0:
+        return torch.bmm(q, kt)
+    return torch.baddbmm(q.new_empty(q.shape[0], q.shape[1], k.shape[1]), q, kt, beta=0.0, alpha=scale)
 
 
 def _probabilities(
@@ -632,29 +649,26 @@ class _CutoffAttention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, hidden: Tensor | None, bias: Tensor | None,
                 dropout_p: float, cutoff: float) -> Tensor:
         b, h, nq, d = q.shape
-        n = k.shape[-2]
+        n, dv = k.shape[-2], v.shape[-1]
         scale = 1.0 / math.sqrt(d)
-        qf = (q * scale).reshape(b * h, nq, d)
-        kf = k.reshape(b * h, n, d)
-        vf = v.reshape(b * h, n, v.shape[-1])
-        out = torch.empty(b * h, nq, v.shape[-1], dtype=q.dtype, device=q.device)
+        qf, kf, vf = q.reshape(b * h, nq, d), k.reshape(b * h, n, d), v.reshape(b * h, n, dv)
+        out = torch.empty(b * h, nq, dv, dtype=q.dtype, device=q.device)
         m = torch.empty(b * h, nq, 1, dtype=q.dtype, device=q.device)
         l_sum = torch.empty_like(m)
         keeps: list[Tensor] = []
         ctx.blocks = blocks = _blocks(b * h, nq, n)  # the same blocks in the backward (and thread count)
         for bs, qs in blocks:
-            S = torch.bmm(qf[bs, qs], kf[bs].transpose(1, 2))
+            S = _scores(qf[bs, qs], kf[bs], scale, bias, (b, h), bs, qs)
             hid = _mask_block(hidden, (b, h), bs, qs)
-            if bias is not None:
-                S.add_(_mask_block(bias, (b, h), bs, qs))
             if hid is not None:
                 S.masked_fill_(hid, float("-inf"))
-            mb = torch.amax(S, dim=-1, keepdim=True)
-            mb.masked_fill_(mb == float("-inf"), 0.0)  # a query that sees no key: all P~ = 0 below
-            m[bs, qs] = mb
+            mb = torch.amax(S, dim=-1, keepdim=True, out=m[bs, qs])
+            if hid is not None:  # a query that sees no key: all P~ = 0, output 0 (as SDPA)
+                mb.masked_fill_(mb == float("-inf"), 0.0)
             P = _probabilities(S, mb, hid, cutoff)
-            lb = P.sum(-1, keepdim=True)
-            l_sum[bs, qs] = lb.masked_fill_(lb == 0, 1.0)  # -> output 0, as SDPA
+            lb = torch.sum(P, dim=-1, keepdim=True, out=l_sum[bs, qs])  # >= 1 (the max) without a mask
+            if hid is not None:
+                lb.masked_fill_(lb == 0, 1.0)
             if dropout_p > 0:
                 keep = torch.empty_like(P, dtype=torch.bool).bernoulli_(1.0 - dropout_p)
                 keeps.append(keep)
@@ -662,7 +676,7 @@ class _CutoffAttention(torch.autograd.Function):
             torch.bmm(P, vf[bs], out=out[bs, qs]).div_(lb)
         ctx.save_for_backward(q, k, v, out, m, l_sum, hidden, bias, *keeps)
         ctx.dropout_p, ctx.cutoff = dropout_p, cutoff
-        return out.view(b, h, nq, v.shape[-1])
+        return out.view(b, h, nq, dv)
 
     @staticmethod
     @once_differentiable
@@ -672,20 +686,18 @@ class _CutoffAttention(torch.autograd.Function):
         n, dv = k.shape[-2], v.shape[-1]
         scale = 1.0 / math.sqrt(d)
         p = ctx.dropout_p
-        qf = (q * scale).reshape(b * h, nq, d)
+        q_s = (q * scale).reshape(b * h, nq, d)  # scaled once: used in two products per block
         kf = k.reshape(b * h, n, d)
-        ks = kf * scale
+        k_s = kf * scale
         vf = v.reshape(b * h, n, dv)
         gf = g.reshape(b * h, nq, dv)
         delta = (gf * out).sum(-1, keepdim=True)  # rowsum(dO * O) = rowsum(P * dP)
-        gq = torch.empty_like(qf)
+        gq = torch.empty_like(q_s)
         gk = torch.zeros_like(kf)
         gv = torch.zeros_like(vf)
         for i, (bs, qs) in enumerate(ctx.blocks):
-            S = torch.bmm(qf[bs, qs], kf[bs].transpose(1, 2))
+            S = _scores(q_s[bs, qs], kf[bs], 1.0, bias, (b, h), bs, qs)
             hid = _mask_block(hidden, (b, h), bs, qs)
-            if bias is not None:
-                S.add_(_mask_block(bias, (b, h), bs, qs))
             P = _probabilities(S, m[bs, qs], hid, ctx.cutoff).div_(l_sum[bs, qs])
             gb = gf[bs, qs]
             dP = torch.bmm(gb, vf[bs].transpose(1, 2))
@@ -696,8 +708,8 @@ class _CutoffAttention(torch.autograd.Function):
             else:
                 gv[bs].baddbmm_(P.transpose(1, 2), gb)
             dS = dP.sub_(delta[bs, qs]).mul_(P)
-            torch.bmm(dS, ks[bs], out=gq[bs, qs])
-            gk[bs].baddbmm_(dS.transpose(1, 2), qf[bs, qs])
+            torch.bmm(dS, k_s[bs], out=gq[bs, qs])
+            gk[bs].baddbmm_(dS.transpose(1, 2), q_s[bs, qs])
         return gq.view_as(q), gk.view_as(k), gv.view_as(v), None, None, None, None
 
 
