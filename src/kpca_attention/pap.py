@@ -64,7 +64,7 @@ THRESHOLDS: tuple[str, ...] = ("lambda_mu", "lambda_over_mu")
 
 __all__ = [
     "pap", "pap_mu", "shrink", "THRESHOLDS", "check_options", "visible", "tracing", "checks_values",
-    "cutoff_attention", "softmax_cutoff",
+    "cutoff_attention", "softmax_cutoff", "TRACE_KEYS",
 ]
 
 
@@ -875,3 +875,7 @@ class _Trace:
             self._add("l_change", torch.full(self.k.shape[:2], float("nan")))
         else:
             self._add("l_change", self._fro(L - L_prev) / self._fro(L).clamp_min(1e-30))
+
+
+#: the per-iteration quantities of ``pap(..., return_info=True)`` (see :class:`_Trace`)
+TRACE_KEYS: tuple[str, ...] = _Trace.KEYS

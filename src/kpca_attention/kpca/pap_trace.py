@@ -33,11 +33,11 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import RPCAttention
-from ..pap import _Trace
+from ..pap import TRACE_KEYS
 
 __all__ = ["rpc_layers", "recording", "trace_model", "trace_statement", "lm_text_batches", "QUANTITIES"]
 
-QUANTITIES: tuple[str, ...] = _Trace.KEYS
+QUANTITIES: tuple[str, ...] = TRACE_KEYS
 
 
 def rpc_layers(model: nn.Module) -> dict[str, RPCAttention]:
