@@ -8,7 +8,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup debian test demo lint bench clean
+.PHONY: setup debian test demo lint bench gpu-check clean
 
 # Debian packages: Fashion-MNIST and the King James Bible are the embedded default data.
 debian:
@@ -42,6 +42,11 @@ bench: setup
 	$(PY) benchmarks/bench_robust_pca.py
 	$(PY) benchmarks/bench_models.py
 	$(PY) benchmarks/bench_kpca.py
+
+# GPU readiness (benchmarks/gpu_check.py): CUDA tests, pap/SDPA ratios (float32, bf16), torch.compile,
+# model throughput with AMP, a 1-GPU torchrun run. Without a GPU it says so and exits 0.
+gpu-check: setup
+	$(PY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -108,7 +108,7 @@ def trained_keys(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     if losses:
         print(f"trained RPC-SymViT-tiny {len(losses)} steps x {train_batch} images in "
               f"{time.perf_counter() - t0:.0f} s; loss {losses[0]:.2f} -> "

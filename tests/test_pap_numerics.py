@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -227,3 +231,13 @@ def test_rejects_what_it_cannot_do() -> None:
         cutoff_attention(x, x, x, dropout_p=1.0)
     with pytest.raises(ValueError, match="cutoff must be > 0"):
         cutoff_attention(x, x, x, cutoff=0.0)
+
+
+def test_gpu_check_without_cuda_prints_one_line_and_exits_0() -> None:
+    # benchmarks/gpu_check.py (make gpu-check) on a machine without a GPU: one line, status 0
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu_check: no CUDA device")

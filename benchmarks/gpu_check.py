@@ -1,0 +1,288 @@
+"""GPU readiness of the package: what has to work on a CUDA machine, run in one command.
+
+    make gpu-check          # or: .venv/bin/python benchmarks/gpu_check.py [--json out.json]
+
+Without a CUDA device it prints one line saying so and exits 0. With one, in order:
+
+1. ``tests``     - the tests that need CUDA (``pytest -k cuda``: they skip themselves on the CPU);
+2. ``pap``       - pap on CUDA against the float64 transcription of Algorithm 1 (values and the
+   hand-written backward), then the pap / SDPA time ratio, forward and forward + backward, in float32
+   and under bf16 autocast (B=64 H=3 N=197 D=64, n_iter=4);
+3. ``compile``   - whether ``torch.compile(pap)`` is faster than eager pap (forward and forward+backward);
+4. ``models``    - training throughput of RPC-SymViT-tiny / SymViT-tiny with AMP (bf16) at batch 128,
+   224 px (the paper's Table 11 gives 0.96 on an A100), and the peak memory of each;
+5. ``torchrun``  - a 1-GPU ``torchrun`` run of the ``deit`` preset (RPC-SymViT-tiny) for a few steps on
+   a synthetic ImageFolder written to a temporary folder (NCCL process group, AMP, EMA, checkpoint).
+
+Each part prints PASS/FAIL (or its numbers) and the script goes on after a failure; the exit status is
+1 when any part failed. ``--json`` writes every number (with the GPU model) for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = (64, 3, 197, 64)
+
+
+def _cuda_time(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of ``fn`` over ``repeats`` calls (after two warm-up calls), synchronised."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each function, timed in turns (same GPU clocks and temperature for all)."""
+    for fn in fns.values():
+        fn()
+        fn()
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+# ----------------------------------------------------------------------------- parts
+
+
+def part_tests() -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "cuda", str(ROOT / "tests")]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    tail = (res.stdout + res.stderr).strip().splitlines()[-1:] or [""]
+    print(f"  {' '.join(cmd[2:])}: {tail[0]}")
+    # exit status 5 = nothing collected (no test needs CUDA): not a failure of the GPU path
+    return {"returncode": res.returncode, "summary": tail[0], "ok": res.returncode in (0, 5)}
+
+
+def _pap_cases(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, amp: bool,
+               pap_fn: Callable) -> dict[str, Callable[[], object]]:
+    kg, vg = k.clone().requires_grad_(), v.clone().requires_grad_()
+
+    def ctx():
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp)
+
+    def fwd(f: Callable) -> Callable[[], object]:
+        def run() -> object:
+            with torch.no_grad(), ctx():
+                return f(k, v)
+        return run
+
+    def fwd_bwd(f: Callable) -> Callable[[], object]:
+        def run() -> object:
+            kg.grad = vg.grad = None
+            with ctx():
+                out = f(kg, vg)
+            out.float().backward(g)
+            return out
+        return run
+
+    sdpa = lambda a, b: F.scaled_dot_product_attention(a, a, b)  # noqa: E731
+    return {"sdpa forward": fwd(sdpa), "pap forward": fwd(pap_fn),
+            "sdpa forward+backward": fwd_bwd(sdpa), "pap forward+backward": fwd_bwd(pap_fn)}
+
+
+def part_pap(repeats: int) -> dict:
+    from kpca_attention.pap import pap
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from pap_reference import pap_reference
+
+    # correctness of the CUDA path (SDPA kernels, the fused update's backward) against float64
+    gen = torch.Generator().manual_seed(0)
+    k, v, g = (torch.randn(2, 3, 64, 64, generator=gen) for _ in range(3))
+    k64, v64 = k.double().requires_grad_(), v.double().requires_grad_()
+    ref = pap_reference(k64, v64, 4, 4.0)
+    ref.backward(g.double())
+    kc, vc = k.cuda().requires_grad_(), v.cuda().requires_grad_()
+    out = pap(kc, vc, 4, 4.0)
+    out.backward(g.cuda())
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.detach().double().cpu() - b.detach()).abs().max() / b.detach().abs().max())
+
+    errs = {"out": rel(out, ref), "grad_v": rel(vc.grad, v64.grad), "grad_k": rel(kc.grad, k64.grad)}
+    # float32 on a GPU may use TF32 in matmuls; the k-gradient of grown iterates is ill-conditioned
+    ok = errs["out"] < 1e-3 and errs["grad_v"] < 1e-2
+    print("  pap on CUDA vs float64 Algorithm 1 (relative max error): "
+          + ", ".join(f"{n} {e:.1e}" for n, e in errs.items()) + f"  {'PASS' if ok else 'FAIL'}")
+
+    res: dict = {"errors_vs_float64": errs, "ok": ok}
+    gen = torch.Generator().manual_seed(1)
+    k, v, g = (torch.randn(SHAPE, generator=gen).cuda() for _ in range(3))
+    for label, amp in (("float32", False), ("bf16 autocast", True)):
+        med = _interleaved(_pap_cases(k, v, g, amp, lambda a, b: pap(a, b, 4, 4.0)), repeats)
+        fw = med["pap forward"] / med["sdpa forward"]
+        fb = med["pap forward+backward"] / med["sdpa forward+backward"]
+        ms = {n: t * 1e3 for n, t in med.items()}
+        print(f"  {label:14s} forward: sdpa {ms['sdpa forward']:7.2f} ms, pap {ms['pap forward']:7.2f} ms "
+              f"= {fw:.2f}x;  forward+backward: sdpa {ms['sdpa forward+backward']:7.2f} ms, "
+              f"pap {ms['pap forward+backward']:7.2f} ms = {fb:.2f}x")
+        res[label] = {"ms": {n: t * 1e3 for n, t in med.items()}, "forward": fw, "forward+backward": fb}
+    return res
+
+
+def part_compile(repeats: int) -> dict:
+    from kpca_attention.pap import pap
+
+    gen = torch.Generator().manual_seed(2)
+    k, v, g = (torch.randn(SHAPE, generator=gen).cuda() for _ in range(3))
+    compiled = torch.compile(lambda a, b: pap(a, b, 4, 4.0))
+    eager = _pap_cases(k, v, g, False, lambda a, b: pap(a, b, 4, 4.0))
+    comp = _pap_cases(k, v, g, False, compiled)
+    t0 = time.perf_counter()
+    comp["pap forward"]()
+    comp["pap forward+backward"]()
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    med = _interleaved({"eager forward": eager["pap forward"], "compiled forward": comp["pap forward"],
+                        "eager forward+backward": eager["pap forward+backward"],
+                        "compiled forward+backward": comp["pap forward+backward"]}, repeats)
+    with torch.no_grad():
+        diff = float((compiled(k, v) - pap(k, v, 4, 4.0)).abs().max())
+    sp_f = med["eager forward"] / med["compiled forward"]
+    sp_b = med["eager forward+backward"] / med["compiled forward+backward"]
+    print(f"  torch.compile(pap): compile {compile_s:.0f} s; speed-up forward {sp_f:.2f}x, "
+          f"forward+backward {sp_b:.2f}x; max |compiled - eager| = {diff:.1e}  "
+          f"({'helps' if min(sp_f, sp_b) > 1.05 else 'does not help'})")
+    return {"compile_s": compile_s, "speedup_forward": sp_f, "speedup_forward+backward": sp_b,
+            "max_abs_diff": diff, "ms": {n: t * 1e3 for n, t in med.items()}}
+
+
+def part_models(repeats: int, batch: int) -> dict:
+    import kpca_attention  # noqa: F401  (registers the models in timm)
+    from kpca_attention.models import create_model
+
+    models = {"SymViT-tiny": ("symvit_tiny_patch16_224", {}),
+              "RPC-SymViT-tiny": ("rpc_symvit_tiny_patch16_224",
+                                  {"rpc_iters": 4, "rpc_lambda": 4.0, "rpc_layers": "first"})}
+    x = torch.rand(batch, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    steps, peaks = {}, {}
+    for label, (name, kw) in models.items():
+        torch.manual_seed(0)
+        model = create_model(name, **kw).cuda().train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step(model=model, opt=opt) -> None:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        torch.cuda.reset_peak_memory_stats()
+        _cuda_time(step, 3)
+        peaks[label] = torch.cuda.max_memory_allocated() / 2**30
+        steps[label] = step
+    med = _interleaved(steps, repeats)
+    ips = {label: batch / t for label, t in med.items()}
+    ratio = ips["RPC-SymViT-tiny"] / ips["SymViT-tiny"]
+    print(f"  training, bf16 AMP, batch {batch}: SymViT-tiny {ips['SymViT-tiny']:.0f} img/s "
+          f"(peak {peaks['SymViT-tiny']:.2f} GiB), RPC-SymViT-tiny {ips['RPC-SymViT-tiny']:.0f} img/s "
+          f"(peak {peaks['RPC-SymViT-tiny']:.2f} GiB): ratio {ratio:.3f} (paper, A100: 0.96)")
+    return {"images_per_s": ips, "ratio": ratio, "peak_memory_gib": peaks, "batch": batch}
+
+
+def _synthetic_imagefolder(root: Path, classes: int = 2, per_class: int = 16) -> None:
+    """A tiny ImageFolder (random 64 px PNGs) with train/ and val/ splits."""
+    from PIL import Image
+
+    gen = torch.Generator().manual_seed(0)
+    for split in ("train", "val"):
+        for c in range(classes):
+            folder = root / split / f"class{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                img = (torch.rand(64, 64, 3, generator=gen) * 255).to(torch.uint8).numpy()
+                Image.fromarray(img).save(folder / f"{i}.png")
+
+
+def part_torchrun() -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        _synthetic_imagefolder(data)
+        torchrun = Path(sys.executable).with_name("torchrun")
+        cmd = [str(torchrun), "--standalone", "--nproc_per_node", "1", "-m", "kpca_attention.cli", "train",
+               "--preset", "deit", "--model", "rpc_symvit_tiny_patch16_224", "--dataset", "imagefolder",
+               "--data-root", str(data), "--epochs", "1", "--max-steps", "3", "--batch-size", "8",
+               "--num-workers", "0", "--output-dir", str(Path(tmp) / "run"), "--device", "cuda",
+               "--no-progress"]
+        t0 = time.perf_counter()
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ})
+        wall = time.perf_counter() - t0
+        files = sorted(p.name for p in (Path(tmp) / "run").glob("*")) if (Path(tmp) / "run").exists() else []
+    ok = res.returncode == 0
+    print(f"  torchrun deit preset (rpc_symvit_tiny, 3 steps, synthetic ImageFolder): exit {res.returncode} "
+          f"in {wall:.0f} s; run folder: {', '.join(files) or '-'}  {'PASS' if ok else 'FAIL'}")
+    if not ok:
+        print("    " + "\n    ".join((res.stdout + res.stderr).strip().splitlines()[-15:]))
+    return {"returncode": res.returncode, "wall_s": wall, "files": files, "ok": ok}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=128, help="batch of the model throughput part")
+    ap.add_argument("--parts", default="tests,pap,compile,models,torchrun")
+    ap.add_argument("--json", type=Path, default=None, help="write all results here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print(f"gpu_check: no CUDA device visible to torch {torch.__version__} "
+              f"(built for CUDA {torch.version.cuda}): nothing to check")
+        return 0
+    props = torch.cuda.get_device_properties(0)
+    print(f"GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB, compute capability "
+          f"{props.major}.{props.minor}; torch {torch.__version__}, CUDA {torch.version.cuda}")
+    parts = {"tests": part_tests, "pap": lambda: part_pap(args.repeats),
+             "compile": lambda: part_compile(args.repeats),
+             "models": lambda: part_models(max(3, args.repeats // 2), args.batch), "torchrun": part_torchrun}
+    results: dict = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda}
+    failed = []
+    for name in args.parts.split(","):
+        print(f"[{name}]")
+        try:
+            results[name] = parts[name]()
+            if results[name].get("ok") is False:
+                failed.append(name)
+        except Exception as exc:  # report and go on: one broken part must not hide the others
+            failed.append(name)
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"  FAIL {type(exc).__name__}: {exc}")
+            traceback.print_exc(limit=3)
+    print("gpu_check: " + (f"FAILED parts: {', '.join(failed)}" if failed else "all parts ran"))
+    if args.json is not None:
+        from kpca_attention.io import write_json_atomic
+
+        write_json_atomic(args.json, results)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
