@@ -49,7 +49,7 @@ from torch import nn
 from ..io import fsync_dir as _fsync_dir
 from ..io import write_json_atomic
 from .config import TrainConfig
-from .rundir import LATEST_FILE
+from .rundir import LATEST_FILE, CheckpointError
 
 __all__ = [
     "CheckpointError",
@@ -67,10 +67,6 @@ STATE_FILE = "state.pt"
 CONFIG_FILE = "config.json"
 MARKER_FILE = "COMPLETE"
 VOCAB_FILE = "vocab.json"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, corrupt, or does not match the run."""
 
 
 # --- RNG state as tensors / lists (weights_only-loadable) -------------------------------------

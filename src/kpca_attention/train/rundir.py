@@ -30,7 +30,8 @@ from typing import Any
 
 from .config import TrainConfig
 
-__all__ = ["RunDir", "RunDirBusy", "TRAJECTORY_FREE", "RESUMABLE_CHANGES", "LATEST_FILE", "CHECKPOINTS"]
+__all__ = ["RunDir", "RunDirBusy", "CheckpointError", "TRAJECTORY_FREE", "RESUMABLE_CHANGES", "LATEST_FILE",
+           "CHECKPOINTS"]
 
 CHECKPOINTS = "checkpoints"
 LATEST_FILE = "latest.json"
@@ -45,6 +46,10 @@ TRAJECTORY_FREE = frozenset({
 #: fields that may differ between a checkpoint and the run resuming it: the trajectory-free ones, and
 #: ``epochs`` / ``max_steps``, which extend (or cut) a run deliberately
 RESUMABLE_CHANGES = TRAJECTORY_FREE | {"epochs", "max_steps"}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, corrupt, or does not match the run."""
 
 
 class RunDirBusy(RuntimeError):
@@ -77,8 +82,6 @@ class RunDir:
         except FileNotFoundError:
             return None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            from .checkpoint import CheckpointError
-
             raise CheckpointError(
                 f"{self.latest_file} is corrupt ({e}); delete it to pick a checkpoint by hand") from e
         return data if isinstance(data, dict) else None
@@ -96,16 +99,25 @@ class RunDir:
         return bool(latest and latest.get("finished"))
 
     def checkpoint(self) -> Path:
-        """The latest checkpoint directory (:func:`kpca_attention.train.checkpoint.resolve_checkpoint`)."""
-        from .checkpoint import resolve_checkpoint
-
-        return resolve_checkpoint(self.path)
+        """The latest checkpoint directory (``checkpoints/<latest.json name>``)."""
+        latest = self.latest()
+        if latest is None:
+            raise FileNotFoundError(f"no checkpoint in {self.path}: {self.latest_file} is missing")
+        name = latest.get("name")
+        ckpt = self.checkpoints / str(name)
+        if not name or not ckpt.is_dir():
+            raise CheckpointError(f"{self.latest_file} points to {ckpt}, which does not exist")
+        return ckpt
 
     def config(self) -> TrainConfig:
         """The config of the latest checkpoint."""
-        from .checkpoint import read_config
-
-        return read_config(self.checkpoint())
+        f = self.checkpoint() / "config.json"
+        try:
+            return TrainConfig.from_json(f.read_text())
+        except FileNotFoundError as e:
+            raise CheckpointError(f"checkpoint config {f} is missing") from e
+        except (json.JSONDecodeError, ValueError, TypeError) as e:
+            raise CheckpointError(f"checkpoint config {f} is invalid: {e}") from e
 
     def mark_finished(self, name: str) -> None:
         from ..io import write_json_atomic
