@@ -3,6 +3,10 @@ ADE20K path (poly schedule, variable-size validation images) on a synthetic ADEC
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -10,6 +14,8 @@ from test_segmentation_data import write_ade
 
 from kpca_attention.models import NormalizedModel, Segmenter
 from kpca_attention.train import evaluate_checkpoint, get_preset, load_model, train
+from kpca_attention.train.checkpoint import resolve_checkpoint
+from kpca_attention.train.logger import read_csv
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -70,3 +76,27 @@ def test_ade20k_training_path_with_poly_schedule(tmp_path):
     expected = 1e-5 + (1e-3 - 1e-5) * (1 - 2 / 4) ** 0.9
     assert first["lr"] == pytest.approx(expected, rel=1e-6)
     assert 0 <= first["eval_miou"] <= 1  # validation images of other sizes, labels at full resolution
+
+
+def test_ddp_two_processes_match_one_process_with_the_global_batch(tmp_path):
+    """torchrun, 2 CPU processes (gloo): with no augmentation, no dropout and no ignored pixels (every rank
+    averages the loss over the same number of pixels) the DDP run equals one process with the global batch,
+    and the sharded evaluation (confusion matrices summed over ranks) gives the same mIoU."""
+    args = dict(epochs=1, train_subset=64, eval_subset=20, img_size=16, progress=False, augment=False,
+                model_kwargs={"depth": 1, "embed_dim": 32, "decoder": "linear"}, log_every_steps=1)
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "kpca_attention.cli", "train", "--preset", "fmnist-seg-cpu", "-o", str(out), "--no-progress",
+           "--device", "cpu", "--batch-size", "8"]
+    for k, v in args.items():
+        cmd += ["--set", f"{k}={v!r}" if isinstance(v, dict) else f"{k}={v}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    ref = train(get_preset("fmnist-seg-cpu", output_dir=str(tmp_path / "one"), batch_size=16, **args))
+    w_ddp = load_file(str(resolve_checkpoint(out) / "model.safetensors"))
+    w_one = weights(ref)
+    for k in w_one:
+        torch.testing.assert_close(w_ddp[k], w_one[k], rtol=0, atol=1e-4, msg=f"{k}: DDP != one process")
+    ddp_rows, one_rows = read_csv(out / "epochs.csv"), read_csv(tmp_path / "one" / "epochs.csv")
+    assert ddp_rows[-1]["eval_miou"] == pytest.approx(one_rows[-1]["eval_miou"], abs=1e-9)
