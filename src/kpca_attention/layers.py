@@ -228,6 +228,21 @@ class RPCAttention(_HeadsAttention):
                 f"mu_dim={self.mu_dim}, symmetric={self.symmetric}{ablations}")
 
 
+def _masked_scale(s: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+    """Scaled Attention's learned S ``(H, N, N)`` with the mask of A, so that S V brings in nothing A
+    may not see (padding, future): zero where ``attn_mask`` hides a key, or above the diagonal."""
+    if is_causal:
+        s = s.tril()
+    if attn_mask is not None:
+        s = torch.where(visible(attn_mask), s, 0.0)
+    return s
+
+
+# FX: timm's VisionTransformer.forward takes attn_mask and is_causal, so a traced graph sees them as
+# inputs; the branches on them run when the graph runs.
+torch.fx.wrap("_masked_scale")
+
+
 class ScaledAttention(_HeadsAttention):
     """Scaled Attention (paper Remark 3, appendix E.1): ``A (I - S) V`` with A = softmax(Q K^T / sqrt(D)).
 
@@ -277,13 +292,7 @@ class ScaledAttention(_HeadsAttention):
                 raise ValueError(
                     f"ScaledAttention(mode='matrix') was built for {self.num_tokens} tokens, got {n}"
                 )
-            # S gets the mask of A, so that S V brings in nothing A may not see (padding, future).
-            s = self.scale_s.to(v.dtype)
-            if is_causal:
-                s = s.tril()
-            if attn_mask is not None:
-                s = torch.where(visible(attn_mask), s, 0.0)
-            sv = s @ v
+            sv = _masked_scale(self.scale_s.to(v.dtype), attn_mask, is_causal) @ v
         else:
             a_sym_v = F.scaled_dot_product_attention(k, k, v, attn_mask=attn_mask, is_causal=is_causal)
             sv = self.alpha * a_sym_v
