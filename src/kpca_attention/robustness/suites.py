@@ -66,16 +66,17 @@ class Attack:
     label: str | None = None
 
     def __post_init__(self) -> None:
-        from .attacks import METHODS, OPTIONS
+        from .attacks import METHODS, check_attack_options
 
         if self.method not in METHODS:
             raise ValueError(f"unknown attack {self.method!r}; valid: {', '.join(METHODS)}")
-        bad = sorted(set(self.options) - set(OPTIONS[self.method]) - {"seed"})
-        if bad:
-            raise ValueError(f"{self.method}: unknown option(s) {bad}; "
-                             f"valid: {', '.join(OPTIONS[self.method])}")
+        if "seed" in self.options:
+            raise ValueError(f"{self.method}: the attack seed is fixed (0) so that every model sees the same "
+                             "attack; remove 'seed' from the options")
         if not self.eps or any(not (e > 0) for e in self.eps):
             raise ValueError(f"{self.method}: eps must be a non-empty list of budgets > 0, got {self.eps}")
+        for e in self.eps:
+            check_attack_options(self.method, e, dict(self.options))
         _positive(f"{self.method} images", self.n)
 
     @property
