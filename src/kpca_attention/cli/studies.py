@@ -33,12 +33,13 @@ def _threads(threads: int | None) -> None:
 
 
 def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progress: bool,
-         only: tuple[str, ...] | None = None) -> None:
+         only: tuple[str, ...] | None = None, record: bool = True) -> None:
     from ..studies import run_study
 
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file, not a folder")
-    command = "kpca-attention " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    # the command that regenerates the whole study (a run restricted to some variants is not one)
+    command = "kpca-attention " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if record else None
     report = run_study(study, out, runs, jobs=jobs, force=force, progress=progress, only=only,
                        command=command)
     typer.echo(str(report))
@@ -100,7 +101,7 @@ def study_cmd(
     study = get_study(name, **kw)
     only = parse_list(variants) or None
     _run(study, out or Path("results") / name, runs or Path("runs/studies") / name, jobs, force, progress,
-         only=only)
+         only=only, record=only is None)
 
 
 def ablate_cmd(
