@@ -8,7 +8,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup debian test demo lint bench gpu-check clean
+.PHONY: setup debian test demo lint bench gpu-check clean timm-compat
 
 # Debian packages: Fashion-MNIST and the King James Bible are the embedded default data.
 debian:
@@ -47,6 +47,34 @@ bench: setup
 # model throughput with AMP, a 1-GPU torchrun run. Without a GPU it says so and exits 0.
 gpu-check: setup
 	$(PY) benchmarks/gpu_check.py
+
+# timm's own model tests (tests/test_models.py of the timm sdist matching the installed timm, fetched
+# from PyPI; so not part of `make test`) on this package's vision models, with TORCH_BACKEND=kpca_attention
+# so that timm's test module imports (and registers) them. Two runs (docs/benchmarks.md): the file as
+# released, for information (its cfg test for models outside its hard-coded ViT name list expects CNN
+# feature maps, and TorchScript is not supported); then with this package's families added to the two
+# name lists timm uses for its own ViTs (NON_STD_FILTERS, FEAT_INTER_FILTERS), which must pass.
+TIMM_COMPAT_DIR := build/timm-compat
+TIMM_COMPAT_K := (symvit or rpc_ or scaled_vit or vit_mini) and not small_ and not base_ and not segmenter
+timm-compat: setup
+	@set -e; py=$(abspath $(PY)); ver=$$($$py -c 'import timm; print(timm.__version__)'); \
+	dir=$(TIMM_COMPAT_DIR)/$$ver; mkdir -p $$dir; \
+	[ -f $$dir/timm-$$ver.tar.gz ] || $$py -m pip download -q --no-binary :all: --no-deps timm==$$ver -d $$dir; \
+	for run in as-released vit-lists; do \
+	  mkdir -p $$dir/$$run; \
+	  tar -xzf $$dir/timm-$$ver.tar.gz -C $$dir/$$run --strip-components=1 timm-$$ver/pyproject.toml \
+	    timm-$$ver/tests/__init__.py timm-$$ver/tests/conftest.py timm-$$ver/tests/test_models.py; \
+	done; \
+	sed -i -e "s/^NON_STD_FILTERS = \[/NON_STD_FILTERS = ['symvit_*', 'rpc_*', 'scaled_vit_*', /" \
+	  -e "s/^FEAT_INTER_FILTERS = \[/FEAT_INTER_FILTERS = ['vit', /" $$dir/vit-lists/tests/test_models.py; \
+	[ $$(grep -c "^NON_STD_FILTERS = \['symvit_\*'\|^FEAT_INTER_FILTERS = \['vit'" \
+	  $$dir/vit-lists/tests/test_models.py) = 2 ] || { echo "timm $$ver: name lists not found"; exit 1; }; \
+	echo "== timm $$ver tests/test_models.py as released (for information)"; \
+	(cd $$dir/as-released && TORCH_BACKEND=kpca_attention $$py -m pytest -q -p no:cacheprovider \
+	  tests/test_models.py -k "$(TIMM_COMPAT_K)" -rf --tb=no) || true; \
+	echo "== with this package's families in timm's ViT name lists, TorchScript deselected"; \
+	cd $$dir/vit-lists && TORCH_BACKEND=kpca_attention $$py -m pytest -q -p no:cacheprovider \
+	  tests/test_models.py -k "($(TIMM_COMPAT_K)) and not torchscript" --tb=short
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
