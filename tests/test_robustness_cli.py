@@ -136,3 +136,39 @@ def test_imagenet_c_subset_follows_the_clean_subset():
     assert R._same_images(corrupted, val) is corrupted
     with pytest.raises(ValueError, match="same images"):
         R._same_images(TensorDataset(torch.arange(9)), val)
+
+
+def test_a_timm_model_with_a_local_weights_file(tmp_path):
+    """One model specifier: a user's own timm classifier (NAME@weights file) through the suites."""
+    import timm
+    from safetensors.torch import save_file
+
+    import kpca_attention  # noqa: F401  (registers the mini ViT sizes)
+
+    torch.manual_seed(0)
+    m = timm.create_model("vit_mini_patch4_28", num_classes=10)
+    save_file(m.state_dict(), str(tmp_path / "w.safetensors"))
+    spec = f"vit_mini_patch4_28@{tmp_path / 'w.safetensors'}"
+    out = tmp_path / "rob"
+    res = CliRunner().invoke(app, ["robustness", spec, "--dataset", "fashion-mnist", "--suite", "attacks",
+                                   "--method", "fgsm", "--eps", "2/255", "--attack-n", "8", "--no-progress",
+                                   "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    sweeps = json.loads((out / "attacks.json").read_text())["sweeps"]
+    clean = sweeps["vit_mini_patch4_28"]["fgsm"][0]
+    # the same weights evaluated directly give the same clean accuracy on the same images
+    from kpca_attention.data.images import build_image_dataset
+    from kpca_attention.models.normalize import NormalizedModel
+
+    ds = build_image_dataset("fashion-mnist", "test", subset=8)
+    x = torch.stack([ds[i][0] for i in range(8)])
+    y = torch.tensor([ds[i][1] for i in range(8)])
+    cfg = m.pretrained_cfg
+    with torch.no_grad():
+        acc = (NormalizedModel(m.eval(), cfg["mean"], cfg["std"])(x).argmax(1) == y).float().mean().item()
+    assert clean["top1"] == pytest.approx(acc)
+    # without --dataset: one clear line
+    res = CliRunner().invoke(app, ["robustness", spec, "--suite", "attacks", "-o", str(out)])
+    assert res.exit_code == 2 and "give --dataset" in res.output
+    res = CliRunner().invoke(app, ["robustness", "no/such/run", "-o", str(out)])
+    assert res.exit_code == 2 and "no such checkpoint" in res.output

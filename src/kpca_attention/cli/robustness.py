@@ -13,7 +13,12 @@ from . import parse_floats, parse_ints, parse_list
 
 
 def robustness_cmd(
-    checkpoints: list[Path] = typer.Argument(..., help="Run directories or checkpoint directories."),
+    checkpoints: list[str] = typer.Argument(..., help="Run or checkpoint directories of this project, or image "
+                                            "classifiers as timm names with an optional weights file "
+                                            "(NAME@FILE; then give --dataset)."),
+    dataset: str | None = typer.Option(None, help="Dataset of models that are not checkpoints of this project "
+                                       "(fashion-mnist, imagenet, cifar10, ...)."),
+    data_root: Path | None = typer.Option(None, help="Dataset folder for --dataset."),
     suite: str = typer.Option("corruptions", "--suite", "-s",
                               help=f"Comma-separated suites: {', '.join(SUITES)}."),
     out: Path = typer.Option(Path("runs/robustness"), "--out", "-o", help="Output directory."),
@@ -80,7 +85,8 @@ def robustness_cmd(
         progress=progress,
     )
     run_robustness([str(c) for c in checkpoints], suites, out, opts,
-                   labels=parse_list(labels) if labels else None, device=str(resolve_device(device)), ema=ema)
+                   labels=parse_list(labels) if labels else None, device=str(resolve_device(device)), ema=ema,
+                   dataset=dataset, data_root=opt_str(data_root))
     for s in suites:
         md = out / f"{s}.md"
         typer.echo(md.read_text())

