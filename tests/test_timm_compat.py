@@ -11,6 +11,7 @@ import torch
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import kpca_attention  # noqa: F401  (registers the models)
+from kpca_attention.layers import RPCAttention
 from kpca_attention.models import create_model, list_models
 from kpca_attention.pap import pap
 
@@ -147,3 +148,19 @@ def test_compiled_pap_equals_eager_forward_and_backward(sparse: bool, dual: bool
         (got * w).sum().backward()
         torch.testing.assert_close(kc.grad, ks.grad)
         torch.testing.assert_close(vc.grad, vs.grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a host sync exists only with an accelerator")
+def test_rpc_layer_makes_no_host_sync_on_cuda() -> None:
+    """Forward and backward of an RPC layer (no mask, causal, key padding) never wait for the device."""
+    layer = RPCAttention(64, 4, n_iter=3).cuda()
+    x = torch.randn(2, 17, 64, device="cuda", requires_grad=True)
+    pad = torch.ones(2, 17, dtype=torch.bool, device="cuda")
+    pad[1, 12:] = False
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for kwargs in (dict(), dict(is_causal=True), dict(attn_mask=pad)):
+            layer(x, **kwargs).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
