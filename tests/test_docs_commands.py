@@ -44,7 +44,8 @@ def _commands() -> list[tuple[str, int, list[str]]]:
                 candidates += re.findall(r"`((?:kpca-attention|torchrun)[^`]*)`", line)
             for c in candidates:
                 m = re.search(r"(?:^|\s)(kpca-attention|-m kpca_attention\.cli)\s+(.*)$", c.strip())
-                if m and not re.search(r"[A-Z]{3,}|\.\.\.|<|\||\[", m.group(2)):  # placeholders are not commands
+                # placeholders (RUN, ..., <x>, a|b, [opt]) are not commands
+                if m and not re.search(r"[A-Z]{3,}|\.\.\.|<|\||\[", m.group(2)):
                     found.append((doc.name, i + 1, shlex.split(m.group(2))))
             i += 1
     return found

@@ -1,4 +1,5 @@
-"""The PAP trace over a model and data (kpca_attention.kpca.pap_trace), its report and the pap-trace command."""
+"""The PAP trace over a model and data (kpca_attention.kpca.pap_trace), its report and the pap-trace
+command."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from timm.models.vision_transformer import VisionTransformer
 from typer.testing import CliRunner
 
 from kpca_attention.cli import app
+from kpca_attention.kpca.pap_trace import rpc_layers, trace_model, trace_statement
 from kpca_attention.layers import RPCAttention, SymmetricAttention, replace_attention
 from kpca_attention.pap import pap
-from kpca_attention.kpca.pap_trace import rpc_layers, trace_model, trace_statement
 from kpca_attention.report.pap_trace import write_trace_report
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -161,8 +161,8 @@ def test_engine_numbers_equal_the_library_evaluation(quick_demo) -> None:
         view = CorruptedDataset(base, "contrast", 3, seed=0, cache_dir=out / "runs" / "cache")
         acc = evaluate_vision(model, DataLoader(view, batch_size=500))["top1"]
         assert r["corruptions"]["contrast"]["3"]["top1"] == pytest.approx(acc, abs=1e-9)
-        att = evaluate_attack(model, fixed_subset(test, 16, 1), "pgd", 2 / 255, batch_size=100, progress=False,
-                              seed=0)
+        att = evaluate_attack(model, fixed_subset(test, 16, 1), "pgd", 2 / 255, batch_size=100,
+                              progress=False, seed=0)
         assert r["attacks"]["pgd"]["2"]["top1"] == pytest.approx(att["top1"], abs=1e-9)
 
 

@@ -22,7 +22,7 @@ from ..robustness.suites import eps_label, structure_items
 from .stats import paired_summary
 from .tables import markdown_table
 
-__all__ = ["load_study_results", "run_metrics", "write_study_report"]
+__all__ = ["load_study_results", "run_metrics", "write_study_report", "write_image_study_report"]
 
 FULL_SEVERITIES = (1, 2, 3, 4, 5)
 
@@ -160,7 +160,18 @@ def _metric_title(k: str) -> str:
 # ----------------------------------------------------------------------------- the report
 
 def write_study_report(out: str | os.PathLike) -> Path:
-    """Write ``report.md``, ``summary.json`` and the plots of a study folder; returns the report."""
+    """Write ``report.md``, ``summary.json`` and the plots of a study folder; returns the report.
+    Dispatches on the kind of its suites (``settings.json``: ``suites.kind``, default ``image``)."""
+    out = Path(out)
+    settings = read_json(out / "settings.json")
+    kind = (settings or {}).get("suites", {}).get("kind", "image") if isinstance(settings, dict) else "image"
+    if kind == "image":
+        return write_image_study_report(out)
+    raise ValueError(f"{out}: no report for studies of kind {kind!r}")
+
+
+def write_image_study_report(out: str | os.PathLike) -> Path:
+    """The report of a study of image classifiers (:class:`~kpca_attention.robustness.suites.ImageSuites`)."""
     out = Path(out)
     settings, res = load_study_results(out)
     if not res:

@@ -109,8 +109,31 @@ class ImageSuites:
         if len(set(names)) != len(names):
             raise ValueError(f"two attacks share a name {names}: give them different options")
 
+    #: what the study engine and the study report dispatch on (``settings["suites"]["kind"]``;
+    #: absent means "image")
+    kind = "image"
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    # --- the interface the study engine calls (kpca_attention.studies.engine) --------------------
+    def test_set(self, cfg: Any) -> Dataset:
+        """The test split of the dataset a run was trained on (``cfg``: its TrainConfig)."""
+        from ..data.images import build_image_dataset
+
+        return build_image_dataset(cfg.dataset, "test", root=cfg.data_root, img_size=cfg.img_size)
+
+    def evaluate(self, model: nn.Module | Callable[[], nn.Module], cfg: Any, store: ResultStore,
+                 base_key: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
+        """:func:`evaluate_image_suites` on the test split of ``cfg``'s dataset."""
+        return evaluate_image_suites(model, self.test_set(cfg), self, store, base_key, **kw)
+
+    def trace_batches(self, cfg: Any, n: int) -> Any:
+        """``n`` fixed test inputs in batches, for the PAP trace of a trained model."""
+        from torch.utils.data import DataLoader
+
+        data = fixed_subset(self.test_set(cfg), n, self.data_seed + 2)
+        return DataLoader(data, batch_size=128, shuffle=False)
 
 
 def _positive(what: str, n: Any) -> None:

@@ -34,7 +34,6 @@ from torch import nn
 from ..io import read_json, write_json_atomic
 from ..machine import machine_info
 from ..robustness.store import ResultStore, normalise_key
-from ..robustness.suites import evaluate_image_suites
 from ..train import CheckpointError, load_model, train
 from ..train.rundir import TRAJECTORY_FREE, RunDir
 from .spec import Study, Variant
@@ -139,20 +138,15 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
 
     t0 = time.perf_counter()
     store.get_or_compute("run", key, lambda: _training_summary(run_dir(), model()))
-    from ..data.images import build_image_dataset
-
-    test = build_image_dataset(study.train_config(variant, seed, "x").dataset, "test")
-    evaluate_image_suites(model, test, study.suites, store, key, cache_dir=runs / "cache", seed=seed,
-                          log=log, progress=progress)
+    cfg = study.train_config(variant, seed, str(run_dir_of(runs, variant, seed)))
+    # the suites say what to measure and how (images, text, segmentation): see Study.suites
+    study.suites.evaluate(model, cfg, store, key, cache_dir=runs / "cache", seed=seed, log=log,
+                          progress=progress)
     if study.trace:
         from ..kpca.pap_trace import rpc_layers, trace_model
-        from ..robustness.suites import fixed_subset
 
         def trace() -> dict[str, Any]:
-            from torch.utils.data import DataLoader
-
-            data = fixed_subset(test, study.trace, study.suites.data_seed + 2)
-            return trace_model(model(), DataLoader(data, batch_size=128, shuffle=False))
+            return trace_model(model(), study.suites.trace_batches(cfg, study.trace))
 
         if "rpc" in variant.model:  # the registered RPC models; checked against the model when traced
             def checked_trace() -> dict[str, Any]:

@@ -60,7 +60,9 @@ class Study:
         name: the study's folder name (``results/<name>``).
         preset: the training preset (:data:`kpca_attention.train.PRESETS`) and ``recipe`` its
             overrides, shared by every run (the seed and the output folder are set per run).
-        suites: what each trained image model is measured on.
+        suites: what each trained model is measured on: an object with ``to_dict()``, ``kind``,
+            ``evaluate(model, cfg, store, key, **kw)`` and ``trace_batches(cfg, n)`` -
+            :class:`~kpca_attention.robustness.suites.ImageSuites` for image classifiers.
         trace: test images for the PAP trace of every model with RPC layers (0: none).
         baseline: the slug every variant is compared with (paired statistics, mCE).
         checks: extra study-wide measurements.
@@ -72,7 +74,7 @@ class Study:
     seeds: tuple[int, ...]
     preset: str
     recipe: Mapping[str, Any]
-    suites: ImageSuites
+    suites: ImageSuites | Any
     baseline: str
     description: str = ""
     trace: int = 0
