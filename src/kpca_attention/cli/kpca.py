@@ -8,9 +8,216 @@ from typing import Annotated
 import torch
 import typer
 
-from ..kpca.cli import analyze_cmd, claims_cmd
+from ..io import write_json_atomic
 
 __all__ = ["analyze_cmd", "claims_cmd", "pap_trace_cmd"]
+
+
+def _config(
+    order: str,
+    scale: str,
+    centering: str,
+    eigensolver: str,
+    bandwidth: str,
+    detail_samples: int,
+    critique_exact: bool,
+    no_optimal: bool,
+    null_samples: int,
+    null_draws: int,
+    control_samples: int,
+):
+    from ..kpca.analysis import AnalysisConfig
+
+    return AnalysisConfig(
+        order=order,
+        scale=scale,
+        centering=centering,
+        method=eigensolver,
+        bandwidth="critique" if critique_exact else bandwidth,
+        row_eps=1e-8 if critique_exact else 0.0,
+        cka_eps=1e-10 if critique_exact else 0.0,
+        optimal=not no_optimal,
+        detail_samples=detail_samples,
+        null_samples=null_samples,
+        null_draws=null_draws,
+        control_samples=control_samples,
+    )
+
+
+# options shared by analyze and claims
+_NULL_SAMPLES = typer.Option(20, help="inputs whose alignment also gets the permutation and Gaussian nulls")
+_NULL_DRAWS = typer.Option(10, help="seeded draws per null, averaged")
+_CONTROL_SAMPLES = typer.Option(2, help="inputs that get the positive control (V_hat + noise at known SNRs)")
+
+
+def _threads(n: int | None) -> None:
+    if n is not None:
+        if n < 1:
+            raise typer.BadParameter(f"--threads must be >= 1, got {n}")
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def analyze_cmd(
+    model: str = typer.Argument(
+        ..., help="all-MiniLM-L6-v2, a timm or Hugging Face name, or a checkpoint path"
+    ),
+    images: Path = typer.Option(None, "--images", help="folder of images (.jpg/.png...) for image models"),
+    texts: Path = typer.Option(None, "--texts", help="text file, one text per line, for text models"),
+    dataset: str = typer.Option(None, "--dataset", help="image dataset name (kpca_attention.data.images)"),
+    split: str = typer.Option("test", help="dataset split"),
+    data_root: str = typer.Option(None, "--data-root", help="dataset root folder"),
+    json_out: Path = typer.Option(..., "--json", help="write the results JSON here"),
+    report: Path = typer.Option(None, "--out", "-o", "--report", help="write plots and report.md into this folder"),
+    max_samples: int = typer.Option(100, help="analyse at most this many texts / images"),
+    max_length: int = typer.Option(128, help="text models: truncate to this many tokens"),
+    batch_size: int = typer.Option(16, help="inputs per forward pass"),
+    special_tokens: bool = typer.Option(
+        True, "--special-tokens/--no-special-tokens", help="keep [CLS]/[SEP] in the per-sequence analysis"
+    ),
+    keep_padding: bool = typer.Option(
+        False, help="analyse padded positions too (as the critique's text script)"
+    ),
+    pretrained: bool = typer.Option(True, "--pretrained/--no-pretrained", help="timm: pretrained weights"),
+    order: str = typer.Option("abs", help="eigenvector order: abs | signed"),
+    scale: str = typer.Option("unit", help="eigenvector scale: unit (critique) | kpca (1/sqrt(N lambda))"),
+    centering: str = typer.Option("GHA", help="predicted values: GHA (Thm 1, critique) | HGA"),
+    eigensolver: str = typer.Option("auto", help="auto | dense | lowrank"),
+    bandwidth: str = typer.Option("kornblith", help="kernel-CKA bandwidth: kornblith | critique"),
+    critique_exact: bool = typer.Option(
+        False,
+        help="critique's conventions: 1e-8 on row norms, 1e-10 on the linear-CKA denominator, its bandwidth",
+    ),
+    no_optimal: bool = typer.Option(False, help="skip the Hungarian matching"),
+    detail_samples: int = typer.Option(
+        10, help="inputs that also get the gamma test and standardised eigenvalues"
+    ),
+    null_samples: int = _NULL_SAMPLES,
+    null_draws: int = _NULL_DRAWS,
+    control_samples: int = _CONTROL_SAMPLES,
+    device: str = typer.Option("cpu", help="torch device"),
+    threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
+) -> None:
+    """KPCA diagnostics of every attention layer and head of MODEL (paper Sec. 2 and its critique)."""
+    from ..kpca.claims import fmt
+    from ..kpca.load import load_for_analysis
+    from ..kpca.run import analyze_model, resolve_inputs
+    from ..report.kpca import write_report
+
+    _threads(threads)
+    try:
+        cfg = _config(
+            order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, no_optimal,
+            null_samples, null_draws, control_samples,
+        )
+        loaded = load_for_analysis(model, pretrained=pretrained, device=device)
+        txt, imgs, desc = resolve_inputs(
+            loaded,
+            texts=texts,
+            images=images,
+            dataset=dataset,
+            split=split,
+            data_root=data_root,
+            max_samples=max_samples,
+        )
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    res = analyze_model(
+        loaded,
+        texts=txt,
+        images=imgs,
+        config=cfg,
+        batch_size=batch_size,
+        max_length=max_length,
+        special_tokens=special_tokens,
+        keep_padding=keep_padding,
+    )
+    res["inputs"] = desc
+    write_json_atomic(json_out, res, indent=1)
+    s = res["summary"]
+    typer.echo(
+        f"{model}: "
+        + ", ".join(
+            f"{k}={fmt(s.get(k))}"
+            for k in (
+                "optimal_cosine",
+                "linear_cka",
+                "kernel_cka",
+                "direct_cosine",
+                "j_proj",
+                "phi_norm_sq",
+                "h_norm_sq",
+            )
+        )
+    )
+    typer.echo(f"analysis {res['timing']['total_s']:.1f} s; results in {json_out}")
+    if report is not None:
+        typer.echo(f"report: {write_report(res, report)}")
+
+
+def claims_cmd(
+    models: list[str] = typer.Argument(..., help="models to judge (names or checkpoint paths)"),
+    out: Path = typer.Option(Path("kpca_claims"), "--out", "-o", help="folder for claims.md and claims.json"),
+    texts: Path = typer.Option(None, "--texts", help="texts for text models (default: King James Bible)"),
+    images: Path = typer.Option(None, "--images", help="image folder for image models"),
+    dataset: str = typer.Option(None, "--dataset", help="image dataset for image models"),
+    split: str = typer.Option("test", help="dataset split"),
+    data_root: str = typer.Option(None, "--data-root", help="dataset root folder"),
+    max_samples: int = typer.Option(100, help="inputs per model"),
+    pretrained: bool = typer.Option(True, "--pretrained/--no-pretrained", help="timm: pretrained weights"),
+    detail_samples: int = typer.Option(10, help="inputs that also get the gamma test"),
+    null_samples: int = _NULL_SAMPLES,
+    null_draws: int = _NULL_DRAWS,
+    control_samples: int = _CONTROL_SAMPLES,
+    report: bool = typer.Option(
+        True, "--report/--no-report", help="also write each model's report.md and plots into OUT/<model>/"
+    ),
+    device: str = typer.Option("cpu", help="torch device"),
+    threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
+) -> None:
+    """One table: each empirical claim of the paper and each measure of the critique, per model,
+    with the measured value, its chance level and a verdict against a stated threshold or test."""
+    from ..kpca.claims import judge
+    from ..kpca.load import load_for_analysis
+    from ..kpca.run import analyze_model, resolve_inputs
+    from ..report.kpca import write_claims, write_report
+
+    _threads(threads)
+    try:
+        cfg = _config(
+            "abs", "unit", "GHA", "auto", "kornblith", detail_samples, False, False,
+            null_samples, null_draws, control_samples,
+        )
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    verdicts = []
+    for name in models:
+        try:
+            loaded = load_for_analysis(name, pretrained=pretrained, device=device)
+            txt, imgs, desc = resolve_inputs(
+                loaded,
+                texts=texts,
+                images=images,
+                dataset=dataset,
+                split=split,
+                data_root=data_root,
+                max_samples=max_samples,
+                bible_fallback=True,
+            )
+        except (ValueError, FileNotFoundError, RuntimeError) as e:
+            typer.echo(f"error ({name}): {e}", err=True)
+            raise typer.Exit(2) from e
+        res = analyze_model(loaded, texts=txt, images=imgs, config=cfg)
+        res["inputs"] = desc
+        write_json_atomic(out / f"analysis_{Path(name).name}.json", res, indent=None)
+        if report:
+            typer.echo(f"report: {write_report(res, out / Path(name).name)}")
+        verdicts.append(judge(res, run_dir=Path(name) if Path(name).exists() else None))
+    md = write_claims(verdicts, out)
+    typer.echo(md.read_text())
 
 
 def pap_trace_cmd(
