@@ -115,7 +115,8 @@ def analyze_model(
             raise ValueError("an image model needs images (S, C, H, W) in [0, 1]")
         n = images.shape[0]
     forward_s = 0.0
-    with cap, tqdm(total=n, desc=f"analyse {loaded.name}", unit="input", disable=not progress) as bar:
+    with cap, tqdm(total=n, desc=f"analyse {loaded.name}", unit="input",
+                   disable=None if progress else True) as bar:
         for lo in range(0, n, batch_size):
             cap.clear()
             tf = time.perf_counter()

@@ -289,7 +289,8 @@ def perplexity(
         total += float(_window_nll(model, ids, [first_end], first_end, device).sum())
         count += first_end
         rest = windows[1:]
-        bar = tqdm(total=len(rest), desc="perplexity", unit="win", disable=not progress or not rest)
+        bar = tqdm(total=len(rest), desc="perplexity", unit="win",
+                   disable=True if not (progress and rest) else None)
         for start in range(0, len(rest), batch_size):
             chunk = rest[start : start + batch_size]
             ends = [e for e, _ in chunk]

@@ -56,7 +56,7 @@ def collect_logits(
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
     logits, labels = [], []
     with eval_mode(model):
-        for x, y in tqdm(loader, desc=desc, disable=not progress, leave=False):
+        for x, y in tqdm(loader, desc=desc, disable=None if progress else True, leave=False):
             logits.append(model(x.to(device)).float().cpu())
             labels.append(torch.as_tensor(y))
     if not logits:

@@ -294,13 +294,13 @@ class CorruptedDataset(Dataset):
             fresh = np.empty(len(self), dtype=np.int64)
             images[0], fresh[0] = first, label
             for i in tqdm(range(1, len(self)), desc=f"{self.name} s{self.severity} (cache)",
-                          initial=1, total=len(self), disable=not progress, leave=False):
+                          initial=1, total=len(self), disable=None if progress else True, leave=False):
                 images[i], fresh[i] = self._corrupt_item(i)
             _atomic_save_npy(path, images)
         else:
             fresh = np.fromiter((int(self.base[i][1]) for i in tqdm(
-                range(len(self)), desc=f"{self.name} s{self.severity} (cache labels)", disable=not progress,
-                leave=False)), dtype=np.int64, count=len(self))
+                range(len(self)), desc=f"{self.name} s{self.severity} (cache labels)",
+                disable=None if progress else True, leave=False)), dtype=np.int64, count=len(self))
         _atomic_save_npy(labels_path, fresh)
         return path
 

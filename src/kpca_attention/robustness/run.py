@@ -238,7 +238,7 @@ def run_corruptions(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> di
         base: Dataset | None = None
         reused = 0
         res: dict[str, Any] = {}
-        bar = tqdm(items, desc=f"corruptions {ck.label}", disable=not opts.progress)
+        bar = tqdm(items, desc=f"corruptions {ck.label}", disable=None if opts.progress else True)
         for item, name, sev in bar:
             key = {**_data_key(ck, opts, opts.n), "item": item, "seed": opts.seed,
                    "imagenet_c": opts.imagenet_c}
@@ -397,7 +397,7 @@ def run_attacks(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> dict[s
         items = [(m, e) for m in opts.methods for e in (0.0, *_eps_grid(m, opts))]
         sweeps[ck.label] = {m: [] for m in opts.methods}
         reused = 0
-        for method, eps in tqdm(items, desc=f"attacks {ck.label}", disable=not opts.progress):
+        for method, eps in tqdm(items, desc=f"attacks {ck.label}", disable=None if opts.progress else True):
             options = dict(opts.attack_options.get(method, {}))
             item = "clean" if eps == 0 else f"{method}-eps{eps:.6g}"
             key = {**_data_key(ck, opts, opts.attack_n), "item": item, "seed": opts.seed,
@@ -566,8 +566,13 @@ def run_robustness(
         raise ValueError(f"need one distinct label per checkpoint, got {labels} for {len(paths)} checkpoints")
     ckpts = [Checkpoint(str(p), lab, device, ema, dataset, data_root)
              for p, lab in zip(paths, labels, strict=True)]
+    if opts.baseline is not None and opts.baseline not in labels:  # before any evaluation, not after it
+        raise ValueError(f"baseline {opts.baseline!r} is not among the checkpoints' labels: "
+                         f"{', '.join(labels)}")
     for ck in ckpts:
         _ = ck.config  # fail early on a missing checkpoint, an unknown model or a missing --dataset
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"output folder {out} is a file")
     out.mkdir(parents=True, exist_ok=True)
     return {s: RUNNERS[s](ckpts, out, opts) for s in suites}

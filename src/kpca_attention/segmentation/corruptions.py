@@ -93,7 +93,7 @@ def segmentation_items(
     records: list[dict[str, Any]] = []
     pos = 0
     try:
-        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
+        for batch in tqdm(loader, desc=desc, disable=None if progress else True, leave=False):
             groups: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
             for j, (x, y) in enumerate(batch):
                 groups.setdefault((tuple(x.shape), tuple(y.shape)), []).append(j)

@@ -45,7 +45,7 @@ def evaluate_vision(
     was_training = model.training
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct1, correct5, loss_sum, n
-    for x, y in tqdm(loader, desc=desc, disable=not progress, leave=False):
+    for x, y in tqdm(loader, desc=desc, disable=None if progress else True, leave=False):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with _autocast(device, amp):
             logits = model(x)
@@ -90,7 +90,7 @@ def evaluate_segmentation(
     model.eval()
     acc = SegmentationAccumulator(num_classes, ignore_index, device=device)
     loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # cross-entropy sum, labelled pixels
-    for x, y in tqdm(loader, desc=desc, disable=not progress, leave=False):
+    for x, y in tqdm(loader, desc=desc, disable=None if progress else True, leave=False):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with _autocast(device, amp):
             logits = model(x)
@@ -126,7 +126,7 @@ def evaluate_lm(
     was_training = model.training
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss_sum, tokens
-    for x, y in tqdm(loader, desc=desc, disable=not progress, leave=False):
+    for x, y in tqdm(loader, desc=desc, disable=None if progress else True, leave=False):
         x, y = x.to(device), y.to(device)
         with _autocast(device, amp):
             _, loss = model(x, y)
