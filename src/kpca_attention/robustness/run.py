@@ -559,6 +559,12 @@ def run_robustness(
     bad = [s for s in suites if s not in SUITES]
     if bad:
         raise ValueError(f"unknown suite(s) {bad}; valid: {', '.join(SUITES)}")
+    if "attacks" in suites:  # every attack option checked before any model is loaded or evaluated
+        for m in opts.methods:
+            if m not in A.METHODS:
+                raise ValueError(f"unknown attack {m!r}; valid: {', '.join(A.METHODS)}")
+            for e in _eps_grid(m, opts):
+                A.check_attack_options(m, e, dict(opts.attack_options.get(m, {})))
     if not paths:
         raise ValueError("no checkpoints given")
     labels = list(labels) if labels else default_labels(paths)
