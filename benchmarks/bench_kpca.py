@@ -1,4 +1,4 @@
-"""KPCA analysis speed (issue #5, section 6).
+"""KPCA analysis speed.
 
 1. ``kpca-attention analyze all-MiniLM-L6-v2`` over 100 offline texts of up to 128 tokens (King James
    Bible, consecutive verses joined to >= 90 words, truncated at 128 WordPiece tokens): the whole

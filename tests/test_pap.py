@@ -470,7 +470,7 @@ def test_shrink_zero_threshold_is_identity(xs: list[float]) -> None:
     assert torch.equal(shrink(x, torch.tensor(0.0, dtype=F64)), x)
 
 
-# ----------------------------------------------------------------------------- ablations (issue 6)
+# ----------------------------------------------------------------------------- ablations
 
 ABLATIONS = [(False, True), (True, False), (False, False)]  # (sparse, dual)
 

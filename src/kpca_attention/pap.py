@@ -36,7 +36,7 @@ Masks:
   official value at the last position). Every other PAP update is row-wise, hence causal. An
   explicit lower-triangular ``attn_mask`` gives the same result.
 
-Ablations (issue 6): ``sparse=False`` forces S = 0 (tau = +inf: no shrinkage; what is left is
+Ablations: ``sparse=False`` forces S = 0 (tau = +inf: no shrinkage; what is left is
 iterated symmetric attention with the dual feedback, ``X_t = K - W_{t-1}``, ``W_t = W_{t-1} + K - L_t``,
 independent of lam and mu); ``dual=False`` drops the dual update (Y = 0 throughout:
 ``S_t = shrink(K - L_{t-1}, tau)``, ``X_t = K - S_t``). Both off is plain symmetric attention.

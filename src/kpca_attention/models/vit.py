@@ -97,7 +97,7 @@ ARCHS: dict[str, dict[str, Any]] = {
 #: official-default RPC settings (README: 4 iterations in the first layer, lambda 4)
 RPC_DEFAULTS: dict[str, Any] = dict(
     rpc_iters=4, rpc_lambda=4.0, rpc_layers="first", rpc_threshold="lambda_mu", rpc_mu_dim=None,
-    rpc_sparse=True, rpc_dual=True,  # ablations (issue 6): False forces S = 0 / drops the dual update
+    rpc_sparse=True, rpc_dual=True,  # ablations: False forces S = 0 / drops the dual update
 )
 
 #: family -> (sizes it exists in, one-line description)
