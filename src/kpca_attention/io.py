@@ -9,6 +9,7 @@ power cut after the call returns keeps the new one. :func:`write_text_atomic` do
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_json_atomic", "write_text_atomic", "read_json", "json_ready", "fsync_dir"]
+__all__ = ["write_json_atomic", "write_text_atomic", "read_json", "json_ready", "fsync_dir", "sha256_file"]
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -79,3 +80,12 @@ def read_json(path: str | os.PathLike) -> Any | None:
             return json.load(f)
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes (read in 1 MiB chunks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 from tqdm.auto import tqdm
 
-from ..io import read_json, write_json_atomic
+from ..io import read_json, sha256_file, write_json_atomic
 from . import attacks as A
 from . import metrics as M
 from .common import collect_logits
@@ -92,7 +92,7 @@ class Checkpoint:
         if not self.is_project:
             _, _, weights = self.path.partition("@")
             if weights:
-                return _sha256(Path(weights))
+                return sha256_file(Path(weights))
             h = hashlib.sha256()
             for k, v in sorted(self.load().state_dict().items()):
                 h.update(k.encode())
@@ -105,7 +105,7 @@ class Checkpoint:
         try:
             return str(marker["files"][fname]["sha256"])  # type: ignore[index]
         except (TypeError, KeyError):
-            return _sha256(self.ckpt_dir / fname)
+            return sha256_file(self.ckpt_dir / fname)
 
     def _model_and_meta(self) -> tuple[nn.Module, tuple[int, int, int]]:
         if self._loaded is None:
@@ -130,14 +130,6 @@ class Checkpoint:
 
     def load(self) -> nn.Module:
         return self._model_and_meta()[0]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def default_labels(paths: Sequence[str]) -> list[str]:

@@ -32,7 +32,6 @@ non-determinism of the kernels.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -47,9 +46,9 @@ import torch
 from torch import nn
 
 from ..io import fsync_dir as _fsync_dir
-from ..io import write_json_atomic
+from ..io import sha256_file, write_json_atomic
 from .config import TrainConfig
-from .rundir import LATEST_FILE, CheckpointError
+from .rundir import LATEST_FILE, CheckpointError, read_config
 
 __all__ = [
     "CheckpointError",
@@ -104,14 +103,6 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def checkpoint_name(epoch: int, global_step: int) -> str:
     return f"e{epoch:04d}-s{global_step:08d}"
 
@@ -153,7 +144,7 @@ def _write_checkpoint_files(tmp: Path, *, model: nn.Module, config: TrainConfig,
     for fname in files:
         _fsync_file(tmp / fname)
     marker = {
-        "files": {f: {"size": (tmp / f).stat().st_size, "sha256": _sha256(tmp / f)} for f in files},
+        "files": {f: {"size": (tmp / f).stat().st_size, "sha256": sha256_file(tmp / f)} for f in files},
         "progress": {k: progress[k] for k in ("epoch", "step_in_epoch", "global_step")},
         "finished": finished,
     }
@@ -264,19 +255,9 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
         if size != meta["size"]:
             raise CheckpointError(
                 f"checkpoint file {f} is truncated or corrupt: {size} bytes, expected {meta['size']}")
-        if _sha256(f) != meta["sha256"]:
+        if sha256_file(f) != meta["sha256"]:
             raise CheckpointError(f"checkpoint file {f} is corrupt: SHA-256 does not match {marker_path}")
     return marker
-
-
-def read_config(ckpt: Path) -> TrainConfig:
-    f = ckpt / CONFIG_FILE
-    try:
-        return TrainConfig.from_json(f.read_text())
-    except FileNotFoundError as e:
-        raise CheckpointError(f"checkpoint config {f} is missing") from e
-    except (json.JSONDecodeError, ValueError, TypeError) as e:
-        raise CheckpointError(f"checkpoint config {f} is invalid: {e}") from e
 
 
 def load_weights(module: nn.Module, file: Path, device: str | torch.device = "cpu") -> None:

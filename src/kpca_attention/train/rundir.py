@@ -30,8 +30,8 @@ from typing import Any
 
 from .config import TrainConfig
 
-__all__ = ["RunDir", "RunDirBusy", "CheckpointError", "TRAJECTORY_FREE", "RESUMABLE_CHANGES", "LATEST_FILE",
-           "CHECKPOINTS"]
+__all__ = ["RunDir", "RunDirBusy", "CheckpointError", "read_config", "TRAJECTORY_FREE", "RESUMABLE_CHANGES",
+           "LATEST_FILE", "CHECKPOINTS"]
 
 CHECKPOINTS = "checkpoints"
 LATEST_FILE = "latest.json"
@@ -54,6 +54,17 @@ class CheckpointError(RuntimeError):
 
 class RunDirBusy(RuntimeError):
     """Another live process is writing this run directory."""
+
+
+def read_config(ckpt: Path) -> TrainConfig:
+    """The :class:`TrainConfig` stored in checkpoint directory ``ckpt`` (``config.json``)."""
+    f = Path(ckpt) / "config.json"
+    try:
+        return TrainConfig.from_json(f.read_text())
+    except FileNotFoundError as e:
+        raise CheckpointError(f"checkpoint config {f} is missing") from e
+    except (json.JSONDecodeError, ValueError, TypeError) as e:
+        raise CheckpointError(f"checkpoint config {f} is invalid: {e}") from e
 
 
 class RunDir:
@@ -111,13 +122,7 @@ class RunDir:
 
     def config(self) -> TrainConfig:
         """The config of the latest checkpoint."""
-        f = self.checkpoint() / "config.json"
-        try:
-            return TrainConfig.from_json(f.read_text())
-        except FileNotFoundError as e:
-            raise CheckpointError(f"checkpoint config {f} is missing") from e
-        except (json.JSONDecodeError, ValueError, TypeError) as e:
-            raise CheckpointError(f"checkpoint config {f} is invalid: {e}") from e
+        return read_config(self.checkpoint())
 
     def mark_finished(self, name: str) -> None:
         from ..io import write_json_atomic
