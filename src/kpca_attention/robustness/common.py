@@ -1,15 +1,10 @@
 """Small pieces shared by the robustness suites: exact model-mode restoration, batched logits over
-a dataset, top-k accuracy, atomic JSON results."""
+a dataset, top-k accuracy."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -72,27 +67,3 @@ def topk_accuracy(logits: Tensor, labels: Tensor, ks: tuple[int, ...] = (1, 5)) 
         hit = (top[:, : min(k, logits.shape[1])] == labels.view(-1, 1)).any(dim=1)
         out[f"top{k}"] = hit.float().mean().item()
     return out
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON through a temporary file and ``os.replace``: a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def read_json(path: str | os.PathLike) -> Any | None:
-    """The JSON in ``path``, or ``None`` when it is missing or unreadable (then it is recomputed)."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return None

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 from tqdm.auto import tqdm
 
-from ..io import read_json, sha256_file, write_json_atomic
+from ..io import read_json, sha256_file, write_json_atomic, write_text_atomic
 from . import attacks as A
 from . import metrics as M
 from .common import collect_logits
@@ -331,7 +331,7 @@ def _summarise_corruptions(
         lines += ["", f"mCE relative to {baseline}: CE_c = sum_s err(s,c) / sum_s err_{baseline}(s,c), "
                   f"averaged over the corruptions shown; {baseline} scores 100, lower is more robust. "
                   "This is not the ImageNet-C mCE (which normalises by AlexNet)."]
-    (out / "corruptions.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(out / "corruptions.md", "\n".join(lines) + "\n")
     _plot_corruptions(summary, labels, list(opts.corruptions), list(opts.severities), out / "corruptions.png")
     return summary
 
@@ -427,7 +427,7 @@ def run_attacks(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> dict[s
             rows = [sweeps[x][method][k] for x in labels]
             cells = " | ".join(f"{100 * r['top1']:.2f} | {100 * r['top5']:.2f}" for r in rows)
             lines.append(f"| {method} | {A.NORMS[method]} | {e_txt} | {cells} |")
-    (out / "attacks.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(out / "attacks.md", "\n".join(lines) + "\n")
     A.plot_eps_sweep(sweeps, out / "attacks.png", title=f"{ckpts[0].config.dataset}: accuracy under attack")
     return {"sweeps": sweeps}
 
@@ -473,7 +473,7 @@ def run_ood(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> dict[str, 
             cells = " | ".join(f"{val(results[x][name]):.2f}" for x in labels)
             lines.append(f"| {name} | {metric} | {cells} |")
     lines += [""] + [f"- {m}" for m in skipped]
-    (out / "ood.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(out / "ood.md", "\n".join(lines) + "\n")
     return {"results": results, "skipped": skipped}
 
 
@@ -526,7 +526,7 @@ def run_wordswap(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> dict[
                else " (an approximation of the paper's stride 1)")
             + (f"; first {opts.max_tokens} tokens" if opts.max_tokens else "")
             + f"; {some['n_swapped']} of {some['n_candidates']} candidate words swapped in the first split.")
-    (out / "wordswap.md").write_text(f"# Word-swap attack\n\n{perplexity_table(results)}\n\n{note}\n")
+    write_text_atomic(out / "wordswap.md", f"# Word-swap attack\n\n{perplexity_table(results)}\n\n{note}\n")
     return results
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from ..io import write_text_atomic
 from . import checkpoint as ckpt_mod
 from .build import build_model, vision_info
 from .config import TrainConfig
@@ -197,7 +198,7 @@ class _Trainer:
                               resume_step=progress["global_step"] if state is not None else None)
         if dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.json").write_text(cfg.to_json())
+            write_text_atomic(self.run_dir / "config.json", cfg.to_json())
         last_ckpt: Path | None = ckpt_dir
         extra_files = {ckpt_mod.VOCAB_FILE: vocab.save} if vocab is not None else None
 
