@@ -122,6 +122,13 @@ def test_compile_rpc_lm_without_graph_breaks() -> None:
     assert _breaks(lm, idx) == []
 
 
+def test_export_rpc_vit() -> None:
+    model = small("rpc_symvit_mini_patch4_28").eval()
+    x = images()
+    exported = torch.export.export(model, (x,))
+    torch.testing.assert_close(exported.module()(x), model(x))
+
+
 @pytest.mark.parametrize(("sparse", "dual"), [(True, True), (False, True), (True, False), (False, False)])
 def test_compiled_pap_equals_eager_forward_and_backward(sparse: bool, dual: bool) -> None:
     """What torch.compile traces (plain ops, every variant, masks) computes eager pap's values and
