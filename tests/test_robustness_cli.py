@@ -172,3 +172,22 @@ def test_a_timm_model_with_a_local_weights_file(tmp_path):
     assert res.exit_code == 2 and "give --dataset" in res.output
     res = CliRunner().invoke(app, ["robustness", "no/such/run", "-o", str(out)])
     assert res.exit_code == 2 and "no such checkpoint" in res.output
+
+
+def test_evaluate_takes_the_same_model_specifier(tmp_path):
+    import timm
+    from safetensors.torch import save_file
+
+    import kpca_attention  # noqa: F401
+
+    torch.manual_seed(0)
+    m = timm.create_model("vit_mini_patch4_28", num_classes=10)
+    save_file(m.state_dict(), str(tmp_path / "w.safetensors"))
+    spec = f"vit_mini_patch4_28@{tmp_path / 'w.safetensors'}"
+    res = CliRunner().invoke(app, ["evaluate", spec, "--dataset", "fashion-mnist", "--split", "test",
+                                   "--subset", "64", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output[res.output.index("{"):])
+    assert out["n"] == 64 and 0.0 <= out["top1"] <= 1.0
+    res = CliRunner().invoke(app, ["evaluate", spec])
+    assert res.exit_code == 2 and "give --dataset" in res.output

@@ -68,7 +68,9 @@ def train_cmd(
 
 
 def evaluate_cmd(
-    checkpoint: Annotated[str, typer.Argument(help="Run directory or checkpoint directory.")],
+    checkpoint: Annotated[str, typer.Argument(help="Run or checkpoint directory of this project, or an image "
+                                              "classifier as a timm name with an optional weights file "
+                                              "(NAME@FILE; then give --dataset).")],
     dataset: Annotated[str | None, typer.Option(help="Dataset (default: the one trained on).")] = None,
     split: Annotated[str, typer.Option(help="train | val | test.")] = "val",
     data_root: Annotated[str | None, typer.Option(help="Dataset folder.")] = None,
@@ -82,12 +84,34 @@ def evaluate_cmd(
     json_out: Annotated[Path | None, typer.Option(
         "--json", help="Also write the metrics to this JSON file.")] = None,
 ) -> None:
-    """Top-1/top-5 accuracy (vision) or perplexity (language models) of a checkpoint."""
+    """Top-1/top-5 accuracy (vision) or perplexity (language models) of a checkpoint or model."""
     from ..io import write_text_atomic
+    from ..robustness.run import Checkpoint
     from ..train.evaluate import evaluate_checkpoint
 
-    res = evaluate_checkpoint(checkpoint, dataset=dataset, split=split, data_root=data_root, subset=subset,
-                              batch_size=batch_size, ema=ema, device=device, stride=stride)
+    ref = Checkpoint(checkpoint, "model", dataset=dataset, data_root=data_root)
+    is_name = "@" in checkpoint or ("/" not in checkpoint and not Path(checkpoint).exists())
+    if is_name and not dataset:
+        raise ValueError(f"{checkpoint} is a model name, not a run directory: give --dataset (and --data-root) "
+                         "to evaluate it")
+    if ref.is_project or not dataset:
+        res = evaluate_checkpoint(checkpoint, dataset=dataset, split=split, data_root=data_root, subset=subset,
+                                  batch_size=batch_size, ema=ema, device=device, stride=stride)
+    else:  # one model specifier: a timm classifier (with its weights file) on a dataset of this package
+        from torch.utils.data import DataLoader
+
+        from ..data.images import build_image_dataset
+        from ..train.distributed import resolve_device
+        from ..train.evaluate import evaluate_vision
+
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+        ref.device = str(resolve_device(device))
+        cfg = ref.config
+        data = build_image_dataset(dataset, split, root=data_root, img_size=cfg.img_size, subset=subset)
+        res = evaluate_vision(ref.load(), DataLoader(data, batch_size=batch_size or 256), ref.device,
+                              progress=True, desc="eval")
+        res = {"model": checkpoint, "dataset": dataset, "split": split, **res}
     text = json.dumps(res, indent=2)
     if json_out is not None:
         write_text_atomic(json_out, text + "\n")
