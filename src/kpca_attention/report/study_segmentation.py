@@ -1,0 +1,460 @@
+"""The report of a segmentation study (:class:`~kpca_attention.segmentation.suites.SegmentationSuites`):
+clean and corrupted mIoU / mean accuracy / pixel accuracy as mean ± std over seeds, paired differences
+against the baseline (paired t over seeds, bootstrap over test images), per corruption and per class,
+the PAP trace, plots. Written from the per-run results files alone (``kpca-attention report OUT``).
+
+Paired statistics on ratio metrics. mIoU is a ratio of sums over the images (not a mean of per-image
+scores), so the image-level bootstrap here resamples images and recomputes each metric from the summed
+per-image, per-class pixel counts the results store (:func:`bootstrap_metric_diff`); an image is a
+cluster that carries all its corrupted views and all seeds. :func:`kpca_attention.report.stats.seed_test`
+gives the t interval and p over seeds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..io import read_json, write_json_atomic, write_text_atomic
+from ..plotting import new_figure, save_figure
+from ..robustness.store import ResultStore
+from ..robustness.suites import structure_items
+from ..segmentation.suites import counts_of_item
+from .stats import N_BOOT, seed_test
+from .tables import markdown_table
+
+__all__ = ["write_segmentation_study_report", "load_segmentation_results", "segmentation_run_counts",
+           "metrics_from_count_sums", "bootstrap_metric_diff", "METRICS"]
+
+#: one study's results: ``{variant slug: {seed: results}}``
+Results = dict[str, dict[int, dict[str, Any]]]
+
+#: the metrics of a segmentation study, in table order
+METRICS: tuple[str, ...] = ("miou", "mean_accuracy", "pixel_accuracy")
+_TITLE = {"miou": "mIoU", "mean_accuracy": "mean acc.", "pixel_accuracy": "pixel acc."}
+
+
+# ----------------------------------------------------------------------------- reading
+
+def load_segmentation_results(out: str | os.PathLike) -> tuple[dict[str, Any], Results]:
+    """``(settings, {slug: {seed: results}})`` of a segmentation study folder: per run the ``run``
+    summary, ``clean``, ``corruptions`` ``{name: {severity: result}}`` (only the views the settings ask
+    for: a results file may hold items of an earlier evaluation) and ``trace`` when there is one."""
+    out = Path(out)
+    settings = read_json(out / "settings.json")
+    if not isinstance(settings, dict):
+        raise FileNotFoundError(f"no study in {out}: {out / 'settings.json'} is missing "
+                                "(run the study first)")
+    corr = settings["suites"].get("corruptions") or {}
+    want = {(c, str(s)) for c in corr.get("names", []) for s in corr.get("severities", [])}
+    res: Results = {}
+    for v in settings["variants"]:
+        for f in sorted((out / "results").glob(f"{v['slug']}-s*.json")):
+            seed_txt = f.stem[len(v["slug"]) + 2:]
+            if not seed_txt.isdigit():
+                continue
+            r = structure_items(ResultStore(f).items())
+            if "run" not in r or "clean" not in r:
+                continue
+            views = {c: {s: x for s, x in per.items() if (c, s) in want}
+                     for c, per in r.get("corruptions", {}).items()}
+            r["corruptions"] = {c: per for c, per in views.items() if per}
+            res.setdefault(v["slug"], {})[int(seed_txt)] = r
+    return settings, res
+
+
+# ----------------------------------------------------------------------------- counts and metrics
+
+def segmentation_run_counts(r: Mapping[str, Any]) -> dict[str, Any]:
+    """Per-image, per-class pixel counts of one run's results: ``{"clean": (m, 3, K), "views":
+    {(corruption, severity): (n, 3, K)}}`` (intersection, prediction, label; views in stored order)."""
+    clean = r["clean"]
+    views = {(c, int(s)): counts_of_item(x, clean)
+             for c, per in r.get("corruptions", {}).items() for s, x in per.items()}
+    return {"clean": counts_of_item(clean), "views": dict(sorted(views.items(), key=lambda kv: kv[0]))}
+
+
+def metrics_from_count_sums(sums: np.ndarray) -> dict[str, np.ndarray]:
+    """``miou``, ``mean_accuracy``, ``pixel_accuracy`` of summed counts ``(..., 3, K)`` (intersection,
+    prediction, label per class), over any leading axes at once, with mmseg's conventions exactly as
+    :func:`kpca_attention.segmentation.metrics.metrics_from_areas` (0/0 classes left out of the means;
+    NaN when nothing is left). Vectorised because the bootstrap evaluates it for thousands of resamples
+    of every run and view at once; the tests check it against ``metrics_from_areas``."""
+    s = np.asarray(sums, dtype=np.float64)
+    inter, pred, label = s[..., 0, :], s[..., 1, :], s[..., 2, :]
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: nanmean gives NaN, as wanted
+        iou = inter / (pred + label - inter)
+        acc = inter / label
+        return {"miou": np.nanmean(iou, axis=-1), "mean_accuracy": np.nanmean(acc, axis=-1),
+                "pixel_accuracy": inter.sum(-1) / label.sum(-1)}
+
+
+def _view_metrics(counts: np.ndarray) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics_from_count_sums(counts.sum(0)).items()}
+
+
+def run_segmentation_metrics(c: Mapping[str, Any]) -> dict[str, Any]:
+    """Dataset metrics of one run from its counts (:func:`segmentation_run_counts`): ``clean:<m>``,
+    ``clean@corrupt:<m>`` (clean, the corrupted images only), ``corrupted:<m>`` (mean over views),
+    ``drop:<m>`` (the difference of the two), and ``views`` / ``per_corruption`` / ``per_severity``."""
+    out: dict[str, Any] = {f"clean:{k}": v for k, v in _view_metrics(c["clean"]).items()}
+    views = {v: _view_metrics(x) for v, x in c["views"].items()}
+    if views:
+        n = next(iter(c["views"].values())).shape[0]
+        out.update({f"clean@corrupt:{k}": v for k, v in _view_metrics(c["clean"][:n]).items()})
+        for k in METRICS:
+            out[f"corrupted:{k}"] = float(np.mean([m[k] for m in views.values()]))
+            out[f"drop:{k}"] = out[f"clean@corrupt:{k}"] - out[f"corrupted:{k}"]
+        names = list(dict.fromkeys(v[0] for v in views))
+        sevs = sorted({v[1] for v in views})
+        out["per_corruption"] = {nm: {k: float(np.mean([m[k] for v, m in views.items() if v[0] == nm]))
+                                      for k in METRICS} for nm in names}
+        out["per_severity"] = {str(sv): {k: float(np.mean([m[k] for v, m in views.items() if v[1] == sv]))
+                                         for k in METRICS} for sv in sevs}
+    return out
+
+
+def bootstrap_metric_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray],
+                          rng: np.random.Generator | int = 0, n_boot: int = N_BOOT,
+                          level: float = 0.95) -> dict[str, tuple[float, float]]:
+    """Percentile bootstrap intervals over images of ``metric(a) - metric(b)`` for every metric of
+    :func:`metrics_from_count_sums`, in percentage points.
+
+    ``a`` and ``b`` are lists over paired seeds of per-image counts ``(views, n, 3, K)`` (one view: the
+    clean images). One resample draws ``n`` images with replacement - the same images for every seed and
+    view, so an image carries its views and seeds - recomputes each metric per seed and view from the
+    summed counts, averages over views and seeds, and takes the difference.
+    """
+    rng = np.random.default_rng(rng) if not isinstance(rng, np.random.Generator) else rng
+    if len(a) != len(b) or not a:
+        raise ValueError(f"need the same number (>= 1) of paired seeds, got {len(a)} and {len(b)}")
+    shape = a[0].shape
+    if any(x.shape != shape for x in (*a, *b)) or len(shape) != 4 or shape[2] != 3:
+        raise ValueError(f"paired counts must all have one shape (views, n, 3, K), got "
+                         f"{sorted({x.shape for x in (*a, *b)})}")
+    v, n = shape[0], shape[1]
+    idx = rng.integers(0, n, size=(n_boot, n))
+    weights = np.zeros((n_boot, n))
+    np.add.at(weights, (np.arange(n_boot)[:, None], idx), 1.0)
+
+    def mean_metrics(runs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        total = {k: np.zeros(n_boot) for k in METRICS}
+        for x in runs:  # one seed at a time: (n_boot, views, 3, K) sums
+            flat = np.moveaxis(x, 1, 0).reshape(n, -1).astype(np.float64)
+            sums = (weights @ flat).reshape(n_boot, v, 3, -1)
+            for k, val in metrics_from_count_sums(sums).items():
+                total[k] += val.mean(axis=1)
+        return {k: t / len(runs) for k, t in total.items()}
+
+    ma, mb = mean_metrics(a), mean_metrics(b)
+    q = [100 * (1 - level) / 2, 100 * (1 + level) / 2]
+    out = {}
+    for k in METRICS:
+        d = 100 * (ma[k] - mb[k])
+        d = d[np.isfinite(d)]
+        lo, hi = np.percentile(d, q) if d.size else (math.nan, math.nan)
+        out[k] = (float(lo), float(hi))
+    return out
+
+
+# ----------------------------------------------------------------------------- formatting
+
+def _pm(values: Sequence[float | None], digits: int = 1, scale: float = 100) -> str:
+    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return "-"
+    mean = scale * float(np.mean(vals))
+    if len(vals) == 1:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {scale * float(np.std(vals, ddof=1)):.{digits}f}"
+
+
+def _p(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return f"{p:.2g}" if p >= 1e-4 else "<1e-4"
+
+
+def _num(x: Any, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x))):
+        return "-" if x is None or math.isnan(x) else "inf"
+    return f"{x:.{digits}g}"
+
+
+def _paired_cell(ps: Mapping[str, Any]) -> str:
+    cell = f"{ps['seed_mean']:+.2f}"
+    if ps.get("seed_ci") is not None:
+        cell += f" ({ps['seed_ci'][0]:+.2f}, {ps['seed_ci'][1]:+.2f}) t p {_p(ps['seed_p'])}"
+    lo, hi = ps["boot_ci"]
+    return cell + f" [{lo:+.2f}, {hi:+.2f}]"
+
+
+# ----------------------------------------------------------------------------- the report
+
+def _paired(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]], ca: dict[int, dict[str, Any]],
+            cb: dict[int, dict[str, Any]], rng: np.random.Generator) -> dict[str, dict[str, Any]]:
+    """Paired statistics of runs ``a`` against ``b`` (their metrics and counts, by seed) on the seeds
+    both have: per metric key (``clean:miou``, ``corrupted:miou``, ...) the per-seed differences, the
+    seed t-test and the image bootstrap interval."""
+    seeds = sorted(set(a) & set(b))
+    out: dict[str, dict[str, Any]] = {}
+    groups = {"clean": ([ca[s]["clean"][None] for s in seeds], [cb[s]["clean"][None] for s in seeds])}
+    if all(ca[s]["views"] for s in seeds) and all(cb[s]["views"] for s in seeds) \
+            and all(list(ca[s]["views"]) == list(cb[s]["views"]) for s in seeds):
+        groups["corrupted"] = ([np.stack(list(ca[s]["views"].values())) for s in seeds],
+                               [np.stack(list(cb[s]["views"].values())) for s in seeds])
+    for g, (xa, xb) in groups.items():
+        boot = bootstrap_metric_diff(xa, xb, rng)
+        for k in METRICS:
+            diffs = [100 * (a[s][f"{g}:{k}"] - b[s][f"{g}:{k}"]) for s in seeds]
+            out[f"{g}:{k}"] = {"seeds": seeds, "diffs": diffs,
+                               **{f"seed_{q}": v for q, v in seed_test(diffs).items()},
+                               "boot_ci": list(boot[k])}
+    return out
+
+
+def write_segmentation_study_report(out: str | os.PathLike) -> Path:
+    """Write ``report.md``, ``summary.json`` and the plots of a segmentation study folder; returns the
+    report's path."""
+    out = Path(out)
+    settings, res = load_segmentation_results(out)
+    if not res:
+        raise FileNotFoundError(f"no finished runs under {out / 'results'}: run the study first")
+    variants = {v["slug"]: v for v in settings["variants"]}
+    slugs = [s for s in variants if s in res]
+    label = {s: variants[s]["label"] for s in slugs}
+    base = settings["baseline"]
+    counts = {s: {sd: segmentation_run_counts(r) for sd, r in res[s].items()} for s in slugs}
+    met = {s: {sd: run_segmentation_metrics(c) for sd, c in counts[s].items()} for s in slugs}
+    has_corr = any("corrupted:miou" in m for per in met.values() for m in per.values())
+    groups = ["clean"] + (["corrupted"] if has_corr else [])
+    keys = [f"{g}:{k}" for g in groups for k in METRICS]
+    rng = np.random.default_rng(0)
+    summary: dict[str, Any] = {"study": settings["name"], "baseline": base, "metrics": met, "means": {},
+                               "paired": {}}
+
+    suites = settings["suites"]
+    corr = suites.get("corruptions")
+    recipe = ", ".join(f"{k}={v}" for k, v in settings["recipe"].items())
+    any_run = next(iter(next(iter(res.values())).values()))
+    n_clean = any_run["clean"]["n"]
+    lines = [f"# {settings['title']}", ""]
+    if settings.get("description"):
+        lines += [settings["description"], ""]
+    lines += [
+        f"Training: preset `{settings['preset']}` with {recipe}; seeds {settings['seeds']}; every variant of "
+        "one seed starts from the same weights and sees the same batches (differences are paired). "
+        f"Parameters: {any_run['run']['params'] / 1e6:.3f} M ({label[slugs[0]]}).",
+        f"Evaluation: clean on {n_clean} fixed test images"
+        + (f"; {len(corr['names'])} corruptions x severities {corr['severities']} on the first {corr['n']} "
+           "of them (imagecorruptions, seeded per image, labels unchanged)" if corr else "")
+        + "; mmseg's conventions (mIoU and mean accuracy average the classes present; pixel accuracy is "
+          "mmseg's aAcc)"
+        + (f"; PAP trace of the RPC models on {settings['trace']} test images" if settings.get("trace")
+           else "")
+        + ".",
+    ]
+    if settings.get("command"):
+        lines += ["", f"Regenerate: `{settings['command']}` (finished runs are reused; "
+                  f"`kpca-attention report {out}` rewrites this report from the results)."]
+    lines.append("")
+
+    # --- table 1: metrics ---------------------------------------------------------------------
+    rows = []
+    for s in slugs:
+        seeds = sorted(met[s])
+        row: dict[str, Any] = {"variant": label[s], "seeds": ",".join(map(str, seeds))}
+        for k in keys:
+            row[k] = _pm([met[s][sd].get(k) for sd in seeds])
+        row["img/s"] = _pm([res[s][sd]["run"]["images_per_s"] for sd in seeds], digits=0, scale=1)
+        row["train min"] = _pm([res[s][sd]["run"]["train_time_s"] / 60 for sd in seeds], scale=1)
+        summary["means"][s] = {k: float(np.mean([met[s][sd][k] for sd in seeds])) for k in keys}
+        rows.append(row)
+    cols = {"variant": "variant", "seeds": "seeds",
+            **{k: f"{k.split(':')[0]} {_TITLE[k.split(':')[1]]}" for k in keys},
+            "img/s": "train img/s", "train min": "train min"}
+    lines += ["## Clean and corrupted segmentation (%, mean ± std over seeds)", "",
+              markdown_table(rows, cols), "",
+              "Corrupted: the mean over every (corruption, severity) view, as the paper's Table 6. "
+              "Throughput: the training loop's own images/s (one thread per run; it follows the machine's "
+              "load).", ""]
+
+    # --- table 2: paired differences ----------------------------------------------------------
+    if base in res and len(slugs) > 1:
+        lines += [f"## Paired differences against {label[base]} (percentage points)", "",
+                  "Per metric: mean difference over seeds (variant - baseline, same seed) with its 95% t "
+                  "interval and paired t-test p when there are >= 2 seeds; [bootstrap 95% interval over test "
+                  f"images ({N_BOOT} resamples; an image carries all its corrupted views and all seeds; each "
+                  "metric recomputed from the resampled pixel counts)]. The first row is the baseline "
+                  "against itself across seeds: the size of training noise.", ""]
+        prow = []
+        bseeds = sorted(res[base])
+        if len(bseeds) >= 2:
+            s0, s1 = bseeds[0], bseeds[1]
+            noise = _paired({0: met[base][s1]}, {0: met[base][s0]}, {0: counts[base][s1]},
+                            {0: counts[base][s0]}, rng)
+            summary["seed_noise"] = noise
+            prow.append({"variant": f"{label[base]} s{s1} - s{s0}",
+                         **{k: _paired_cell(ps) for k, ps in noise.items()}})
+        for s in slugs:
+            if s == base or not set(met[s]) & set(met[base]):
+                continue
+            ps_all = _paired(met[s], met[base], counts[s], counts[base], rng)
+            summary["paired"][s] = ps_all
+            prow.append({"variant": label[s], **{k: _paired_cell(ps) for k, ps in ps_all.items()}})
+        lines += [markdown_table(prow, {"variant": "variant", **{k: cols[k] for k in keys}}), ""]
+
+    # --- drops ----------------------------------------------------------------------------------
+    if has_corr:
+        drows = []
+        for s in slugs:
+            r2: dict[str, Any] = {"variant": label[s]}
+            for k in METRICS:
+                cell = _pm([met[s][sd][f"drop:{k}"] for sd in sorted(met[s])])
+                if s != base and base in met:
+                    d = [100 * (met[s][sd][f"drop:{k}"] - met[base][sd][f"drop:{k}"])
+                         for sd in met[s] if sd in met[base]]
+                    if d:
+                        cell += f" [{np.mean(d):+.2f}]"
+                r2[k] = cell
+            drows.append(r2)
+        lines += ["## Robustness as the drop from clean on the same images (percentage points)", "",
+                  "Clean metric of the corrupted images minus the mean corrupted metric: lower is more "
+                  "robust, separating robustness from clean quality. In brackets the mean paired difference "
+                  "against "
+                  f"{label[base]}.", "",
+                  markdown_table(drows, {"variant": "variant", **{k: _TITLE[k] for k in METRICS}}), ""]
+
+        # --- per corruption -----------------------------------------------------------------
+        names = list(dict.fromkeys(c for per in met.values() for m in per.values()
+                                   for c in m.get("per_corruption", {})))
+        crow = []
+        for s in slugs:
+            r3: dict[str, Any] = {"variant": label[s]}
+            for c in names:
+                vals = [m["per_corruption"][c]["miou"] for m in met[s].values()
+                        if c in m.get("per_corruption", {})]
+                r3[c] = f"{100 * np.mean(vals):.1f}" if vals else "-"
+            crow.append(r3)
+        for s in slugs:
+            if s == base or base not in met:
+                continue
+            r4: dict[str, Any] = {"variant": f"{label[s]} - {label[base]}"}
+            for c in names:
+                d = [100 * (met[s][sd]["per_corruption"][c]["miou"]
+                            - met[base][sd]["per_corruption"][c]["miou"])
+                     for sd in met[s] if sd in met[base] and c in met[s][sd].get("per_corruption", {})
+                     and c in met[base][sd].get("per_corruption", {})]
+                r4[c] = f"{np.mean(d):+.2f}" if d else "-"
+            crow.append(r4)
+        lines += ["## mIoU per corruption (%, mean over severities and seeds)", "",
+                  markdown_table(crow, {"variant": "variant", **{c: c for c in names}}), ""]
+
+    # --- per class ------------------------------------------------------------------------------
+    class_names = any_run["clean"].get("class_names")
+    k_cls = len(any_run["clean"]["iou"])
+    class_names = class_names or [str(i) for i in range(k_cls)]
+    if k_cls <= 30:
+        krows = []
+        for s in slugs:
+            ious = np.array([[np.nan if x is None else x for x in r["clean"]["iou"]]
+                             for r in res[s].values()], dtype=np.float64)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean_iou = np.nanmean(ious, axis=0)
+            krows.append({"variant": label[s], **{c: "-" if math.isnan(v) else f"{100 * v:.1f}"
+                                                  for c, v in zip(class_names, mean_iou, strict=True)}})
+        lines += ["## Clean IoU per class (%, mean over seeds)", "",
+                  markdown_table(krows, {"variant": "variant", **{c: c for c in class_names}}), ""]
+
+    # --- PAP trace ------------------------------------------------------------------------------
+    trows = []
+    for s in slugs:
+        for sd, r in sorted(res[s].items()):
+            tr = r.get("trace")
+            if not tr:
+                continue
+            for name, layer in tr["layers"].items():
+                q = layer["quantities"]
+                trows.append({
+                    "variant": label[s], "seed": str(sd), "layer": name.removeprefix("model."),
+                    "S active": "yes" if layer["s_active"] else "no",
+                    "max s_density": _num(layer["s_density_max"]),
+                    "s_density per iteration": ", ".join(_num(x, 2) for x in q["s_density"]["mean"]),
+                    "tau / max abs K (it 1)": _num(layer["tau_over_kmax"]["mean"][0]),
+                    "l_change (last)": _num(q["l_change"]["mean"][-1]),
+                })
+    if trows:
+        summary["trace"] = trows
+        lines += ["## PAP trace of the RPC layers on test images", "",
+                  "Is the sparse component S of Principal Attention Pursuit ever non-zero? tau / max|K| "
+                  "above 1 means the first step shrinks nothing; s_density is the fraction of non-zero "
+                  "entries of S.",
+                  "", markdown_table(trows, list(trows[0])), ""]
+
+    plots = _plots(out, slugs, label, res, met)
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})\n" for p in plots]
+    lines += ["Per-run results with per-image pixel counts: `results/<variant>-s<seed>.json` "
+              "(`kpca_attention.segmentation.suites.counts_of_item` decodes them); paired statistics: "
+              "`summary.json`.", ""]
+    write_json_atomic(out / "summary.json", summary)
+    return write_text_atomic(out / "report.md", "\n".join(lines))
+
+
+def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, dict[int, dict[str, Any]]],
+           met: dict[str, dict[int, dict[str, Any]]]) -> list[Path]:
+    paths = []
+    keys = [k for k in ("clean:miou", "corrupted:miou", "clean:mean_accuracy", "corrupted:mean_accuracy")
+            if any(k in m for per in met.values() for m in per.values())]
+    fig, axes = new_figure(1, len(keys), figsize=(3.0 * len(keys) + 1, 4.2), squeeze=False)
+    for ax, k in zip(axes[0], keys, strict=True):
+        for i, s in enumerate(slugs):
+            vals = [100 * met[s][sd][k] for sd in sorted(met[s]) if k in met[s][sd]]
+            if vals:
+                ax.bar(i, np.mean(vals), color=f"C{i}", alpha=0.6)
+                ax.scatter([i] * len(vals), vals, color="k", s=10, zorder=3)
+        ax.set_xticks(range(len(slugs)), [label[s] for s in slugs], rotation=30, ha="right", fontsize=7)
+        g, m = k.split(":")
+        ax.set_title(f"{g} {_TITLE[m]}", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("% (bars: mean, dots: seeds)")
+    paths.append(save_figure(fig, out / "metrics.png"))
+
+    if any("per_severity" in m for per in met.values() for m in per.values()):
+        fig, ax = new_figure(figsize=(6, 4))
+        for i, s in enumerate(slugs):
+            sevs = sorted({int(v) for m in met[s].values() for v in m.get("per_severity", {})})
+            ys = [np.mean([100 * m["per_severity"][str(v)]["miou"] for m in met[s].values()]) for v in sevs]
+            clean = np.mean([100 * m["clean@corrupt:miou"] for m in met[s].values()])
+            ax.plot([0, *sevs], [clean, *ys], "o-", color=f"C{i}", label=label[s])
+        ax.set_xlabel("severity (0 = clean, same images)")
+        ax.set_ylabel("mIoU (%), mean over corruptions and seeds")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        paths.append(save_figure(fig, out / "severity.png"))
+
+    fig, ax = new_figure(figsize=(6, 4))
+    drawn = False
+    for i, s in enumerate(slugs):
+        for j, (_sd, r) in enumerate(sorted(res[s].items())):
+            ep = [e for e in r["run"].get("epochs", []) if "eval_miou" in e]
+            if ep:
+                ax.plot([e["epoch"] + 1 for e in ep], [100 * e["eval_miou"] for e in ep], "o-", color=f"C{i}",
+                        alpha=0.7, label=label[s] if j == 0 else None)
+                drawn = True
+    if drawn:
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("held-out mIoU during training (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        paths.append(save_figure(fig, out / "training_curves.png"))
+    return paths
+
