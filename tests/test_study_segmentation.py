@@ -150,7 +150,7 @@ def test_counts_round_trip_and_errors() -> None:
     with pytest.raises(ValueError, match="non-negative integers"):
         encode_counts(np.array([0.5]))
     with pytest.raises(ValueError, match="not an encoded counts array"):
-        decode_counts({"shape": [2], "dtype": "uint8", "zlib_base64": "nonsense"})
+        decode_counts({"shape": [2], "dtype": "uint8", "xz_base85": "nonsense"})
     with pytest.raises(ValueError, match="pass the clean item"):
         counts_of_item({"counts": encode_counts(np.zeros((2, 2, 3), dtype=np.int64))})
 
