@@ -89,7 +89,10 @@ def measure(label: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
     compile_s = time.perf_counter() - t0
     model.eval()
     with torch.no_grad():
-        diff = (compiled(x) - model(x)).abs().max().item()
+        got, expected = compiled(x), model(x)
+        if isinstance(got, tuple):  # the language model returns (logits, loss)
+            got, expected = got[0], expected[0]
+        diff = (got - expected).abs().max().item()
     print(f"{label}: {n_params / 1e6:.2f} M parameters, input {tuple(x.shape)}; graph breaks {breaks}; "
           f"compile {compile_s:.0f} s (first eval + train call); max |compiled - eager| {diff:.2e}")
 
