@@ -167,6 +167,9 @@ def write_study_report(out: str | os.PathLike) -> Path:
     kind = (settings or {}).get("suites", {}).get("kind", "image") if isinstance(settings, dict) else "image"
     if kind == "image":
         return write_image_study_report(out)
+    if kind == "lm":
+        from .study_lm import write_lm_study_report
+        return write_lm_study_report(out)
     if kind == "segmentation":
         from .study_segmentation import write_segmentation_study_report
         return write_segmentation_study_report(out)

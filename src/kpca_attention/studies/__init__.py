@@ -14,6 +14,7 @@ from typing import Any
 from .ablations import ablation_study
 from .demo import demo_study, quick_demo_study
 from .engine import run_one, run_study
+from .language import language_study
 from .segmentation import segmentation_study
 from .spec import Check, Study, Variant
 from .vision import vision_study
@@ -27,6 +28,7 @@ STUDIES: dict[str, Callable[..., Study]] = {
     "ablations": ablation_study,
     "vision": vision_study,
 }
+STUDIES["language"] = language_study
 STUDIES["segmentation"] = segmentation_study
 
 

@@ -104,9 +104,11 @@ def _training_summary(run_dir: Path, model: nn.Module) -> dict[str, Any]:
 
     rows = read_csv(run_dir / "epochs.csv")
     t = sum(r["epoch_time_s"] for r in rows)
-    images = sum(r.get("images_per_s", 0.0) * r["epoch_time_s"] for r in rows)
+    # images/s for image models; language models log tokens/s
+    unit = "images_per_s" if any("images_per_s" in r for r in rows) else "tokens_per_s"
+    done = sum(r.get(unit, 0.0) * r["epoch_time_s"] for r in rows)
     return {
-        "train_time_s": t, "images_per_s": images / max(t, 1e-9), "steps": rows[-1]["step"],
+        "train_time_s": t, unit: done / max(t, 1e-9), "steps": rows[-1]["step"],
         "final_train_loss": rows[-1]["train_loss"],
         "epochs": [{k: v for k, v in r.items() if isinstance(v, (int, float))} for r in rows],
         "params": sum(p.numel() for p in model.parameters()),
