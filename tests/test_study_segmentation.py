@@ -213,7 +213,7 @@ def test_registered_study_settings() -> None:
     rpc = s.variant("rpc_symvit")
     assert rpc.kwargs == {"decoder": "linear", "rpc_iters": 4, "rpc_lambda": 4.0, "rpc_layers": "first"}
     cfg = s.train_config(rpc, 0, "runs/x")
-    assert cfg.task == "segmentation" and cfg.train_subset is None and cfg.epochs == 3
+    assert cfg.task == "segmentation" and cfg.train_subset is None and cfg.epochs == 4
     assert cfg.model_kwargs["decoder"] == "linear"
     assert len(s.suites.corruptions.names) == 15 and s.suites.corruptions.severities == (1, 2, 3, 4, 5)
     assert s.suites.corruptions.n <= s.suites.clean

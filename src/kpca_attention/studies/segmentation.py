@@ -4,19 +4,17 @@ setting), on the embedded Fashion-MNIST scenes, over three seeds; clean and corr
 accuracy and pixel accuracy with per-image pixel counts, paired statistics in the report.
 
 Budget. The ``fmnist-seg-cpu`` preset (Segmenter-mini, linear decoder, 32-px scenes, AdamW 3e-3,
-cosine) trained for 3 epochs over all 60,000 training scenes (180k scenes, 2,814 steps of 64): its
-2-epoch, 30k-scene run reached mIoU 0.258 and was still rising (0.218 after the first 30k scenes).
-On one thread of this project's 2-core Xeon, loaded by other work, SymViT-mini trained at about 100
-scenes/s and RPC-SymViT-mini at 0.69 of that (docs/segmentation.md, docs/benchmarks.md), so the six runs
-take about 3 x (30 + 43) min = 3.7 h of one core, about 1.9 h of wall time with ``--jobs 2`` (less on an
-idle machine), plus about 2-3 min of evaluation per run. Four epochs would take about 2.5 h under the
-same load.
+cosine) trained for 4 epochs over all 60,000 training scenes (240k scenes, 3,748 steps of 64): the
+preset's own 2 x 30k-scene run reached mIoU 0.258 and was still rising, a 1 x 30k-scene pilot of this
+study 0.20. Measured in that pilot on one thread of this project's 2-core Xeon under load average 8:
+SymViT-mini trained at 137 scenes/s, RPC-SymViT-mini at 111 (0.80), and the evaluation below took 3-6
+min per run. The six runs thus take about 3 x (29 + 36 + 10) min = 3.8 h of one core, about 1.9 h of
+wall time with ``--jobs 2`` (3 epochs: about 1.5 h).
 
-Evaluation (:class:`~kpca_attention.segmentation.suites.SegmentationSuites`): clean on 2,000 test
-scenes; the 15 ImageNet-C corruptions at severities 1-5 on the first 500 of them (the paper's 15
-corruptions; corrupting a 32-px scene takes about 2 ms, so the 75 views cost about 75 s of corruption
-and 40-60 s of inference per run on one thread). Per run the stored per-image counts take about
-0.3 MB, the study's results stay under 5 MB.
+Evaluation (:class:`~kpca_attention.segmentation.suites.SegmentationSuites`): clean on 2,000 fixed test
+scenes; the paper's 15 ImageNet-C corruptions at severities 1-5 on the first 500 of them (corrupting a
+32-px scene takes about 2 ms, glass blur and frost up to 14 and 6 ms). The per-image pixel counts take
+about 0.63 MB per run (pilot), so the study's committed results stay under 5 MB.
 """
 
 from __future__ import annotations
@@ -42,12 +40,12 @@ SEGMENTATION_VARIANTS = (
             "linear decoder"),
 )
 
-#: fmnist-seg-cpu for 3 epochs over all 60k training scenes (module docstring)
-SEGMENTATION_RECIPE = {"epochs": 3, "train_subset": None, "eval_subset": 1000, "warmup_epochs": 0.1,
+#: fmnist-seg-cpu for 4 epochs over all 60k training scenes (module docstring)
+SEGMENTATION_RECIPE = {"epochs": 4, "train_subset": None, "eval_subset": 1000, "warmup_epochs": 0.1,
                        "log_every_steps": 20, "checkpoint_every_steps": 200}
 
 
-def segmentation_study(*, seeds: tuple[int, ...] = (0, 1, 2), epochs: int = 3, clean_images: int = 2000,
+def segmentation_study(*, seeds: tuple[int, ...] = (0, 1, 2), epochs: int = 4, clean_images: int = 2000,
                        corrupt_images: int = 500) -> Study:
     """Segmenter-SymViT vs Segmenter-RPC-SymViT on the Fashion-MNIST scenes (paper Table 6 in shape)."""
     return Study(
