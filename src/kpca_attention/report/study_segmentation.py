@@ -74,10 +74,10 @@ def load_segmentation_results(out: str | os.PathLike) -> tuple[dict[str, Any], R
 def segmentation_run_counts(r: Mapping[str, Any]) -> dict[str, Any]:
     """Per-image, per-class pixel counts of one run's results: ``{"clean": (m, 3, K), "views":
     {(corruption, severity): (n, 3, K)}}`` (intersection, prediction, label; views in stored order)."""
-    clean = r["clean"]
+    clean = counts_of_item(r["clean"])
     views = {(c, int(s)): counts_of_item(x, clean)
              for c, per in r.get("corruptions", {}).items() for s, x in per.items()}
-    return {"clean": counts_of_item(clean), "views": dict(sorted(views.items(), key=lambda kv: kv[0]))}
+    return {"clean": clean, "views": dict(sorted(views.items(), key=lambda kv: kv[0]))}
 
 
 def metrics_from_count_sums(sums: np.ndarray) -> dict[str, np.ndarray]:

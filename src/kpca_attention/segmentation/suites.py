@@ -44,6 +44,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from ..robustness.common import model_device
 from ..robustness.store import ResultStore
 from ..robustness.suites import Corruptions, fixed_subset
 from .corruptions import CorruptedSegmentation, segmentation_items
@@ -163,9 +164,11 @@ def records_to_counts(records: Sequence[Mapping[str, Sequence[int]]], num_classe
     return out
 
 
-def counts_of_item(result: Mapping[str, Any], clean: Mapping[str, Any] | None = None) -> np.ndarray:
+def counts_of_item(result: Mapping[str, Any],
+                   clean: Mapping[str, Any] | np.ndarray | None = None) -> np.ndarray:
     """The ``(n, 3, K)`` intersection / prediction / label counts of a stored item: a clean item's own, or
-    a corrupted view's ``(n, 2, K)`` with the label counts of the first ``n`` images of ``clean``."""
+    a corrupted view's ``(n, 2, K)`` with the label counts of the first ``n`` images of ``clean`` (the
+    clean item, or its counts already decoded: decoding is the slow part when reading many views)."""
     counts = decode_counts(result["counts"])
     if counts.ndim != 3 or counts.shape[1] not in (2, 3):
         raise ValueError(f"counts of shape {counts.shape}: expected (n, 3, K) or (n, 2, K)")
@@ -173,7 +176,7 @@ def counts_of_item(result: Mapping[str, Any], clean: Mapping[str, Any] | None = 
         return counts
     if clean is None:
         raise ValueError("a corrupted view stores no label counts: pass the clean item (its first n images)")
-    base = decode_counts(clean["counts"])
+    base = clean if isinstance(clean, np.ndarray) else decode_counts(clean["counts"])
     n, k = counts.shape[0], counts.shape[2]
     if base.shape[0] < n or base.shape[2] != k:
         raise ValueError(f"clean counts {base.shape} do not cover a view of {n} images and {k} classes")
@@ -188,11 +191,6 @@ def evaluation_order(n_total: int, data_seed: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- evaluation
-
-def _model_device(model: nn.Module) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
-
 
 def evaluate_segmentation_suites(
     model: nn.Module | Callable[[], nn.Module],
@@ -243,7 +241,7 @@ def evaluate_segmentation_suites(
     def measure(data: Dataset, n: int, clean: bool) -> dict[str, Any]:
         m = net()
         records = segmentation_items(m, data, num_classes, indices=order[:n], batch_size=suites.batch_size,
-                                     device=_model_device(m))
+                                     device=model_device(m))
         counts = records_to_counts(records, num_classes)
         sums = counts.sum(axis=0)
         metrics = metrics_from_areas(sums[0], sums[1], sums[2], class_names if clean else None)
