@@ -182,6 +182,25 @@ def test_quick_study_numbers_are_the_library_perplexities(quick) -> None:
     assert study.suites.tokens == 300
 
 
+def test_word_swap_reaches_exactly_the_windows_that_hold_it(quick) -> None:
+    """Per-token bookkeeping: entry t - 1 predicts token t from tokens max(0, t - context) .. t - 1, so
+    the attacked and clean NLL differ only where a swapped position lies in [t - context, t]."""
+    out, _ = quick
+    _, res = load_lm_results(out)
+    context = quick_language_study().train_config(quick_language_study().variants[0], 0, "x").context
+    for slug, per in res.items():
+        for split in ("valid", "test"):
+            r = per[0]
+            diff = decode_f16(r[f"wordswap/{split}"]["nll_f16"]) - decode_f16(r[f"ppl/{split}"]["nll_f16"])
+            t = np.arange(1, diff.size + 1)
+            reach = np.zeros(diff.size, dtype=bool)
+            for p in r[f"wordswap/{split}"]["swapped"]:
+                reach |= (t >= p) & (t - context <= p)
+            assert r[f"wordswap/{split}"]["swapped"], "the slice should hold a swapped word"
+            assert np.all(diff[~reach] == 0), slug
+            assert np.any(diff[reach] != 0), slug
+
+
 def test_quick_study_is_reused(quick, capsys) -> None:
     out, _ = quick
     before = {f.name: f.read_bytes() for f in (out / "results").glob("*.json")}
