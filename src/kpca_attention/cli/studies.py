@@ -76,7 +76,7 @@ def demo_cmd(
 
 
 def study_cmd(
-    name: Annotated[str, typer.Argument(help="Study to run: demo | ablations | vision.")],
+    name: Annotated[str, typer.Argument(help="Study to run: demo | ablations | vision | language | segmentation (kpca_attention.studies.STUDIES).")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (default results/NAME).")] = None,
     runs: Annotated[Path | None, typer.Option(
         help="Folder for training runs and caches (default runs/studies/NAME).")] = None,

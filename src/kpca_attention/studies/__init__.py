@@ -3,7 +3,8 @@
 :mod:`kpca_attention.robustness.suites` with per-example results, write the report through
 :mod:`kpca_attention.report.study`.
 
-Registered studies (``kpca-attention study NAME``): ``demo``, ``ablations``, ``vision``.
+Registered studies (``kpca-attention study NAME``): ``demo``, ``ablations``, ``vision``, ``language``,
+``segmentation``.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ STUDIES: dict[str, Callable[..., Study]] = {
     "demo": demo_study,
     "ablations": ablation_study,
     "vision": vision_study,
+    "language": language_study,
+    "segmentation": segmentation_study,
 }
-STUDIES["language"] = language_study
-STUDIES["segmentation"] = segmentation_study
 
 
 def get_study(name: str, **options: Any) -> Study:
