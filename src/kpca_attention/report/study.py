@@ -148,13 +148,18 @@ def _num(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
-def _metric_title(k: str) -> str:
+def _metric_title(k: str, norms: Mapping[str, str] | None = None) -> str:
+    """Column title of a metric key; ``norms``: attack name -> "Linf" | "L2" | "L1"."""
     if k == "clean":
         return "clean"
     if k == "corrupted":
         return "corrupted"
     a, e = k.split("@")
-    return f"{a.upper() if '-' not in a else a} {e}/255"
+    name = a.upper() if "-" not in a else a
+    norm = (norms or {}).get(a, "Linf")
+    if norm != "Linf":  # budgets are named in units of 1/255 (eps_label); L2 / L1 budgets read as they are
+        return f"{name} {norm} {float(e) / 255:.3g}"
+    return f"{name} {e}/255"
 
 
 # ----------------------------------------------------------------------------- the report
@@ -180,6 +185,12 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
     """The report of a study of image classifiers (:class:`~kpca_attention.robustness.suites.ImageSuites`)."""
     out = Path(out)
     settings, res = load_study_results(out)
+    from ..robustness.attacks import NORMS
+
+    norms = {_attack_name(a): NORMS.get(a["method"], "Linf") for a in settings["suites"].get("attacks", [])}
+
+    def title(k: str) -> str:
+        return _metric_title(k, norms)
     if not res:
         raise FileNotFoundError(f"no finished runs under {out / 'results'}: run the study first")
     variants = {v["slug"]: v for v in settings["variants"]}
@@ -241,7 +252,7 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
         summary["means"][s] = {k: float(np.mean([met[s][sd][k] for sd in seeds if k in met[s][sd]]))
                                for k in keys if any(k in met[s][sd] for sd in seeds)}
         rows.append(row)
-    cols = {"variant": "variant", "seeds": "seeds", **{k: _metric_title(k) for k in keys}}
+    cols = {"variant": "variant", "seeds": "seeds", **{k: title(k) for k in keys}}
     if any("mCE" in r for r in rows):
         cols.update({"mCE": f"mCE vs {label[base]}", "rel. mCE": "rel. mCE"})
     cols.update({"img/s": "train img/s", "train min": "train min"})
@@ -292,7 +303,7 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
                     cell += f" McN p {_p(ps['mcnemar_p'])}"
                 r1[k] = cell
             prow.append(r1)
-        lines += [markdown_table(prow, {"variant": "variant", **{k: _metric_title(k) for k in keys}}), ""]
+        lines += [markdown_table(prow, {"variant": "variant", **{k: title(k) for k in keys}}), ""]
 
     # --- drops from clean ---------------------------------------------------------------------
     drop_keys = [k for k in keys if k != "clean"]
@@ -316,7 +327,7 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
                         cell += f" [{np.mean(d):+.1f}]"
                 r2[k] = cell
             drows.append(r2)
-        dcols = {"variant": "variant", **{k: _metric_title(k) for k in drop_keys}}
+        dcols = {"variant": "variant", **{k: title(k) for k in drop_keys}}
         lines += [markdown_table(drows, dcols), ""]
 
     # --- per corruption -----------------------------------------------------------------------
@@ -380,7 +391,7 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
         summary.setdefault("checks", {})[f.stem] = result
 
     # --- plots -----------------------------------------------------------------------------------
-    plots = _plots(out, slugs, label, res, met, keys, base)
+    plots = _plots(out, slugs, label, res, met, keys, base, title)
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})\n" for p in plots]
     lines += ["Per-run results with per-example correctness: `results/<variant>-s<seed>.json`; paired "
@@ -390,7 +401,8 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
 
 
 def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, dict[int, dict[str, Any]]],
-           met: dict[str, dict[int, dict[str, float]]], keys: list[str], base: str) -> list[Path]:
+           met: dict[str, dict[int, dict[str, float]]], keys: list[str], base: str,
+           title: Any = _metric_title) -> list[Path]:
     paths = []
     fig, axes = new_figure(1, len(keys), figsize=(max(4.0, 3.0 * len(keys)), 4.4), squeeze=False)
     for ax, k in zip(axes[0], keys, strict=True):
@@ -400,7 +412,7 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
                 ax.bar(i, np.mean(vals), color=f"C{i}", alpha=0.6)
                 ax.scatter([i] * len(vals), vals, color="k", s=10, zorder=3)
         ax.set_xticks(range(len(slugs)), [label[s] for s in slugs], rotation=60, ha="right", fontsize=7)
-        ax.set_title(_metric_title(k), fontsize=9)
+        ax.set_title(title(k), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
         lo = min((100 * met[s][sd][k] for s in slugs for sd in met[s] if k in met[s][sd]), default=0)
         ax.set_ylim(max(0, lo - 10), None)
@@ -438,7 +450,7 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
                 clean = np.mean([100 * met[s][sd]["clean@attack"] for sd in met[s]])
                 ax.plot([0, *eps], [clean, *ys], "o-", color=f"C{i}", label=label[s])
             ax.set_title(a)
-            ax.set_xlabel("eps (x 1/255, Linf)")
+            ax.set_xlabel("budget in units of 1/255")
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("top-1 (%), mean over seeds")
         axes[0][0].legend(fontsize=7)
