@@ -7,7 +7,6 @@ checkpoints, e.g. from results committed to a repository.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,9 +16,10 @@ import numpy as np
 
 from ..io import read_json, write_json_atomic, write_text_atomic
 from ..plotting import new_figure, save_figure
-from ..robustness.store import ResultStore, decode_bits
-from ..robustness.suites import eps_label, structure_items
+from ..robustness.store import decode_bits
+from ..robustness.suites import eps_label
 from .stats import paired_summary
+from .study_common import fmt_num, fmt_p, fmt_pm, load_runs, read_settings, trace_section
 from .tables import markdown_table
 
 __all__ = ["load_study_results", "run_metrics", "write_study_report", "write_image_study_report"]
@@ -32,32 +32,22 @@ FULL_SEVERITIES = (1, 2, 3, 4, 5)
 def load_study_results(out: str | os.PathLike) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, Any]]]]:
     """``(settings, {slug: {seed: results}})`` of a study folder; only the items that the settings
     ask for are kept (a store may hold items of an earlier evaluation)."""
-    out = Path(out)
-    settings = read_json(out / "settings.json")
-    if not isinstance(settings, dict):
-        raise FileNotFoundError(f"no study in {out}: {out / 'settings.json'} is missing "
-                                "(run the study first)")
+    settings = read_settings(out)
     suites = settings["suites"]
     corr = suites.get("corruptions") or {}
     want_c = {(c, str(s)) for c in corr.get("names", []) for s in corr.get("severities", [])}
     want_a = {(_attack_name(a), eps_label(e)) for a in suites.get("attacks", []) for e in a["eps"]}
-    res: dict[str, dict[int, dict[str, Any]]] = {}
-    for v in settings["variants"]:
-        for f in sorted((out / "results").glob(f"{v['slug']}-s*.json")):
-            seed_txt = f.stem[len(v["slug"]) + 2:]
-            if not seed_txt.isdigit():
-                continue
-            r = structure_items(ResultStore(f).items())
-            if "run" not in r or "clean" not in r:
-                continue
-            r["corruptions"] = {c: {s: x for s, x in per.items() if (c, s) in want_c}
-                                for c, per in r.get("corruptions", {}).items()}
-            r["corruptions"] = {c: per for c, per in r["corruptions"].items() if per}
-            r["attacks"] = {a: {e: x for e, x in per.items() if (a, e) in want_a}
-                            for a, per in r.get("attacks", {}).items()}
-            r["attacks"] = {a: per for a, per in r["attacks"].items() if per}
-            res.setdefault(v["slug"], {})[int(seed_txt)] = r
-    return settings, res
+
+    def keep(r: dict[str, Any]) -> dict[str, Any]:
+        r["corruptions"] = {c: {s: x for s, x in per.items() if (c, s) in want_c}
+                            for c, per in r.get("corruptions", {}).items()}
+        r["corruptions"] = {c: per for c, per in r["corruptions"].items() if per}
+        r["attacks"] = {a: {e: x for e, x in per.items() if (a, e) in want_a}
+                        for a, per in r.get("attacks", {}).items()}
+        r["attacks"] = {a: per for a, per in r["attacks"].items() if per}
+        return r
+
+    return settings, load_runs(out, settings, keep)
 
 
 def _attack_name(a: Mapping[str, Any]) -> str:
@@ -123,30 +113,6 @@ def _mce(r: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[float | None, f
 
 
 # ----------------------------------------------------------------------------- formatting
-
-def _pm(values: list[float], scale: float = 100, digits: int = 1) -> str:
-    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not vals:
-        return "-"
-    mean = scale * float(np.mean(vals))
-    if len(vals) == 1:
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {scale * float(np.std(vals, ddof=1)):.{digits}f}"
-
-
-def _p(p: float | None) -> str:
-    if p is None:
-        return "-"
-    return f"{p:.2g}" if p >= 1e-4 else "<1e-4"
-
-
-def _num(x: Any, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    return f"{x:.{digits}g}"
-
 
 def _metric_title(k: str, norms: Mapping[str, str] | None = None) -> str:
     """Column title of a metric key; ``norms``: attack name -> "Linf" | "L2" | "L1"."""
@@ -241,14 +207,14 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
         seeds = sorted(met[s])
         row: dict[str, Any] = {"variant": label[s], "seeds": ",".join(map(str, seeds))}
         for k in keys:
-            row[k] = _pm([met[s][sd].get(k) for sd in seeds])
+            row[k] = fmt_pm([met[s][sd].get(k) for sd in seeds])
         mces = [_mce(res[s][sd], res[base][sd]) for sd in seeds if base in res and sd in res[base]]
         if any(m[0] is not None for m in mces):
-            row["mCE"] = _pm([m[0] for m in mces], scale=1)
-            row["rel. mCE"] = _pm([m[1] for m in mces], scale=1)
+            row["mCE"] = fmt_pm([m[0] for m in mces], scale=1)
+            row["rel. mCE"] = fmt_pm([m[1] for m in mces], scale=1)
             summary["mce"][s] = {"mce": [m[0] for m in mces], "relative_mce": [m[1] for m in mces]}
-        row["img/s"] = _pm([met[s][sd]["images_per_s"] for sd in seeds], scale=1, digits=0)
-        row["train min"] = _pm([res[s][sd]["run"]["train_time_s"] / 60 for sd in seeds], scale=1)
+        row["img/s"] = fmt_pm([met[s][sd]["images_per_s"] for sd in seeds], scale=1, digits=0)
+        row["train min"] = fmt_pm([res[s][sd]["run"]["train_time_s"] / 60 for sd in seeds], scale=1)
         summary["means"][s] = {k: float(np.mean([met[s][sd][k] for sd in seeds if k in met[s][sd]]))
                                for k in keys if any(k in met[s][sd] for sd in seeds)}
         rows.append(row)
@@ -281,7 +247,7 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
                     ps = paired_summary({0: ex[base][bseeds[1]][k]}, {0: ex[base][bseeds[0]][k]}, rng,
                                         mcnemar_test=k != "corrupted")
                     r0[k] = (f"{ps['seed_mean']:+.1f} [{ps['boot_ci'][0]:+.1f}, {ps['boot_ci'][1]:+.1f}]"
-                             + (f" McN p {_p(ps['mcnemar_p'])}" if k != "corrupted" else ""))
+                             + (f" McN p {fmt_p(ps['mcnemar_p'])}" if k != "corrupted" else ""))
             prow.append(r0)
         for s in slugs:
             if s == base:
@@ -297,10 +263,10 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
                 summary["paired"][s][k] = ps
                 cell = f"{ps['seed_mean']:+.1f}"
                 if ps["seed_ci"] is not None:
-                    cell += f" ({ps['seed_ci'][0]:+.1f}, {ps['seed_ci'][1]:+.1f}) t p {_p(ps['seed_p'])}"
+                    cell += f" ({ps['seed_ci'][0]:+.1f}, {ps['seed_ci'][1]:+.1f}) t p {fmt_p(ps['seed_p'])}"
                 cell += f" [{ps['boot_ci'][0]:+.1f}, {ps['boot_ci'][1]:+.1f}]"
                 if k != "corrupted":
-                    cell += f" McN p {_p(ps['mcnemar_p'])}"
+                    cell += f" McN p {fmt_p(ps['mcnemar_p'])}"
                 r1[k] = cell
             prow.append(r1)
         lines += [markdown_table(prow, {"variant": "variant", **{k: title(k) for k in keys}}), ""]
@@ -318,7 +284,7 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
             r2: dict[str, Any] = {"variant": label[s]}
             for k in drop_keys:
                 vals = [met[s][sd].get("drop:" + k) for sd in sorted(met[s])]
-                cell = _pm(vals)
+                cell = fmt_pm(vals)
                 if s != base and base in met:
                     d = [100 * (met[s][sd]["drop:" + k] - met[base][sd]["drop:" + k])
                          for sd in met[s] if sd in met[base] and "drop:" + k in met[s][sd]
@@ -346,30 +312,10 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
                   markdown_table(crow, {"variant": "variant", **{c: c for c in names}}), ""]
 
     # --- PAP trace ------------------------------------------------------------------------------
-    trows = []
-    for s in slugs:
-        for sd, r in sorted(res[s].items()):
-            tr = r.get("trace")
-            if not tr:
-                continue
-            for name, layer in tr["layers"].items():
-                q = layer["quantities"]
-                trows.append({
-                    "variant": label[s], "seed": sd, "layer": name.removeprefix("model."),
-                    "S active": "yes" if layer["s_active"] else "no",
-                    "max s_density": _num(layer["s_density_max"]),
-                    "s_density per iteration": ", ".join(_num(x, 2) for x in q["s_density"]["mean"]),
-                    "tau / max abs K (it 1)": _num(layer["tau_over_kmax"]["mean"][0]),
-                    "dual norm (last)": _num(q["dual_norm"]["mean"][-1]),
-                    "l_change (last)": _num(q["l_change"]["mean"][-1]),
-                })
+    tlines, trows = trace_section(res, slugs, label)
     if trows:
         summary["trace"] = trows
-        lines += ["## PAP trace of the RPC layers on test images", "",
-                  "Is the sparse component S of Principal Attention Pursuit ever non-zero? tau / max|K| "
-                  "above 1 means the first step shrinks nothing; s_density is the fraction of non-zero "
-                  "entries of S.",
-                  "", markdown_table(trows, list(trows[0])), ""]
+    lines += tlines
 
     # --- study-wide checks ----------------------------------------------------------------------
     for f in sorted((out / "checks").glob("*.json")):
@@ -386,7 +332,7 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
             lines += [markdown_table(crows, list(crows[0])), ""]
         elif isinstance(result, list) and result and all(isinstance(x, dict) for x in result):
             cols_c = [k for k in result[0] if not isinstance(result[0][k], (dict, list))]
-            fmt = {k: (lambda v: _num(v, 3)) for k in cols_c if isinstance(result[0][k], float)}
+            fmt = {k: (lambda v: fmt_num(v, 3)) for k in cols_c if isinstance(result[0][k], float)}
             lines += [markdown_table(result, cols_c, formats=fmt), ""]
         summary.setdefault("checks", {})[f.stem] = result
 

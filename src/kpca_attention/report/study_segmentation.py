@@ -21,12 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from ..io import read_json, write_json_atomic, write_text_atomic
+from ..io import write_json_atomic, write_text_atomic
 from ..plotting import new_figure, save_figure
-from ..robustness.store import ResultStore
-from ..robustness.suites import structure_items
 from ..segmentation.suites import counts_of_item
 from .stats import N_BOOT, seed_test
+from .study_common import fmt_p, fmt_pm, load_runs, read_settings, trace_section
 from .tables import markdown_table
 
 __all__ = ["write_segmentation_study_report", "load_segmentation_results", "segmentation_run_counts",
@@ -46,27 +45,17 @@ def load_segmentation_results(out: str | os.PathLike) -> tuple[dict[str, Any], R
     """``(settings, {slug: {seed: results}})`` of a segmentation study folder: per run the ``run``
     summary, ``clean``, ``corruptions`` ``{name: {severity: result}}`` (only the views the settings ask
     for: a results file may hold items of an earlier evaluation) and ``trace`` when there is one."""
-    out = Path(out)
-    settings = read_json(out / "settings.json")
-    if not isinstance(settings, dict):
-        raise FileNotFoundError(f"no study in {out}: {out / 'settings.json'} is missing "
-                                "(run the study first)")
+    settings = read_settings(out)
     corr = settings["suites"].get("corruptions") or {}
     want = {(c, str(s)) for c in corr.get("names", []) for s in corr.get("severities", [])}
-    res: Results = {}
-    for v in settings["variants"]:
-        for f in sorted((out / "results").glob(f"{v['slug']}-s*.json")):
-            seed_txt = f.stem[len(v["slug"]) + 2:]
-            if not seed_txt.isdigit():
-                continue
-            r = structure_items(ResultStore(f).items())
-            if "run" not in r or "clean" not in r:
-                continue
-            views = {c: {s: x for s, x in per.items() if (c, s) in want}
-                     for c, per in r.get("corruptions", {}).items()}
-            r["corruptions"] = {c: per for c, per in views.items() if per}
-            res.setdefault(v["slug"], {})[int(seed_txt)] = r
-    return settings, res
+
+    def keep(r: dict[str, Any]) -> dict[str, Any]:
+        views = {c: {s: x for s, x in per.items() if (c, s) in want}
+                 for c, per in r.get("corruptions", {}).items()}
+        r["corruptions"] = {c: per for c, per in views.items() if per}
+        return r
+
+    return settings, load_runs(out, settings, keep)
 
 
 # ----------------------------------------------------------------------------- counts and metrics
@@ -166,32 +155,10 @@ def bootstrap_metric_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray],
 
 # ----------------------------------------------------------------------------- formatting
 
-def _pm(values: Sequence[float | None], digits: int = 1, scale: float = 100) -> str:
-    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not vals:
-        return "-"
-    mean = scale * float(np.mean(vals))
-    if len(vals) == 1:
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {scale * float(np.std(vals, ddof=1)):.{digits}f}"
-
-
-def _p(p: float | None) -> str:
-    if p is None:
-        return "-"
-    return f"{p:.2g}" if p >= 1e-4 else "<1e-4"
-
-
-def _num(x: Any, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x))):
-        return "-" if x is None or math.isnan(x) else "inf"
-    return f"{x:.{digits}g}"
-
-
 def _paired_cell(ps: Mapping[str, Any]) -> str:
     cell = f"{ps['seed_mean']:+.2f}"
     if ps.get("seed_ci") is not None:
-        cell += f" ({ps['seed_ci'][0]:+.2f}, {ps['seed_ci'][1]:+.2f}) t p {_p(ps['seed_p'])}"
+        cell += f" ({ps['seed_ci'][0]:+.2f}, {ps['seed_ci'][1]:+.2f}) t p {fmt_p(ps['seed_p'])}"
     lo, hi = ps["boot_ci"]
     return cell + f" [{lo:+.2f}, {hi:+.2f}]"
 
@@ -272,9 +239,9 @@ def write_segmentation_study_report(out: str | os.PathLike) -> Path:
         seeds = sorted(met[s])
         row: dict[str, Any] = {"variant": label[s], "seeds": ",".join(map(str, seeds))}
         for k in keys:
-            row[k] = _pm([met[s][sd].get(k) for sd in seeds])
-        row["img/s"] = _pm([res[s][sd]["run"]["images_per_s"] for sd in seeds], digits=0, scale=1)
-        row["train min"] = _pm([res[s][sd]["run"]["train_time_s"] / 60 for sd in seeds], scale=1)
+            row[k] = fmt_pm([met[s][sd].get(k) for sd in seeds])
+        row["img/s"] = fmt_pm([res[s][sd]["run"]["images_per_s"] for sd in seeds], digits=0, scale=1)
+        row["train min"] = fmt_pm([res[s][sd]["run"]["train_time_s"] / 60 for sd in seeds], scale=1)
         summary["means"][s] = {k: float(np.mean([met[s][sd][k] for sd in seeds])) for k in keys}
         rows.append(row)
     cols = {"variant": "variant", "seeds": "seeds",
@@ -317,7 +284,7 @@ def write_segmentation_study_report(out: str | os.PathLike) -> Path:
         for s in slugs:
             r2: dict[str, Any] = {"variant": label[s]}
             for k in METRICS:
-                cell = _pm([met[s][sd][f"drop:{k}"] for sd in sorted(met[s])])
+                cell = fmt_pm([met[s][sd][f"drop:{k}"] for sd in sorted(met[s])])
                 if s != base and base in met:
                     d = [100 * (met[s][sd][f"drop:{k}"] - met[base][sd][f"drop:{k}"])
                          for sd in met[s] if sd in met[base]]
@@ -375,29 +342,10 @@ def write_segmentation_study_report(out: str | os.PathLike) -> Path:
                   markdown_table(krows, {"variant": "variant", **{c: c for c in class_names}}), ""]
 
     # --- PAP trace ------------------------------------------------------------------------------
-    trows = []
-    for s in slugs:
-        for sd, r in sorted(res[s].items()):
-            tr = r.get("trace")
-            if not tr:
-                continue
-            for name, layer in tr["layers"].items():
-                q = layer["quantities"]
-                trows.append({
-                    "variant": label[s], "seed": str(sd), "layer": name.removeprefix("model."),
-                    "S active": "yes" if layer["s_active"] else "no",
-                    "max s_density": _num(layer["s_density_max"]),
-                    "s_density per iteration": ", ".join(_num(x, 2) for x in q["s_density"]["mean"]),
-                    "tau / max abs K (it 1)": _num(layer["tau_over_kmax"]["mean"][0]),
-                    "l_change (last)": _num(q["l_change"]["mean"][-1]),
-                })
+    tlines, trows = trace_section(res, slugs, label)
     if trows:
         summary["trace"] = trows
-        lines += ["## PAP trace of the RPC layers on test images", "",
-                  "Is the sparse component S of Principal Attention Pursuit ever non-zero? tau / max|K| "
-                  "above 1 means the first step shrinks nothing; s_density is the fraction of non-zero "
-                  "entries of S.",
-                  "", markdown_table(trows, list(trows[0])), ""]
+    lines += tlines
 
     plots = _plots(out, slugs, label, res, met)
     if plots:
