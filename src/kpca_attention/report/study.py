@@ -19,7 +19,7 @@ from ..plotting import new_figure, save_figure
 from ..robustness.store import decode_bits
 from ..robustness.suites import eps_label
 from .stats import paired_summary
-from .study_common import fmt_num, fmt_p, fmt_pm, load_runs, read_settings, trace_section
+from .study_common import fmt_num, fmt_p, fmt_pm, load_runs, read_settings, regenerate_lines, trace_section
 from .tables import markdown_table
 
 __all__ = ["load_study_results", "run_metrics", "write_study_report", "write_image_study_report"]
@@ -196,9 +196,7 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
            if suites["attacks"] else "")
         + (f"; PAP trace of the RPC models on {s_['trace']} test images" if s_.get("trace") else "") + ".",
     ]
-    if s_.get("command"):
-        lines += ["", f"Regenerate: `{s_['command']}` (finished runs are reused; "
-                  f"`kpca-attention report {out}` rewrites this report from the results)."]
+    lines += regenerate_lines(s_, out)
     lines.append("")
 
     # --- table 1: accuracy -------------------------------------------------------------------
@@ -243,7 +241,7 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
         if len(bseeds) >= 2:
             r0 = {"variant": f"{label[base]} s{bseeds[1]} - s{bseeds[0]}"}
             for k in keys:
-                if k in ex[base][bseeds[0]]:
+                if k in ex[base][bseeds[0]] and k in ex[base][bseeds[1]]:  # a run may be half evaluated
                     ps = paired_summary({0: ex[base][bseeds[1]][k]}, {0: ex[base][bseeds[0]][k]}, rng,
                                         mcnemar_test=k != "corrupted")
                     r0[k] = (f"{ps['seed_mean']:+.1f} [{ps['boot_ci'][0]:+.1f}, {ps['boot_ci'][1]:+.1f}]"

@@ -17,7 +17,7 @@ from ..robustness.store import ResultStore
 from ..robustness.suites import structure_items
 from .tables import markdown_table
 
-__all__ = ["read_settings", "load_runs", "fmt_pm", "fmt_p", "fmt_num", "trace_section"]
+__all__ = ["read_settings", "load_runs", "fmt_pm", "fmt_p", "fmt_num", "trace_section", "regenerate_lines"]
 
 Runs = dict[str, dict[int, dict[str, Any]]]
 
@@ -106,3 +106,11 @@ def trace_section(res: Runs, slugs: Sequence[str], label: Mapping[str, str]) -> 
              "means the first step shrinks nothing; s_density is the fraction of non-zero entries of S.",
              "", markdown_table(rows, list(rows[0])), ""]
     return lines, rows
+
+
+def regenerate_lines(settings: Mapping[str, Any], out: str | os.PathLike) -> list[str]:
+    """The report's "Regenerate:" paragraph (empty when the settings record no command)."""
+    if not settings.get("command"):
+        return []
+    return ["", f"Regenerate: `{settings['command']}` (finished runs are reused; "
+            f"`kpca-attention report {out}` rewrites this report from the results)."]

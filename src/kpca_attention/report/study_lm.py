@@ -29,6 +29,7 @@ from ..plotting import new_figure, save_figure
 from ..robustness.lm_suites import decode_f16
 from ..robustness.store import ResultStore
 from .stats import bootstrap_diff_ci, seed_test
+from .study_common import fmt_p, fmt_pm, regenerate_lines
 from .tables import markdown_table
 
 __all__ = ["load_lm_results", "lm_metrics", "token_nlls", "paired_tokens", "write_lm_study_report",
@@ -151,24 +152,9 @@ def _spill(items: Mapping[str, Any], split: str) -> np.ndarray | None:
 
 # ----------------------------------------------------------------------------- formatting
 
-def _pm(values: list[float], digits: int = 2) -> str:
-    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not vals:
-        return "-"
-    if len(vals) == 1:
-        return f"{vals[0]:.{digits}f}"
-    return f"{np.mean(vals):.{digits}f} ± {np.std(vals, ddof=1):.{digits}f}"
-
-
-def _p(p: float | None) -> str:
-    if p is None:
-        return "-"
-    return f"{p:.2g}" if p >= 1e-4 else "<1e-4"
-
-
 def _token_cell(pt: Mapping[str, Any]) -> str:
     lo, hi = pt["boot_ci"]
-    return f"{pt['mean']:+.4f} [{lo:+.4f}, {hi:+.4f}] W p {_p(pt['wilcoxon_p'])}"
+    return f"{pt['mean']:+.4f} [{lo:+.4f}, {hi:+.4f}] W p {fmt_p(pt['wilcoxon_p'])}"
 
 
 def _g(x: Any, digits: int = 3) -> str:
@@ -219,9 +205,7 @@ def write_lm_study_report(out: str | os.PathLike) -> Path:
         + (f"; PAP trace and mu / tau along the sequence on {settings['trace']} windows of the valid split"
            if settings.get("trace") else "") + ".",
     ]
-    if settings.get("command"):
-        lines += ["", f"Regenerate: `{settings['command']}` (finished runs are reused; "
-                  f"`kpca-attention report {out}` rewrites this report from the results)."]
+    lines += regenerate_lines(settings, out)
     lines.append("")
 
     # --- table 1: perplexity ---------------------------------------------------------------------
@@ -230,9 +214,9 @@ def write_lm_study_report(out: str | os.PathLike) -> Path:
         seeds = sorted(met[s])
         row: dict[str, Any] = {"variant": label[s], "seeds": ",".join(map(str, seeds))}
         for k in keys:
-            row[k] = _pm([met[s][sd].get(k) for sd in seeds])
-        row["tok/s"] = _pm([met[s][sd]["tokens_per_s"] for sd in seeds], digits=0)
-        row["min"] = _pm([met[s][sd]["train_min"] for sd in seeds], digits=1)
+            row[k] = fmt_pm([met[s][sd].get(k) for sd in seeds], scale=1, digits=2)
+        row["tok/s"] = fmt_pm([met[s][sd]["tokens_per_s"] for sd in seeds], scale=1, digits=0)
+        row["min"] = fmt_pm([met[s][sd]["train_min"] for sd in seeds], scale=1, digits=1)
         rows.append(row)
     cols = {"variant": "variant", "seeds": "seeds", **{k: _title(k) for k in keys},
             "tok/s": "train tokens/s", "min": "train min"}
@@ -280,7 +264,7 @@ def write_lm_study_report(out: str | os.PathLike) -> Path:
                 summary["paired_tokens"][s][k] = pt
                 cell = f"{st['mean']:+.2f}"
                 if st["ci"] is not None:
-                    cell += f" ({st['ci'][0]:+.2f}, {st['ci'][1]:+.2f}) t p {_p(st['p'])}"
+                    cell += f" ({st['ci'][0]:+.2f}, {st['ci'][1]:+.2f}) t p {fmt_p(st['p'])}"
                 cell += f"; {_token_cell(pt)}"
                 r1[k] = cell
             prow.append(r1)
@@ -302,9 +286,11 @@ def write_lm_study_report(out: str | os.PathLike) -> Path:
             seeds = sorted(met[s])
             w: dict[str, Any] = {"variant": label[s]}
             for sp in swap_splits:
-                w[f"inc/{sp}"] = _pm([met[s][sd].get(f"swap_increase/{sp}") for sd in seeds])
-                w[f"ctx/{sp}"] = (_pm([met[s][sd].get(f"ctx/{sp}") for sd in seeds]) + " ("
-                                  + _pm([met[s][sd].get(f"clean_ctx/{sp}") for sd in seeds]) + ")")
+                def pm(key: str, s: str = s, seeds: list[int] = seeds) -> str:
+                    return fmt_pm([met[s][sd].get(key) for sd in seeds], scale=1, digits=2)
+
+                w[f"inc/{sp}"] = pm(f"swap_increase/{sp}")
+                w[f"ctx/{sp}"] = pm(f"ctx/{sp}") + " (" + pm(f"clean_ctx/{sp}") + ")"
             wrows.append(w)
         wcols = {"variant": "variant"}
         for sp in swap_splits:

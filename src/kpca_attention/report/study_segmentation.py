@@ -25,7 +25,7 @@ from ..io import write_json_atomic, write_text_atomic
 from ..plotting import new_figure, save_figure
 from ..segmentation.suites import counts_of_item
 from .stats import N_BOOT, seed_test
-from .study_common import fmt_p, fmt_pm, load_runs, read_settings, trace_section
+from .study_common import fmt_p, fmt_pm, load_runs, read_settings, regenerate_lines, trace_section
 from .tables import markdown_table
 
 __all__ = ["write_segmentation_study_report", "load_segmentation_results", "segmentation_run_counts",
@@ -228,9 +228,7 @@ def write_segmentation_study_report(out: str | os.PathLike) -> Path:
            else "")
         + ".",
     ]
-    if settings.get("command"):
-        lines += ["", f"Regenerate: `{settings['command']}` (finished runs are reused; "
-                  f"`kpca-attention report {out}` rewrites this report from the results)."]
+    lines += regenerate_lines(settings, out)
     lines.append("")
 
     # --- table 1: metrics ---------------------------------------------------------------------
