@@ -1,4 +1,4 @@
-"""Small matplotlib helpers (Agg backend, PNG files) for training and evaluation reports.
+"""Small matplotlib helpers (figures without pyplot, PNG files) for training and evaluation reports.
 
 * :func:`plot_training_curves` - loss, learning rate and held-out accuracy of several runs, read from
   their ``steps.csv`` / ``epochs.csv`` (:mod:`kpca_attention.train.logger`).
@@ -13,25 +13,13 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..plotting import new_figure, save_figure
+
 __all__ = ["plot_training_curves", "plot_grouped_bars", "plot_lines"]
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _save(fig, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    _plt().close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def _smooth(values: Sequence[float], window: int) -> list[float]:
@@ -58,8 +46,7 @@ def plot_training_curves(
     pass ``accuracy_key="eval_ppl"``, plotted as is)."""
     from ..train.logger import read_csv
 
-    plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = new_figure(1, 3, figsize=(13, 3.6))
     for label, run_dir in runs.items():
         steps_file, epochs_file = Path(run_dir) / "steps.csv", Path(run_dir) / "epochs.csv"
         if not steps_file.exists():
@@ -93,13 +80,12 @@ def plot_grouped_bars(
     ylim: tuple[float, float] | None = None,
 ) -> Path:
     """Grouped bars: ``values[model][category]``, categories on the x axis in first-seen order."""
-    plt = _plt()
     models = list(values)
     cats = list(dict.fromkeys(c for m in models for c in values[m]))
     if not cats:
         raise ValueError("nothing to plot")
     width = 0.8 / max(len(models), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(cats) * max(len(models), 1) + 2), 4))
+    fig, ax = new_figure(figsize=(max(6.0, 0.55 * len(cats) * max(len(models), 1) + 2), 4))
     for i, m in enumerate(models):
         xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(cats))]
         ax.bar(xs, [values[m].get(c, math.nan) for c in cats], width=width, label=m)
@@ -121,8 +107,7 @@ def plot_lines(
     title: str | None = None,
 ) -> Path:
     """``series[model][x] = y``, one line with markers per model."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, ax = new_figure(figsize=(5.5, 3.8))
     for m, pts in series.items():
         xs = sorted(pts)
         ax.plot(xs, [pts[x] for x in xs], "o-", label=m)
