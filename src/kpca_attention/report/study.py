@@ -31,14 +31,17 @@ FULL_SEVERITIES = (1, 2, 3, 4, 5)
 
 def load_study_results(out: str | os.PathLike) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, Any]]]]:
     """``(settings, {slug: {seed: results}})`` of a study folder; only the items that the settings
-    ask for are kept (a store may hold items of an earlier evaluation)."""
+    ask for are kept (a store may hold items of an earlier evaluation), and only runs evaluated on
+    all of them: a run still in evaluation is listed in ``settings["incomplete"]`` instead (its
+    finished items stay in its file and are reused)."""
     settings = read_settings(out)
     suites = settings["suites"]
     corr = suites.get("corruptions") or {}
     want_c = {(c, str(s)) for c in corr.get("names", []) for s in corr.get("severities", [])}
     want_a = {(_attack_name(a), eps_label(e)) for a in suites.get("attacks", []) for e in a["eps"]}
+    incomplete: list[str] = []
 
-    def keep(r: dict[str, Any]) -> dict[str, Any]:
+    def keep(r: dict[str, Any]) -> dict[str, Any] | None:
         r["corruptions"] = {c: {s: x for s, x in per.items() if (c, s) in want_c}
                             for c, per in r.get("corruptions", {}).items()}
         r["corruptions"] = {c: per for c, per in r["corruptions"].items() if per}
@@ -47,7 +50,19 @@ def load_study_results(out: str | os.PathLike) -> tuple[dict[str, Any], dict[str
         r["attacks"] = {a: per for a, per in r["attacks"].items() if per}
         return r
 
-    return settings, load_runs(out, settings, keep)
+    runs = load_runs(out, settings, keep)
+    for slug, per in runs.items():
+        for seed in list(per):
+            r = per[seed]
+            have_c = {(c, sv) for c, x in r["corruptions"].items() for sv in x}
+            attacks_for_seed = {(_attack_name(a), eps_label(e)) for a in suites.get("attacks", [])
+                                if not a.get("seeds") or seed in a["seeds"] for e in a["eps"]}
+            have_a = {(a, e) for a, x in r["attacks"].items() for e in x}
+            if have_c != want_c or not attacks_for_seed <= have_a:
+                incomplete.append(f"{slug}-s{seed}")
+                del per[seed]
+    settings["incomplete"] = incomplete
+    return settings, {slug: per for slug, per in runs.items() if per}
 
 
 def _attack_name(a: Mapping[str, Any]) -> str:
@@ -196,6 +211,9 @@ def write_image_study_report(out: str | os.PathLike) -> Path:
            if suites["attacks"] else "")
         + (f"; PAP trace of the RPC models on {s_['trace']} test images" if s_.get("trace") else "") + ".",
     ]
+    if s_.get("incomplete"):
+        lines += ["", f"Still in evaluation, not shown: {', '.join(s_['incomplete'])} (their finished "
+                  "items are kept and reused)."]
     lines += regenerate_lines(s_, out)
     lines.append("")
 
