@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 import typer
@@ -59,6 +59,17 @@ def _threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
+def _model_and_inputs(name: str, pretrained: bool, device: str, **inputs: Any) -> tuple[Any, Any, Any, str]:
+    """``(loaded model, texts, images, description)`` for ``analyze`` and ``claims`` (user errors
+    propagate to the CLI's one error handler)."""
+    from ..kpca.load import load_for_analysis
+    from ..kpca.run import resolve_inputs
+
+    loaded = load_for_analysis(name, pretrained=pretrained, device=device)
+    txt, imgs, desc = resolve_inputs(loaded, **inputs)
+    return loaded, txt, imgs, desc
+
+
 def analyze_cmd(
     model: str = typer.Argument(
         ..., help="all-MiniLM-L6-v2, a timm or Hugging Face name, or a checkpoint path"
@@ -101,29 +112,17 @@ def analyze_cmd(
 ) -> None:
     """KPCA diagnostics of every attention layer and head of MODEL (paper Sec. 2 and its critique)."""
     from ..kpca.claims import fmt
-    from ..kpca.load import load_for_analysis
-    from ..kpca.run import analyze_model, resolve_inputs
+    from ..kpca.run import analyze_model
     from ..report.kpca import write_report
 
     _threads(threads)
-    try:
-        cfg = _config(
-            order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, no_optimal,
-            null_samples, null_draws, control_samples,
-        )
-        loaded = load_for_analysis(model, pretrained=pretrained, device=device)
-        txt, imgs, desc = resolve_inputs(
-            loaded,
-            texts=texts,
-            images=images,
-            dataset=dataset,
-            split=split,
-            data_root=data_root,
-            max_samples=max_samples,
-        )
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
+    cfg = _config(
+        order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, no_optimal,
+        null_samples, null_draws, control_samples,
+    )
+    loaded, txt, imgs, desc = _model_and_inputs(model, pretrained, device, texts=texts, images=images,
+                                                dataset=dataset, split=split, data_root=data_root,
+                                                max_samples=max_samples)
     res = analyze_model(
         loaded,
         texts=txt,
@@ -180,36 +179,19 @@ def claims_cmd(
     """One table: each empirical claim of the paper and each measure of the critique, per model,
     with the measured value, its chance level and a verdict against a stated threshold or test."""
     from ..kpca.claims import judge
-    from ..kpca.load import load_for_analysis
-    from ..kpca.run import analyze_model, resolve_inputs
+    from ..kpca.run import analyze_model
     from ..report.kpca import write_claims, write_report
 
     _threads(threads)
-    try:
-        cfg = _config(
-            "abs", "unit", "GHA", "auto", "kornblith", detail_samples, False, False,
-            null_samples, null_draws, control_samples,
-        )
-    except ValueError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
+    cfg = _config(
+        "abs", "unit", "GHA", "auto", "kornblith", detail_samples, False, False,
+        null_samples, null_draws, control_samples,
+    )
     verdicts = []
     for name in models:
-        try:
-            loaded = load_for_analysis(name, pretrained=pretrained, device=device)
-            txt, imgs, desc = resolve_inputs(
-                loaded,
-                texts=texts,
-                images=images,
-                dataset=dataset,
-                split=split,
-                data_root=data_root,
-                max_samples=max_samples,
-                bible_fallback=True,
-            )
-        except (ValueError, FileNotFoundError, RuntimeError) as e:
-            typer.echo(f"error ({name}): {e}", err=True)
-            raise typer.Exit(2) from e
+        loaded, txt, imgs, desc = _model_and_inputs(name, pretrained, device, texts=texts, images=images,
+                                                    dataset=dataset, split=split, data_root=data_root,
+                                                    max_samples=max_samples, bible_fallback=True)
         res = analyze_model(loaded, texts=txt, images=imgs, config=cfg)
         res["inputs"] = desc
         write_json_atomic(out / f"analysis_{Path(name).name}.json", res, indent=None)

@@ -80,7 +80,7 @@ def _load_hf(src: str | Path, name: str, offline: bool) -> LoadedModel:
         tok = AutoTokenizer.from_pretrained(str(src), local_files_only=offline)
         model = AutoModel.from_pretrained(str(src), local_files_only=offline, attn_implementation="eager")
     except OSError as e:
-        raise RuntimeError(
+        raise ValueError(
             f"cannot load Hugging Face model {name!r} ({e}). Hub names need the network (or the HF cache); "
             "give a local model directory, a timm name, or all-MiniLM-L6-v2 (bundled)"
         ) from e
@@ -142,7 +142,7 @@ def _load_timm(name: str, pretrained: bool, weights: str | None = None) -> Loade
     except Exception as e:
         if not pretrained or weights is not None:
             raise
-        raise RuntimeError(
+        raise ValueError(
             f"cannot create timm model {name!r} with pretrained weights ({type(e).__name__}: {e}). "
             "Pretrained timm weights are downloaded from the Hugging Face hub and need the network; "
             "pass --no-pretrained (pretrained=False) for a random init, or a checkpoint path"
