@@ -19,7 +19,16 @@ from ..plotting import new_figure, save_figure
 from ..robustness.store import decode_bits
 from ..robustness.suites import eps_label
 from .stats import paired_summary
-from .study_common import fmt_num, fmt_p, fmt_pm, load_runs, read_settings, regenerate_lines, trace_section
+from .study_common import (
+    fmt_num,
+    fmt_p,
+    fmt_pm,
+    load_runs,
+    plot_training_curves,
+    read_settings,
+    regenerate_lines,
+    trace_section,
+)
 from .tables import markdown_table
 
 __all__ = ["load_study_results", "run_metrics", "write_study_report", "write_image_study_report"]
@@ -418,19 +427,8 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
         axes[0][0].legend(fontsize=7)
         paths.append(save_figure(fig, out / "attacks.png"))
 
-    fig, ax = new_figure(figsize=(6, 4))
-    drawn = False
-    for i, s in enumerate(slugs):
-        for j, (_sd, r) in enumerate(sorted(res[s].items())):
-            ep = [e for e in r["run"].get("epochs", []) if "eval_top1" in e]
-            if ep:
-                ax.plot([e["epoch"] + 1 for e in ep], [100 * e["eval_top1"] for e in ep], "o-", color=f"C{i}",
-                        alpha=0.7, label=label[s] if j == 0 else None)
-                drawn = True
-    if drawn:
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("held-out top-1 during training (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        paths.append(save_figure(fig, out / "training_curves.png"))
+    curves = plot_training_curves(res, slugs, label, "eval_top1", out / "training_curves.png",
+                                  'held-out top-1 during training (%)', scale=100, log=False)
+    if curves is not None:
+        paths.append(curves)
     return paths

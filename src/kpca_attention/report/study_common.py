@@ -13,11 +13,13 @@ from typing import Any
 import numpy as np
 
 from ..io import read_json
+from ..plotting import new_figure, save_figure
 from ..robustness.store import ResultStore
 from ..robustness.suites import structure_items
 from .tables import markdown_table
 
-__all__ = ["read_settings", "load_runs", "fmt_pm", "fmt_p", "fmt_num", "trace_section", "regenerate_lines"]
+__all__ = ["read_settings", "load_runs", "fmt_pm", "fmt_p", "fmt_num", "trace_section", "regenerate_lines",
+           "plot_training_curves"]
 
 Runs = dict[str, dict[int, dict[str, Any]]]
 
@@ -114,3 +116,27 @@ def regenerate_lines(settings: Mapping[str, Any], out: str | os.PathLike) -> lis
         return []
     return ["", f"Regenerate: `{settings['command']}` (finished runs are reused; "
             f"`kpca-attention report {out}` rewrites this report from the results)."]
+
+
+def plot_training_curves(res: Runs, slugs: Sequence[str], label: Mapping[str, str], metric: str, path: Path,
+                         ylabel: str, scale: float = 100, log: bool = False) -> Path | None:
+    """The held-out ``metric`` of every run's ``epochs.csv`` rows (kept in its ``run`` summary) against
+    the epoch, one colour per variant; ``None`` when no run logged it."""
+    fig, ax = new_figure(figsize=(6, 4))
+    drawn = False
+    for i, s in enumerate(slugs):
+        for j, (_sd, r) in enumerate(sorted(res.get(s, {}).items())):
+            ep = [e for e in r["run"].get("epochs", []) if metric in e]
+            if ep:
+                ax.plot([e["epoch"] + 1 for e in ep], [scale * e[metric] for e in ep], "o-", color=f"C{i}",
+                        alpha=0.7, label=label[s] if j == 0 else None)
+                drawn = True
+    if not drawn:
+        return None
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)

@@ -29,7 +29,7 @@ from ..plotting import new_figure, save_figure
 from ..robustness.lm_suites import decode_f16
 from ..robustness.store import ResultStore
 from .stats import bootstrap_diff_ci, seed_test
-from .study_common import fmt_p, fmt_pm, regenerate_lines
+from .study_common import fmt_p, fmt_pm, plot_training_curves, regenerate_lines
 from .tables import markdown_table
 
 __all__ = ["load_lm_results", "lm_metrics", "token_nlls", "paired_tokens", "write_lm_study_report",
@@ -390,22 +390,11 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
     axes[0][0].set_ylabel("perplexity; bars: mean, dots: seeds")
     paths.append(save_figure(fig, out / "perplexity.png"))
 
-    fig, ax = new_figure(figsize=(6, 4))
-    drawn = False
-    for i, s in enumerate(slugs):
-        for j, (_sd, r) in enumerate(sorted(res[s].items())):
-            ep = [e for e in r["run"].get("epochs", []) if "eval_ppl" in e]
-            if ep:
-                ax.plot([e["epoch"] + 1 for e in ep], [e["eval_ppl"] for e in ep], "o-", color=f"C{i}",
-                        alpha=0.7, label=label[s] if j == 0 else None)
-                drawn = True
-    if drawn:
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("valid perplexity during training\n(non-overlapping windows)")
-        ax.set_yscale("log")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-        paths.append(save_figure(fig, out / "training_curves.png"))
+    curves = plot_training_curves(res, slugs, label, "eval_ppl", out / "training_curves.png",
+                                  "valid perplexity during training\n(non-overlapping windows)",
+                                  scale=1, log=True)
+    if curves is not None:
+        paths.append(curves)
 
     if swap_splits:
         fig, axes = new_figure(1, len(swap_splits), figsize=(5 * len(swap_splits), 4), squeeze=False)

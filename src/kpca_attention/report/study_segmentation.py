@@ -25,7 +25,15 @@ from ..io import write_json_atomic, write_text_atomic
 from ..plotting import new_figure, save_figure
 from ..segmentation.suites import counts_of_item
 from .stats import N_BOOT, seed_test
-from .study_common import fmt_p, fmt_pm, load_runs, read_settings, regenerate_lines, trace_section
+from .study_common import (
+    fmt_p,
+    fmt_pm,
+    load_runs,
+    plot_training_curves,
+    read_settings,
+    regenerate_lines,
+    trace_section,
+)
 from .tables import markdown_table
 
 __all__ = ["write_segmentation_study_report", "load_segmentation_results", "segmentation_run_counts",
@@ -387,20 +395,9 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
         ax.legend(fontsize=7)
         paths.append(save_figure(fig, out / "severity.png"))
 
-    fig, ax = new_figure(figsize=(6, 4))
-    drawn = False
-    for i, s in enumerate(slugs):
-        for j, (_sd, r) in enumerate(sorted(res[s].items())):
-            ep = [e for e in r["run"].get("epochs", []) if "eval_miou" in e]
-            if ep:
-                ax.plot([e["epoch"] + 1 for e in ep], [100 * e["eval_miou"] for e in ep], "o-", color=f"C{i}",
-                        alpha=0.7, label=label[s] if j == 0 else None)
-                drawn = True
-    if drawn:
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("held-out mIoU during training (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        paths.append(save_figure(fig, out / "training_curves.png"))
+    curves = plot_training_curves(res, slugs, label, "eval_miou", out / "training_curves.png",
+                                  'held-out mIoU during training (%)', scale=100, log=False)
+    if curves is not None:
+        paths.append(curves)
     return paths
 
