@@ -92,8 +92,9 @@ def ensure_trained(study: Study, variant: Variant, seed: int, runs: Path, *, pro
                 log(f"finished checkpoint in {run_dir}: not retrained")
                 return run_dir
     resume = rd.has_checkpoint()
+    unit = {"lm": "windows", "segmentation": "scenes"}.get(getattr(cfg, "task", "vision"), "images")
     log(f"{'resuming' if resume else 'training'} {cfg.model} {dict(cfg.model_kwargs) or ''} "
-        f"({cfg.epochs} epochs, {cfg.train_subset or 'all'} images, seed {seed}, "
+        f"({cfg.epochs} epochs, {cfg.train_subset or 'all'} {unit}, seed {seed}, "
         f"{torch.get_num_threads()} thread(s))")
     train(cfg, resume=resume)
     return run_dir
