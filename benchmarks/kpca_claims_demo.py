@@ -51,9 +51,9 @@ def main() -> None:
     verdicts = []
     for name in [str(r) for r in runs] + ["all-MiniLM-L6-v2"]:
         loaded = load_for_analysis(name)
-        txt, imgs, desc = resolve_inputs(loaded, max_samples=args.samples, bible_fallback=True)
-        res = analyze_model(loaded, texts=txt, images=imgs)
-        res["inputs"] = desc
+        inputs = resolve_inputs(loaded, max_samples=args.samples, bible_fallback=True)
+        res = analyze_model(loaded, **inputs.kwargs())
+        res["inputs"] = inputs.description
         write_json_atomic(out / f"analysis_{Path(name).name}.json", res, indent=None)
         verdicts.append(judge(res, run_dir=Path(name) if Path(name).exists() else None))
     md = write_claims(verdicts, out)

@@ -243,3 +243,17 @@ def test_quick_ablation_with_trace_and_checks(tmp_path) -> None:
     assert row["max_abs_logit_diff"] > 1e-3  # the dual feedback does change the function
     text = report.read_text()
     assert "PAP trace" in text and "Training throughput side by side" in text and "ratio to SymViT" in text
+
+
+def test_the_recorded_command_regenerates_from_the_repository(tmp_path) -> None:
+    """A study run from another checkout with --runs elsewhere records the command a reader runs in
+    the repository: --out relative to the repository root, no --runs / progress / --force."""
+    from kpca_attention.cli.studies import regenerate_command
+
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    out = repo / "results" / "language"
+    argv = ["study", "language", "--out", str(out), "--runs", "/elsewhere", "--jobs", "2", "--no-progress"]
+    assert regenerate_command(argv, out) == "kpca-attention study language --out results/language --jobs 2"
+    assert regenerate_command(["study", "vision", "-o=x y", "--seeds", "0,1", "--force"], tmp_path / "x y") \
+        == f"kpca-attention study vision --out '{tmp_path / 'x y'}' --seeds 0,1"

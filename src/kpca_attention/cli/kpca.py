@@ -59,15 +59,18 @@ def _threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-def _model_and_inputs(name: str, pretrained: bool, device: str, **inputs: Any) -> tuple[Any, Any, Any, str]:
-    """``(loaded model, texts, images, description)`` for ``analyze`` and ``claims`` (user errors
-    propagate to the CLI's one error handler)."""
+def _model_and_inputs(name: str, pretrained: bool, device: str, **inputs: Any) -> tuple[Any, Any]:
+    """``(loaded model, ModelInputs)`` for ``analyze`` and ``claims`` (user errors propagate to the
+    CLI's one error handler)."""
     from ..kpca.load import load_for_analysis
     from ..kpca.run import resolve_inputs
 
     loaded = load_for_analysis(name, pretrained=pretrained, device=device)
-    txt, imgs, desc = resolve_inputs(loaded, **inputs)
-    return loaded, txt, imgs, desc
+    return loaded, resolve_inputs(loaded, **inputs)
+
+
+_PREFIXES = typer.Option(4, help="causal models (LMs, decoders): nested prefixes analysed per sequence, "
+                                 "the last the whole sequence (docs/kpca.md)")
 
 
 def analyze_cmd(
@@ -107,6 +110,7 @@ def analyze_cmd(
     null_samples: int = _NULL_SAMPLES,
     null_draws: int = _NULL_DRAWS,
     control_samples: int = _CONTROL_SAMPLES,
+    prefixes: int = _PREFIXES,
     device: str = typer.Option("cpu", help="torch device"),
     threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
 ) -> None:
@@ -120,20 +124,20 @@ def analyze_cmd(
         order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, no_optimal,
         null_samples, null_draws, control_samples,
     )
-    loaded, txt, imgs, desc = _model_and_inputs(model, pretrained, device, texts=texts, images=images,
-                                                dataset=dataset, split=split, data_root=data_root,
-                                                max_samples=max_samples)
+    loaded, inputs = _model_and_inputs(model, pretrained, device, texts=texts, images=images,
+                                       dataset=dataset, split=split, data_root=data_root,
+                                       max_samples=max_samples)
     res = analyze_model(
         loaded,
-        texts=txt,
-        images=imgs,
+        **inputs.kwargs(),
         config=cfg,
+        prefixes=prefixes,
         batch_size=batch_size,
         max_length=max_length,
         special_tokens=special_tokens,
         keep_padding=keep_padding,
     )
-    res["inputs"] = desc
+    res["inputs"] = inputs.description
     write_json_atomic(json_out, res, indent=1)
     s = res["summary"]
     typer.echo(
@@ -170,6 +174,7 @@ def claims_cmd(
     null_samples: int = _NULL_SAMPLES,
     null_draws: int = _NULL_DRAWS,
     control_samples: int = _CONTROL_SAMPLES,
+    prefixes: int = _PREFIXES,
     report: bool = typer.Option(
         True, "--report/--no-report", help="also write each model's report.md and plots into OUT/<model>/"
     ),
@@ -189,11 +194,11 @@ def claims_cmd(
     )
     verdicts = []
     for name in models:
-        loaded, txt, imgs, desc = _model_and_inputs(name, pretrained, device, texts=texts, images=images,
-                                                    dataset=dataset, split=split, data_root=data_root,
-                                                    max_samples=max_samples, bible_fallback=True)
-        res = analyze_model(loaded, texts=txt, images=imgs, config=cfg)
-        res["inputs"] = desc
+        loaded, inputs = _model_and_inputs(name, pretrained, device, texts=texts, images=images,
+                                           dataset=dataset, split=split, data_root=data_root,
+                                           max_samples=max_samples, bible_fallback=True)
+        res = analyze_model(loaded, **inputs.kwargs(), config=cfg, prefixes=prefixes)
+        res["inputs"] = inputs.description
         write_json_atomic(out / f"analysis_{Path(name).name}.json", res, indent=None)
         if report:
             typer.echo(f"report: {write_report(res, out / Path(name).name)}")
@@ -231,32 +236,21 @@ def pap_trace_cmd(
     if ("/" in model or model.startswith(".")) and not path.exists():
         raise FileNotFoundError(f"no such checkpoint, run directory or model folder: {model} (a name without "
                                 "'/' is looked up as a registered model)")
-    if texts is not None and path.exists():
-        from ..kpca.load import read_texts
-        from ..train import load_model
+    from ..kpca.load import load_for_analysis
+    from ..kpca.run import resolve_inputs
 
-        net, cfg = load_model(path)
-        if cfg.task != "lm":
-            raise ValueError(f"{model} is a {cfg.task} model: give --images DIR or --dataset NAME")
-        batches = lm_text_batches(net, read_texts(texts, max_samples), batch_size)
-        desc = f"texts from {texts}"
+    loaded = load_for_analysis(model, pretrained=False)
+    if loaded.modality == "text" and loaded.info.get("task") != "lm":
+        raise ValueError(f"{model} is a text model without RPC layers of this project")
+    inputs = resolve_inputs(loaded, texts=texts, images=images, dataset=dataset, split=split,
+                            data_root=data_root, max_samples=max_samples)
+    net, desc = loaded.model, inputs.description
+    if inputs.texts is not None:  # a project LM: one window per text, in its own vocabulary
+        batches = lm_text_batches(net, inputs.texts, batch_size)
+    elif inputs.tokens is not None:
+        batches = list(inputs.tokens.split(batch_size))
     else:
-        from ..kpca.load import load_for_analysis
-        from ..kpca.run import resolve_inputs
-
-        loaded = load_for_analysis(model, pretrained=False)
-        if loaded.modality != "image":
-            raise ValueError(f"{model} is a text model without RPC layers of this project")
-        _, x, desc = resolve_inputs(
-            loaded,
-            texts=texts,
-            images=images,
-            dataset=dataset,
-            split=split,
-            data_root=data_root,
-            max_samples=max_samples,
-        )
-        net = loaded.model
+        x = inputs.images
         if loaded.normalize is not None:  # timm models normalise outside
             mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in loaded.normalize)
             x = (x - mean) / std

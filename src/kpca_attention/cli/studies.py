@@ -12,7 +12,7 @@ import typer
 
 from . import parse_ints, parse_list
 
-__all__ = ["demo_cmd", "study_cmd", "ablate_cmd", "report_cmd"]
+__all__ = ["demo_cmd", "study_cmd", "ablate_cmd", "report_cmd", "regenerate_command"]
 
 
 def _passive_openmp(command: str) -> None:
@@ -32,6 +32,37 @@ def _threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+#: options that do not change a study's results: left out of the recorded command (value count)
+_NO_EFFECT = {"--runs": 1, "--threads": 1, "--progress": 0, "--no-progress": 0, "--force": 0, "--no-force": 0}
+
+
+def regenerate_command(argv: list[str], out: Path) -> str:
+    """The command a report names to regenerate ``out``: ``argv`` without options that do not change
+    results (``--runs``, ``--threads``, progress, ``--force``), and ``--out`` relative to the repository
+    holding it (so a study run from another checkout still names ``results/NAME``)."""
+    keep: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        key, has_value = a.split("=", 1)[0], "=" in a
+        if key in _NO_EFFECT or key in ("--out", "-o"):
+            i += 1 + (0 if has_value else _NO_EFFECT.get(key, 1))
+            continue
+        keep.append(a)
+        i += 1
+    shown = out
+    resolved = out.resolve()
+    for parent in resolved.parents:
+        if (parent / ".git").exists():
+            shown = resolved.relative_to(parent)
+            break
+    lead = 0
+    while lead < len(keep) and not keep[lead].startswith("-"):
+        lead += 1
+    keep[lead:lead] = ["--out", str(shown)]
+    return "kpca-attention " + " ".join(shlex.quote(a) for a in keep)
+
+
 def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progress: bool,
          only: tuple[str, ...] | None = None, record: bool = True) -> None:
     from ..studies import run_study
@@ -39,7 +70,7 @@ def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progr
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file, not a folder")
     # the command that regenerates the whole study (a run restricted to some variants is not one)
-    command = "kpca-attention " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if record else None
+    command = regenerate_command(sys.argv[1:], out) if record else None
     report = run_study(study, out, runs, jobs=jobs, force=force, progress=progress, only=only,
                        command=command)
     typer.echo(str(report))

@@ -10,6 +10,13 @@ bias included, before attention and the output projection.
   module's own norms are applied to the captured q and k too (identity unless ``qk_norm=True``).
 * Hugging Face BERT-family self-attention (``query / key / value`` Linears; also DistilBERT's
   ``q_lin / k_lin / v_lin``): hooks on the three outputs, reshaped to heads.
+* Hugging Face causal decoders whose attention layers dispatch through transformers'
+  ``AttentionInterface`` (GPT-2, Llama, Qwen, Mistral, OPT, ... in transformers 5): inside the context
+  the model runs a registered attention function, ``kpca_capture``, that records the q, k, v the
+  attention itself receives - after rotary position embeddings - and then calls the model's own eager
+  attention (outputs unchanged; tested). Grouped key/value heads are repeated to the query heads, as the
+  attention does, and q, k are rescaled so that ``q k^T / sqrt(D)`` equals the layer's logits when its
+  scaling is not ``1 / sqrt(D)``.
 
 Padding is not handled here: the caller keeps the token mask and crops each sequence to its real
 tokens (see :mod:`kpca_attention.kpca.analysis`).
@@ -24,9 +31,14 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-__all__ = ["AttentionSite", "find_attention_sites", "QKVCapture"]
+__all__ = ["AttentionSite", "find_attention_sites", "QKVCapture", "CAPTURE_IMPLEMENTATION"]
 
-SiteKind = Literal["project", "timm", "hf"]
+SiteKind = Literal["project", "timm", "hf", "hf_causal"]
+
+#: the name under which :class:`QKVCapture` registers its attention function with transformers
+CAPTURE_IMPLEMENTATION = "kpca_capture"
+#: id(attention module) -> (capture, site index) of the captures currently open
+_OPEN: dict[int, tuple[QKVCapture, int]] = {}
 
 _HF_NAMES = (("query", "key", "value"), ("q_lin", "k_lin", "v_lin"))
 
@@ -58,6 +70,13 @@ def _hf_heads(module: nn.Module, model: nn.Module) -> int | None:
     return n if isinstance(n, int) and n > 0 else None
 
 
+def _is_interface_attention(module: nn.Module) -> bool:
+    """A transformers attention layer that dispatches through ``AttentionInterface`` and is causal."""
+    cfg = getattr(module, "config", None)
+    return (getattr(module, "is_causal", None) is True and "Attention" in type(module).__name__
+            and isinstance(getattr(module, "head_dim", None), int) and hasattr(cfg, "_attn_implementation"))
+
+
 def _classify(module: nn.Module, model: nn.Module, name: str) -> AttentionSite | None:
     if all(
         isinstance(getattr(module, h, None), nn.Module) for h in ("hook_q", "hook_k", "hook_v")
@@ -76,6 +95,11 @@ def _classify(module: nn.Module, model: nn.Module, name: str) -> AttentionSite |
             if h is None or width % h:
                 raise ValueError(f"{name}: cannot tell the number of heads of {type(module).__name__}")
             return AttentionSite(name, module, "hf", h, width // h, projections=names)  # type: ignore[arg-type]
+    if _is_interface_attention(module):
+        h = getattr(module.config, "num_attention_heads", None) or getattr(module.config, "n_head", None)
+        if not isinstance(h, int):
+            raise ValueError(f"{name}: cannot tell the number of heads of {type(module).__name__}")
+        return AttentionSite(name, module, "hf_causal", h, int(module.head_dim), extra={"causal": True})
     return None
 
 
@@ -98,7 +122,8 @@ def find_attention_sites(model: nn.Module) -> list[AttentionSite]:
         raise ValueError(
             f"no attention layer found in {type(model).__name__}: supported are this project's layers "
             "(hook_q/hook_k/hook_v), timm Attention (fused qkv Linear + num_heads) and Hugging Face "
-            "self-attention (query/key/value or q_lin/k_lin/v_lin Linears)"
+            "self-attention (query/key/value or q_lin/k_lin/v_lin Linears, and causal decoders that use "
+            "transformers' AttentionInterface: GPT-2, Llama, Qwen, OPT, ...)"
         )
     return sites
 
@@ -107,6 +132,35 @@ def _heads(x: Tensor, h: int) -> Tensor:
     """``(B, N, H*D)`` -> ``(B, H, N, D)``."""
     b, n, c = x.shape
     return x.reshape(b, n, h, c // h).transpose(1, 2)
+
+
+def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: object,
+                       **kwargs: object) -> object:
+    """The attention function registered as ``kpca_capture``: record q, k, v, run the model's eager
+    attention."""
+    import sys
+
+    slot = _OPEN.get(id(module))
+    if slot is not None:
+        cap, i = slot
+        rep = query.shape[1] // key.shape[1]
+        d = query.shape[-1]
+        scaling = kwargs.get("scaling")
+        factor = 1.0 if scaling is None else float(scaling * d**0.5) ** 0.5
+        k = key.detach().repeat_interleave(rep, dim=1) * factor
+        cap.records[i].update(q=query.detach() * factor, k=k, v=value.detach().repeat_interleave(rep, dim=1))
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward as eager
+    return eager(module, query, key, value, attention_mask, **kwargs)
+
+
+def _register_capture() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(CAPTURE_IMPLEMENTATION, _capture_attention)
+    AttentionMaskInterface.register(CAPTURE_IMPLEMENTATION, eager_mask)
 
 
 class QKVCapture:
@@ -128,6 +182,7 @@ class QKVCapture:
         self.records: list[dict[str, object]] = [{} for _ in self.sites]
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._trace_state: list[tuple[nn.Module, bool]] = []
+        self._implementation: str | None = None
 
     # hooks -------------------------------------------------------------------------------------
     def _store(self, i: int, key: str):
@@ -176,10 +231,16 @@ class QKVCapture:
                     self._handles.append(m.register_forward_hook(self._store_trace(i)))
             elif site.kind == "timm":
                 self._handles.append(m.qkv.register_forward_hook(self._store_timm(i, site)))
+            elif site.kind == "hf_causal":
+                _OPEN[id(m)] = (self, i)
             else:
                 for key, attr in zip(("q", "k", "v"), site.projections, strict=False):
                     lin = getattr(m, attr)
                     self._handles.append(lin.register_forward_hook(self._store_hf(i, key, site.num_heads)))
+        if any(site.kind == "hf_causal" for site in self.sites):
+            _register_capture()
+            self._implementation = self.model.config._attn_implementation
+            self.model.set_attn_implementation(CAPTURE_IMPLEMENTATION)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -189,6 +250,12 @@ class QKVCapture:
         for m, state in self._trace_state:
             m.record_trace = state
         self._trace_state.clear()
+        for site in self.sites:
+            if _OPEN.get(id(site.module), (None,))[0] is self:
+                del _OPEN[id(site.module)]
+        if self._implementation is not None:
+            self.model.set_attn_implementation(self._implementation)
+            self._implementation = None
 
     def clear(self) -> None:
         self.records = [{} for _ in self.sites]

@@ -28,12 +28,13 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 def load_for_analysis(name: str, *, pretrained: bool = True, device: str = "cpu") -> LoadedModel:
     """The model ``name`` (:func:`kpca_attention.train.resolve.resolve_model`: a checkpoint, a timm name
-    with an optional ``@weights`` file, a Hugging Face folder, all-MiniLM-L6-v2) for the KPCA analysis.
-    Language models of this project are not analysed yet (their q/k/v capture is for encoders)."""
+    with an optional ``@weights`` file, a Hugging Face folder, all-MiniLM-L6-v2) for the KPCA analysis:
+    image classifiers and language models (causal: ``info["causal"]``); segmentation checkpoints are
+    refused (their encoder is not separated from the decoder here)."""
     loaded = resolve_model(name, pretrained=pretrained, device=device)
-    if loaded.config is not None and getattr(loaded.config, "task", "vision") != "vision":
+    if loaded.config is not None and getattr(loaded.config, "task", "vision") not in ("vision", "lm"):
         raise ValueError(f"{name}: checkpoints of task {loaded.config.task!r} are not supported by the KPCA "
-                         "analysis yet (vision checkpoints and Hugging Face / timm models are)")
+                         "analysis (image classifiers, language models and Hugging Face / timm models are)")
     return loaded
 
 # ----------------------------------------------------------------------------- inputs

@@ -397,6 +397,25 @@ def _other_tests_section(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _prefix_section(res: dict[str, Any]) -> list[str]:
+    """Causal models: the summary measures of each nested prefix (docs/kpca.md)."""
+    causal = res.get("causal")
+    if not causal:
+        return []
+    keys = ("mean_tokens", "units", "linear_cka", "kernel_cka", "optimal_cosine", "direct_cosine", "j_proj")
+    return [
+        "## Causal model: by prefix",
+        "",
+        f"Each window is analysed as {causal['prefixes']} nested prefixes; prefix 1..L is the data set of "
+        "the query at position L (what it can attend to). Means over windows, layers and heads:",
+        "",
+        markdown_table(causal["by_prefix"], {"prefix": "prefix", **{k: _cell(_label(k)) for k in keys}},
+                       formats={"prefix": str, "units": str, "mean_tokens": "{:.0f}".format,
+                                **_fmts(*keys[2:])}),
+        "",
+    ]
+
+
 def write_report(res: dict[str, Any], out_dir: str | Path) -> Path:
     """Write the PNG plots and ``report.md`` for one analysis result; returns the markdown path."""
     out = Path(out_dir)
@@ -437,6 +456,7 @@ def write_report(res: dict[str, Any], out_dir: str | Path) -> Path:
         *_chance_section(res),
         *_control_section(res),
         *_other_tests_section(res),
+        *_prefix_section(res),
         "Config: " + ", ".join(f"{k}={v}" for k, v in res["config"].items()),
         "",
         *[f"![{f}]({f})" for f in figs],

@@ -286,15 +286,10 @@ class LMSuites:
         """``n`` consecutive windows of ``cfg.context`` tokens from the start of the valid split, in
         batches of 32, for the PAP trace of a trained model (encoded with the corpus's training
         vocabulary, as the model's own)."""
-        from ..train.lm import build_vocab
+        from ..train.lm import corpus_windows
 
         check_int(n, "trace windows", min=1)
-        ids = build_vocab(cfg).encode(self.corpus(cfg).valid)
-        need = n * cfg.context
-        if need > ids.numel():
-            raise ValueError(f"{n} windows of {cfg.context} tokens need {need} tokens; "
-                             f"valid has {ids.numel()}")
-        windows = ids[:need].view(n, cfg.context)
+        windows = corpus_windows(cfg, n, split="valid")
         return list(windows.split(32))
 
     def evaluate(self, model: nn.Module | Callable[[], nn.Module], cfg: Any, store: ResultStore,

@@ -17,7 +17,9 @@ from torch.utils.data import Dataset
 
 from .config import TrainConfig
 
-__all__ = ["TokenWindows", "build_vocab", "build_lm", "lm_datasets", "lm_sliding_perplexity"]
+__all__ = [
+    "TokenWindows", "build_vocab", "build_lm", "lm_datasets", "lm_sliding_perplexity", "corpus_windows",
+]
 
 
 class TokenWindows(Dataset):
@@ -61,6 +63,21 @@ def build_vocab(cfg: TrainConfig) -> Any:
     from ..data.text import Vocab
 
     return Vocab.build(_corpus(cfg.dataset, cfg.data_root).train, level=cfg.vocab)
+
+
+def corpus_windows(cfg: TrainConfig, n: int, *, split: str = "valid", vocab: Any | None = None) -> Tensor:
+    """The first ``n`` consecutive windows of ``cfg.context`` tokens of a corpus split, ``(n, context)``,
+    encoded with the run's vocabulary (default: the one built from the training split, as training
+    builds it): the inputs of the PAP trace and the KPCA analysis of a trained LM."""
+    if n < 1:
+        raise ValueError(f"the number of windows must be >= 1, got {n}")
+    corpus = _corpus(cfg.dataset, cfg.data_root)
+    ids = (vocab if vocab is not None else build_vocab(cfg)).encode(corpus.split(split))
+    need = n * cfg.context
+    if need > ids.numel():
+        raise ValueError(f"{n} windows of {cfg.context} tokens need {need} tokens; the {split} split of "
+                         f"{cfg.dataset} has {ids.numel()}")
+    return ids[:need].view(n, cfg.context)
 
 
 def build_lm(cfg: TrainConfig, vocab: Any | None = None) -> nn.Module:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from torch import nn
 
-__all__ = ["LoadedModel", "resolve_model", "MINILM_NAMES", "minilm_path", "image_meta"]
+__all__ = ["LoadedModel", "resolve_model", "MINILM_NAMES", "minilm_path", "image_meta", "is_causal_hf"]
 
 MINILM_NAMES = ("all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2")
 
@@ -84,7 +84,20 @@ def _load_hf(src: str | Path, name: str, offline: bool) -> LoadedModel:
             f"cannot load Hugging Face model {name!r} ({e}). Hub names need the network (or the HF cache); "
             "give a local model directory, a timm name, or all-MiniLM-L6-v2 (bundled)"
         ) from e
-    return LoadedModel(name=name, model=model.eval(), modality="text", tokenizer=tok)
+    causal = is_causal_hf(model)
+    if causal:  # decoders often ship without a padding token; pad on the right, masked out
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+        tok.padding_side = "right"
+    return LoadedModel(name=name, model=model.eval(), modality="text", tokenizer=tok,
+                       info={"causal": True} if causal else {})
+
+
+def is_causal_hf(model: nn.Module) -> bool:
+    """A Hugging Face model whose self-attention layers are causal (``is_causal`` set on them: GPT-2,
+    Llama, Qwen, OPT, ... in transformers 5)."""
+    return any(getattr(m, "is_causal", None) is True and "Attention" in type(m).__name__
+               for m in model.modules())
 
 
 def image_meta(model: nn.Module) -> tuple[tuple[int, int, int], float, Any]:
@@ -105,7 +118,7 @@ def _load_project(path: Path, name: str, device: str) -> LoadedModel:
     model, config = load_model(path, device=device)
     if getattr(config, "task", "vision") == "lm":
         return LoadedModel(name=name, model=model.eval(), modality="text", config=config,
-                           info={"dataset": getattr(config, "dataset", None), "task": "lm"})
+                           info={"dataset": getattr(config, "dataset", None), "task": "lm", "causal": True})
     size, crop, _ = image_meta(model)
     norm = None
     from ..models.normalize import NormalizedModel
