@@ -125,9 +125,12 @@ def _training_rows(run_dir: Path | None) -> list[dict[str, Any]]:
         ]
     from ..train.logger import read_csv
 
-    rows = [r for r in read_csv(run_dir / "epochs.csv") if r.get("kpca/j_proj") not in (None, "")]
+    logged = read_csv(run_dir / "epochs.csv")
+    rows = [r for r in logged if r.get("kpca/j_proj") not in (None, "")]
     if len(rows) < 2:
-        return [_row(claim, "paper", "fewer than 2 logged epochs", "last < first epoch", "n/a")]
+        what = (f"J_proj logged in {len(rows)} of {len(logged)} epochs" if logged else "no epoch logged")
+        return [_row(claim, "paper", what, "last < first epoch", "n/a",
+                     note="train with kpca_attention.kpca.callback.ProjectionLossCallback to judge this")]
     first, last = rows[0], rows[-1]
     out = []
     for prefix, label in (("kpca/", "paper scaling"), ("kpca_official/", "official variant")):
