@@ -170,6 +170,8 @@ def test_analyze_and_pap_trace_take_an_lm_run(tmp_path) -> None:
     assert data["inputs"].startswith("bible-kjv (valid split, first 3 windows of 16 tokens)")
     assert [r["mean_tokens"] for r in data["causal"]["by_prefix"]] == [4.0, 8.0, 12.0, 16.0]
     assert "linear_cka_null_perm" in data["summary"]
+    rows = data["causal"]["by_prefix"]  # nulls on the first 2 analysed sequences: window 1's first 2 prefixes
+    assert rows[0]["linear_cka_null_perm"] is not None and rows[3]["linear_cka_null_perm"] is None
     res = runner.invoke(app, ["pap-trace", str(run), "--out", str(tmp_path / "t"), "--max-samples", "4"])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "t" / "pap_trace.json").exists()

@@ -278,7 +278,8 @@ def _by_prefix(res: dict[str, Any], prefix_of: list[int], prefixes: int) -> dict
     """Causal models: the summary measures (mean over sequences, layers, heads) of each prefix index."""
     import numpy as np
 
-    from .analysis import SUMMARY_KEYS
+    from .analysis import CHANCE_MEASURES, SUMMARY_KEYS
+    from .chance import NULL_KINDS
 
     rec = res["records"]
     seq = np.asarray(rec["sequence"], dtype=int)
@@ -291,7 +292,7 @@ def _by_prefix(res: dict[str, Any], prefix_of: list[int], prefixes: int) -> dict
             continue
         row: dict[str, Any] = {"prefix": p + 1, "fraction": (p + 1) / prefixes,
                                "mean_tokens": float(tokens[sel].mean()), "units": int(sel.sum())}
-        for key in SUMMARY_KEYS:
+        for key in SUMMARY_KEYS + tuple(f"{m}_null_{kind}" for m in CHANCE_MEASURES for kind in NULL_KINDS):
             if key in rec:
                 vals = np.asarray(rec[key], dtype=float)[sel]
                 row[key] = float(np.nanmean(vals)) if np.isfinite(vals).any() else None
@@ -299,6 +300,7 @@ def _by_prefix(res: dict[str, Any], prefix_of: list[int], prefixes: int) -> dict
     return {
         "prefixes": prefixes,
         "note": "each sequence analysed as nested prefixes (the data set of the query at the prefix's "
-                "last position); the summary pools all prefixes",
+                "last position); the summary pools all prefixes; <measure>_null_<kind>: the chance levels "
+                "over the prefixes that got nulls (the first null_samples sequences)",
         "by_prefix": rows,
     }

@@ -39,6 +39,9 @@ _LABELS = {
 
 
 def _label(key: str) -> str:
+    for kind, what in (("perm", "tokens permuted"), ("gauss", "Gaussian V")):
+        if key.endswith(f"_null_{kind}"):
+            return f"{_label(key.removesuffix(f'_null_{kind}'))}: chance, {what}"
     return _LABELS.get(key, key.replace("_", " "))
 
 
@@ -402,12 +405,16 @@ def _prefix_section(res: dict[str, Any]) -> list[str]:
     causal = res.get("causal")
     if not causal:
         return []
-    keys = ("mean_tokens", "units", "linear_cka", "kernel_cka", "optimal_cosine", "direct_cosine", "j_proj")
+    keys = ("mean_tokens", "units", "linear_cka", "linear_cka_null_perm", "linear_cka_null_gauss",
+            "kernel_cka", "kernel_cka_null_perm", "optimal_cosine", "optimal_cosine_null_gauss", "j_proj")
+    keys = tuple(k for k in keys if any(k in r for r in causal["by_prefix"]))
     return [
         "## Causal model: by prefix",
         "",
         f"Each window is analysed as {causal['prefixes']} nested prefixes; prefix 1..L is the data set of "
-        "the query at position L (what it can attend to). Means over windows, layers and heads:",
+        "the query at position L (what it can attend to). Means over windows, layers and heads; the "
+        "chance levels (null perm: tokens permuted; null gauss: Gaussian V) shrink as the prefix grows, "
+        "so compare each measure with its null in the same row:",
         "",
         markdown_table(causal["by_prefix"], {"prefix": "prefix", **{k: _cell(_label(k)) for k in keys}},
                        formats={"prefix": str, "units": str, "mean_tokens": "{:.0f}".format,
