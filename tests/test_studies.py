@@ -257,3 +257,33 @@ def test_the_recorded_command_regenerates_from_the_repository(tmp_path) -> None:
     assert regenerate_command(argv, out) == "kpca-attention study language --out results/language --jobs 2"
     assert regenerate_command(["study", "vision", "-o=x y", "--seeds", "0,1", "--force"], tmp_path / "x y") \
         == f"kpca-attention study vision --out '{tmp_path / 'x y'}' --seeds 0,1"
+
+
+def test_other_seeds_keep_the_study_definition(tmp_path, monkeypatch) -> None:
+    """``study vision --seeds 2`` runs seed 2 of the same study: the attacks that run on the first seed
+    only and the one-seed variants stay as defined (a study rebuilt from the seeds ran SPSA / CW on seed 2
+    and refused the committed results as 'other settings'); new seeds are added."""
+    from typer.testing import CliRunner
+
+    from kpca_attention.cli import app
+    from kpca_attention.studies import engine, get_study
+
+    seen = {}
+
+    def fake_run_study(study, out, runs, **kw):
+        seen.update(study=study, **kw)
+        return out / "report.md"
+
+    real = engine.run_study
+    monkeypatch.setattr("kpca_attention.studies.run_study", fake_run_study)
+    full = get_study("vision")
+    for arg, seeds, study_seeds, recorded in (("2", (2,), (0, 1, 2), False), ("0,1,2,3", (0, 1, 2, 3),
+                                                                              (0, 1, 2, 3), True)):
+        res = CliRunner().invoke(app, ["study", "vision", "--seeds", arg, "--out", str(tmp_path / "v")])
+        assert res.exit_code == 0, res.output
+        study = seen["study"]
+        assert study.suites.to_dict() == full.suites.to_dict() and study.seeds == study_seeds
+        assert seen["seeds"] == seeds and (seen["command"] is not None) == recorded
+        assert {v.slug: v.seeds for v in study.variants} == {v.slug: v.seeds for v in full.variants}
+    with pytest.raises(ValueError, match=r"seeds \[7\] are not among"):
+        real(full, tmp_path / "w", seeds=(7,))

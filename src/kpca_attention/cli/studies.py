@@ -64,7 +64,8 @@ def regenerate_command(argv: list[str], out: Path) -> str:
 
 
 def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progress: bool,
-         only: tuple[str, ...] | None = None, record: bool = True) -> None:
+         only: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
+         record: bool = True) -> None:
     from ..studies import run_study
 
     if out.exists() and not out.is_dir():
@@ -72,7 +73,7 @@ def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progr
     # the command that regenerates the whole study (a run restricted to some variants is not one)
     command = regenerate_command(sys.argv[1:], out) if record else None
     report = run_study(study, out, runs, jobs=jobs, force=force, progress=progress, only=only,
-                       command=command)
+                       seeds=seeds, command=command)
     typer.echo(str(report))
 
 
@@ -126,13 +127,18 @@ def study_cmd(
         raise ValueError(f"unknown study {name!r}; valid: {', '.join(STUDIES)}")
     _threads(threads)
     _passive_openmp("study")
-    kw: dict[str, Any] = {}
+    study = get_study(name)
+    chosen = None
+    whole = True  # the run covers the whole study: its command regenerates the results
     if seeds is not None:
-        kw["seeds"] = parse_ints(seeds, "--seeds")
-    study = get_study(name, **kw)
+        # These seeds of the same study: its definition (which variants run on the first seed only,
+        # which attacks run on the first seed) stays as it is; new seeds are added to it.
+        chosen = tuple(parse_ints(seeds, "--seeds"))
+        whole = set(chosen) >= set(study.seeds)
+        study = study.replace(seeds=tuple(sorted(set(study.seeds) | set(chosen))))
     only = parse_list(variants) or None
     _run(study, out or Path("results") / name, runs or Path("runs/studies") / name, jobs, force, progress,
-         only=only, record=only is None)
+         only=only, seeds=chosen, record=only is None and whole)
 
 
 def ablate_cmd(

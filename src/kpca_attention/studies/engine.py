@@ -205,11 +205,12 @@ def run_study(
     force: bool = False,
     progress: bool = True,
     only: tuple[str, ...] | None = None,
+    seeds: tuple[int, ...] | None = None,
     report: bool = True,
     command: str | None = None,
 ) -> Path:
-    """Run every (variant, seed) of ``study`` (``only``: these variant slugs), then the checks, then
-    write the report; returns the report's path.
+    """Run every (variant, seed) of ``study`` (``only``: these variant slugs; ``seeds``: these of the
+    study's seeds), then the checks, then write the report; returns the report's path.
 
     Args:
         out: results folder (settings, per-run results, report).
@@ -223,7 +224,11 @@ def run_study(
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     out = Path(out)
     runs = Path(runs) if runs is not None else out / "runs"
-    todo = [(v, s) for v, s in study.runs() if only is None or v.slug in only]
+    todo = [(v, s) for v, s in study.runs()
+            if (only is None or v.slug in only) and (seeds is None or s in seeds)]
+    if seeds is not None and set(seeds) - set(study.seeds):
+        raise ValueError(f"seeds {sorted(set(seeds) - set(study.seeds))} are not among the study's "
+                         f"{list(study.seeds)}")
     if only is not None:
         unknown = set(only) - {v.slug for v in study.variants}
         if unknown:
