@@ -24,6 +24,7 @@ tokens (see :mod:`kpca_attention.kpca.analysis`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -138,8 +139,6 @@ def _capture_attention(module: nn.Module, query: Tensor, key: Tensor, value: Ten
                        **kwargs: object) -> object:
     """The attention function registered as ``kpca_capture``: record q, k, v, run the model's eager
     attention."""
-    import sys
-
     slot = _OPEN.get(id(module))
     if slot is not None:
         cap, i = slot

@@ -29,7 +29,7 @@ from ..plotting import new_figure, save_figure
 from ..robustness.lm_suites import decode_f16
 from ..robustness.store import ResultStore
 from .stats import bootstrap_diff_ci, seed_test
-from .study_common import fmt_p, fmt_pm, plot_training_curves, regenerate_lines
+from .study_common import fmt_num, fmt_p, fmt_pm, plot_training_curves, regenerate_lines, trace_section
 from .tables import markdown_table
 
 __all__ = ["load_lm_results", "lm_metrics", "token_nlls", "paired_tokens", "write_lm_study_report",
@@ -155,14 +155,6 @@ def _spill(items: Mapping[str, Any], split: str) -> np.ndarray | None:
 def _token_cell(pt: Mapping[str, Any]) -> str:
     lo, hi = pt["boot_ci"]
     return f"{pt['mean']:+.4f} [{lo:+.4f}, {hi:+.4f}] W p {fmt_p(pt['wilcoxon_p'])}"
-
-
-def _g(x: Any, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    return f"{x:.{digits}g}"
 
 
 # ----------------------------------------------------------------------------- the report
@@ -303,24 +295,9 @@ def write_lm_study_report(out: str | os.PathLike) -> Path:
                   + ".", ""]
 
     # --- PAP trace ------------------------------------------------------------------------------------
-    trows, statements = [], []
-    for s in slugs:
-        for sd, r in sorted(res[s].items()):
-            tr = r.get("trace")
-            if not tr:
-                continue
-            statements.append(f"{label[s]} seed {sd}: {trace_statement(tr)}")
-            for name, layer in tr["layers"].items():
-                q = layer["quantities"]
-                trows.append({
-                    "variant": label[s], "seed": str(sd), "layer": name,
-                    "S active": "yes" if layer["s_active"] else "no",
-                    "max s_density": _g(layer["s_density_max"]),
-                    "s_density per iteration": ", ".join(_g(x, 2) for x in q["s_density"]["mean"]),
-                    "tau / max abs K (it 1)": _g(layer["tau_over_kmax"]["mean"][0]),
-                    "dual norm (last)": _g(q["dual_norm"]["mean"][-1]),
-                    "l_change (last)": _g(q["l_change"]["mean"][-1]),
-                })
+    _, trows = trace_section(res, slugs, label)  # the rows every study report shares; own heading below
+    statements = [f"{label[s]} seed {sd}: {trace_statement(r['trace'])}"
+                  for s in slugs for sd, r in sorted(res[s].items()) if r.get("trace")]
     if trows:
         summary["trace"] = trows
         lines += ["## PAP trace of the RPC layers on valid windows", "",
@@ -348,7 +325,7 @@ def write_lm_study_report(out: str | os.PathLike) -> Path:
                 summary["positions"].setdefault(s, {})[name] = {q: v.tolist() for q, v in mean.items()}
                 for p in marks:
                     prows.append({"variant": label[s], "layer": name, "position": str(p),
-                                  **{q: _g(float(mean[q][p - 1])) for q in mean}})
+                                  **{q: fmt_num(float(mean[q][p - 1])) for q in mean}})
         lines += ["## Mu and tau along the sequence (first PAP step)", "",
                   "Under the causal mask PAP's step size is a prefix quantity: mu_i = i * mu_dim / "
                   "(4 * sum_{j <= i} ||k_j||_1), recomputed here from each RPC layer's keys with `pap_mu` as "
