@@ -33,7 +33,8 @@ def _threads(threads: int | None) -> None:
 
 
 #: options that do not change a study's results: left out of the recorded command (value count)
-_NO_EFFECT = {"--runs": 1, "--threads": 1, "--progress": 0, "--no-progress": 0, "--force": 0, "--no-force": 0}
+_NO_EFFECT = {"--runs": 1, "--threads": 1, "--progress": 0, "--no-progress": 0, "--force": 0, "--no-force": 0,
+              "--checks": 0, "--no-checks": 0}
 
 
 def regenerate_command(argv: list[str], out: Path) -> str:
@@ -65,7 +66,7 @@ def regenerate_command(argv: list[str], out: Path) -> str:
 
 def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progress: bool,
          only: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
-         record: bool = True) -> None:
+         record: bool = True, checks: bool = True) -> None:
     from ..studies import run_study
 
     if out.exists() and not out.is_dir():
@@ -73,7 +74,7 @@ def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progr
     # the command that regenerates the whole study (a run restricted to some variants is not one)
     command = regenerate_command(sys.argv[1:], out) if record else None
     report = run_study(study, out, runs, jobs=jobs, force=force, progress=progress, only=only,
-                       seeds=seeds, command=command)
+                       seeds=seeds, command=command, checks=checks)
     typer.echo(str(report))
 
 
@@ -118,6 +119,8 @@ def study_cmd(
     threads: Annotated[int | None, typer.Option(help="torch threads with --jobs 1.")] = None,
     force: Annotated[bool, typer.Option(help="Delete this study's results and runs first.")] = False,
     progress: Annotated[bool, typer.Option(help="Progress bars (only shown on a terminal).")] = True,
+    checks: Annotated[bool, typer.Option(
+        help="Run the study-wide checks (throughput side by side) on this machine.")] = True,
 ) -> None:
     """Run a registered study: train every (variant, seed), evaluate, write OUT/report.md. Finished runs
     and evaluations (also committed ones) are reused; killed runs resume exactly."""
@@ -138,7 +141,7 @@ def study_cmd(
         study = study.replace(seeds=tuple(sorted(set(study.seeds) | set(chosen))))
     only = parse_list(variants) or None
     _run(study, out or Path("results") / name, runs or Path("runs/studies") / name, jobs, force, progress,
-         only=only, seeds=chosen, record=only is None and whole)
+         only=only, seeds=chosen, record=only is None and whole, checks=checks)
 
 
 def ablate_cmd(

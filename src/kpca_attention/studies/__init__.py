@@ -3,7 +3,7 @@
 :mod:`kpca_attention.robustness.suites` with per-example results, write the report through
 :mod:`kpca_attention.report.study`.
 
-Registered studies (``kpca-attention study NAME``): ``demo``, ``ablations``, ``vision``, ``language``,
+Registered studies (``kpca-attention study NAME``): ``demo``, ``ablations``, ``vision``, ``vision-large``, ``language``,
 ``segmentation``.
 """
 
@@ -18,16 +18,18 @@ from .engine import run_one, run_study
 from .language import language_study
 from .segmentation import segmentation_study
 from .spec import Check, Study, Variant
-from .vision import vision_study
+from .vision import vision_large_study, vision_study
 
 __all__ = ["Study", "Variant", "Check", "run_study", "run_one", "STUDIES", "get_study", "demo_study",
-           "quick_demo_study", "ablation_study", "vision_study"]
+           "quick_demo_study", "ablation_study", "vision_study",
+           "vision_large_study"]
 
 #: name -> function building the study from keyword options
 STUDIES: dict[str, Callable[..., Study]] = {
     "demo": demo_study,
     "ablations": ablation_study,
     "vision": vision_study,
+    "vision-large": vision_large_study,
     "language": language_study,
     "segmentation": segmentation_study,
 }

@@ -208,6 +208,7 @@ def run_study(
     seeds: tuple[int, ...] | None = None,
     report: bool = True,
     command: str | None = None,
+    checks: bool = True,
 ) -> Path:
     """Run every (variant, seed) of ``study`` (``only``: these variant slugs; ``seeds``: these of the
     study's seeds), then the checks, then write the report; returns the report's path.
@@ -219,6 +220,9 @@ def run_study(
             two-thread run on small models); 1 runs in this process with its thread setting.
         force: delete earlier results and runs of this study first.
         command: the command line that regenerates the study (recorded in ``settings.json``).
+        checks: run the study-wide checks (off: e.g. runs trained on a borrowed machine whose
+            throughput should not be the study's; ``kpca-attention study NAME`` on the study's own
+            machine runs them later, reusing every finished run).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
@@ -262,7 +266,8 @@ def run_study(
                 fut.result()
                 if report:
                     _report(out)
-    run_checks(study, out, runs)
+    if checks:
+        run_checks(study, out, runs)
     return _report(out) if report else out / "report.md"
 
 
