@@ -114,9 +114,13 @@ def part_pap(repeats: int) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from pap_reference import pap_reference
 
-    # correctness of the CUDA path (SDPA kernels, the fused update's backward) against float64
+    # correctness of the CUDA path (SDPA kernels, the fused update's backward) against float64. Keys at
+    # half the unit scale: with unit-variance keys of width 64 the step-4 softmax is one-hot, the float64
+    # k-gradient is ~1e-14 and any float32 result is "off" by 1e9 relative (measured on the H100 and on
+    # the CPU alike); at 0.5 every gradient is O(1) and float32 lands near 1e-6.
     gen = torch.Generator().manual_seed(0)
     k, v, g = (torch.randn(2, 3, 64, 64, generator=gen) for _ in range(3))
+    k = 0.5 * k
     k64, v64 = k.double().requires_grad_(), v.double().requires_grad_()
     ref = pap_reference(k64, v64, 4, 4.0)
     ref.backward(g.double())
@@ -128,8 +132,8 @@ def part_pap(repeats: int) -> dict:
         return float((a.detach().double().cpu() - b.detach()).abs().max() / b.detach().abs().max())
 
     errs = {"out": rel(out, ref), "grad_v": rel(vc.grad, v64.grad), "grad_k": rel(kc.grad, k64.grad)}
-    # float32 on a GPU may use TF32 in matmuls; the k-gradient of grown iterates is ill-conditioned
-    ok = errs["out"] < 1e-3 and errs["grad_v"] < 1e-2
+    # float32 on a GPU may use TF32 in matmuls (about 3e-4)
+    ok = errs["out"] < 1e-3 and errs["grad_v"] < 1e-2 and errs["grad_k"] < 1e-2
     print("  pap on CUDA vs float64 Algorithm 1 (relative max error): "
           + ", ".join(f"{n} {e:.1e}" for n, e in errs.items()) + f"  {'PASS' if ok else 'FAIL'}")
 

@@ -241,3 +241,63 @@ def test_gpu_check_without_cuda_prints_one_line_and_exits_0() -> None:
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu_check: no CUDA device")
+
+
+def test_compiled_pap_on_cpu_takes_the_cutoff_and_makes_no_subnormal() -> None:
+    # What torch.compile traces on the CPU (pap's plain-ops path) uses the cutoff too: run eagerly under
+    # the spy it produces no subnormal in forward or backward, and it never calls SDPA (whose fused
+    # kernel would); compiled (aot_eager, no graph break) it equals eager pap, values and gradients.
+    k, v, g = growing()
+    tau = pap_module.pap_mu(k) * 4.0
+    kt, vt = k.clone().requires_grad_(), v.clone().requires_grad_()
+    spy = SubnormalSpy()
+    with spy:
+        out = pap_module._pap_compiled(kt, vt, None, pap_module.pap_mu(kt) * 4.0, None, False, 0.0, 4,
+                                       True, True)
+        out.backward(g)
+    assert spy.subnormal == {}
+    assert "exp" in spy.ops and "_scaled_dot_product_flash_attention_for_cpu" not in spy.ops
+    assert not any("scaled_dot_product" in op for op in spy.ops)
+    assert tau.shape[:2] == k.shape[:2]
+
+    # equality in float64 (its own cutoff, 72, is also reached here): float32's k-gradient of grown
+    # iterates differs between any two summation orders by more than a tolerance could separate
+    k, v, g = (t.double() for t in (k, v, g))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b: pap(a, b, 4, 4.0), backend="aot_eager", fullgraph=True)
+    kc, vc = k.clone().requires_grad_(), v.clone().requires_grad_()
+    ke, ve = k.clone().requires_grad_(), v.clone().requires_grad_()
+    got, expected = compiled(kc, vc), pap(ke, ve, 4, 4.0)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    got.backward(g)
+    expected.backward(g)
+    torch.testing.assert_close(vc.grad, ve.grad, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(kc.grad, ke.grad, rtol=1e-8, atol=1e-8 * float(ke.grad.abs().max()))
+
+
+@pytest.mark.parametrize("mask", ["causal", "padding", "additive"])
+def test_cutoff_attention_ops_equals_cutoff_attention(mask: str) -> None:
+    # the compiled path's softmax step and the eager one agree under every kind of mask, with a query
+    # that sees no key at all (output 0 in both)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (4.0 * torch.randn(2, 3, 10, 8, generator=g, dtype=F64) for _ in range(3))
+    kw: dict = {}
+    if mask == "causal":
+        kw["is_causal"] = True
+    else:
+        vis = torch.rand(2, 1, 10, 10, generator=g) > 0.4
+        vis[0, 0, 3] = False  # query 3 of batch 0 sees nothing
+        kw["attn_mask"] = vis if mask == "padding" else torch.where(
+            vis, torch.randn(2, 1, 10, 10, generator=g, dtype=F64), torch.tensor(float("-inf"), dtype=F64))
+    qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
+    qb, kb, vb = (t.clone().requires_grad_() for t in (q, k, v))
+    a = pap_module._cutoff_attention_ops(qa, ka, va, **kw)
+    b = cutoff_attention(qb, kb, vb, **kw)
+    torch.testing.assert_close(a, b)
+    w = torch.randn(a.shape, generator=g, dtype=F64)
+    (a * w).sum().backward()
+    (b * w).sum().backward()
+    for x, y in ((qa, qb), (ka, kb), (va, vb)):
+        torch.testing.assert_close(x.grad, y.grad, rtol=1e-7, atol=1e-7)
+    if mask != "causal":
+        assert float(a[0, :, 3].abs().max()) == 0.0

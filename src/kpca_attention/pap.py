@@ -413,8 +413,12 @@ def _pap_compiled(
     (W stays 0 when not ``dual``). The eager path's hand-written autograd Functions, in-place buffers
     and blocked CPU softmax (out= writes into views, a thread-count query) are eager-mode
     optimisations that would each break the graph; the compiler fuses the elementwise work and
-    derives the backward itself. The softmax steps are SDPA.
+    derives the backward itself. The softmax steps are SDPA on an accelerator, and on the CPU
+    :func:`_cutoff_attention_ops` (the cutoff of :func:`cutoff_attention` in plain ops, so that no
+    subnormal arises in the compiled forward or backward either).
     """
+    cpu_cutoff = k.device.type == "cpu" and k.dtype in (torch.float32, torch.float64)
+    attention = _cutoff_attention_ops if cpu_cutoff else F.scaled_dot_product_attention
     L: Tensor | None = None
     W: Tensor | None = None
     for t in range(n_iter):
@@ -423,7 +427,7 @@ def _pap_compiled(
         X = k if S is None else k - S
         if W is not None:
             X = X - W
-        L = F.scaled_dot_product_attention(
+        L = attention(
             X if q is None else q, X, v, attn_mask=sdpa_mask, is_causal=sdpa_causal,
             dropout_p=dropout_p if t == n_iter - 1 else 0.0,
         )
@@ -580,6 +584,43 @@ def cutoff_attention(
         if attn_mask.dtype != torch.bool:
             bias = attn_mask.detach().masked_fill(~vis, 0.0)  # finite: hidden keys are zeroed after exp
     return _CutoffAttention.apply(q, k, v, hidden, bias, dropout_p, cutoff)
+
+
+def _cutoff_attention_ops(
+    q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """:func:`cutoff_attention` in plain differentiable ops: what ``torch.compile`` traces for PAP's
+    softmax steps on the CPU (the autograd Function, with its blocks written through ``out=``, would
+    break the graph). Same masks and cutoff: each logit is raised to at least ``row max - cutoff``
+    before the exp, so no probability is subnormal; the compiler derives the backward (the clamp's
+    gradient is 0 where it raised a logit, where :func:`cutoff_attention` passes it through: both
+    differ from the exact one by less than the cutoff's own effect). Forms the ``(Nq, N)`` scores at once.
+    """
+    cutoff = softmax_cutoff(q.dtype)
+    nq, n = q.shape[-2], k.shape[-2]
+    s = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    hidden = torch.ones(nq, n, dtype=torch.bool, device=q.device).triu(1) if is_causal else None
+    if attn_mask is not None:
+        vis = visible(attn_mask)
+        hidden = ~vis if hidden is None else hidden | ~vis
+        if attn_mask.dtype != torch.bool:
+            s = s + attn_mask.detach().masked_fill(~vis, 0.0)
+    if hidden is not None:
+        s = s.masked_fill(hidden, float("-inf"))
+    m = s.detach().amax(dim=-1, keepdim=True)
+    if hidden is not None:  # a query that sees no key: all probabilities 0, output 0 (as SDPA)
+        m = m.masked_fill(m == float("-inf"), 0.0)
+    p = torch.exp(torch.clamp(s - m, min=-cutoff))
+    if hidden is not None:
+        p = p.masked_fill(hidden, 0.0)
+    total = p.sum(dim=-1, keepdim=True)
+    if hidden is not None:
+        total = total.masked_fill(total == 0, 1.0)
+    p = p / total
+    if dropout_p > 0:
+        p = F.dropout(p, dropout_p)
+    return torch.matmul(p, v)
 
 
 def _blocks(bh: int, nq: int, n: int) -> list[tuple[slice, slice]]:
