@@ -112,6 +112,27 @@ def test_vision_study_is_what_the_paper_asks() -> None:
         create_model(v.model, **v.kwargs)
 
 
+def test_vision_large_study_is_the_vision_study_at_deit_tiny_size() -> None:
+    small, large = get_study("vision"), get_study("vision-large")
+    assert large.suites.to_dict() == small.suites.to_dict()  # the same images and attacks
+    assert [v.slug for v in large.variants] == ["symvit", "rpc_official", "rpc_no_sparse", "vit"]
+    assert large.seeds == (0, 1, 2, 3, 4) and len(large.runs()) == 20
+    for v in large.variants:
+        net = create_model(v.model, num_classes=10, in_chans=1, **v.kwargs)
+        assert len(net.blocks) == 12 and net.embed_dim == 192
+        assert net.blocks[0].attn.num_heads == 3
+    cfg = large.train_config(large.variant("rpc_official"), 0, "x")
+    assert cfg.epochs == 40 and cfg.augment and cfg.amp is False
+
+
+def test_no_checks_leaves_the_throughput_check_out(tmp_path) -> None:
+    study = ablation_study(seeds=(0,), variants=("rpc_no_dual",), quick=True, train_subset=64)
+    study = study.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)
+    run_study(study, tmp_path, progress=False, checks=False)
+    assert not (tmp_path / "checks").exists()
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["rpc_no_dual-s0.json", "symvit-s0.json"]
+
+
 @pytest.fixture(scope="module")
 def quick_demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
