@@ -149,6 +149,12 @@ class TensorImageDataset(Dataset):
     def __len__(self) -> int:
         return self.images.shape[0]
 
+    @property
+    def random_items(self) -> bool:
+        """Whether an item draws random numbers (only through ``transform``): the training loader
+        seeds every item of a dataset that does (:class:`kpca_attention.train.data.SeededAugmentation`)."""
+        return self.transform is not None
+
     def __getitem__(self, i: int) -> tuple[Tensor, int]:
         x = self.images[i].float().div_(255.0)
         if self.transform is not None:

@@ -77,17 +77,33 @@ def seeded_rngs(seed: int) -> Iterator[None]:
         yield
 
 
+def draws_random(ds: Dataset) -> bool:
+    """Whether items of ``ds`` may draw random numbers: its ``random_items`` attribute (through
+    ``Subset`` wrappers), True for datasets that do not say."""
+    while isinstance(ds, Subset):
+        ds = ds.dataset
+    return bool(getattr(ds, "random_items", True))
+
+
 class SeededAugmentation(Dataset):
-    """``ds[(index, seed)]`` = ``base[index]`` computed under :func:`seeded_rngs` ``(seed)``."""
+    """``ds[(index, seed)]`` = ``base[index]`` computed under :func:`seeded_rngs` ``(seed)``.
+
+    Items of a dataset that draws no random numbers (:func:`draws_random`; e.g. Fashion-MNIST without
+    augmentation) are returned as they are: seeding and restoring python's, numpy's and torch's
+    generators costs ~0.6 ms per item, which was 87 ms of every 128-image batch - about a third of a
+    CPU training step of the mini ViT, and the whole step on a GPU. The values are the same either way."""
 
     def __init__(self, base: Dataset) -> None:
         self.base = base
+        self.seeded = draws_random(base)
 
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]
 
     def __getitem__(self, item: tuple[int, int]) -> Any:
         index, seed = item
+        if not self.seeded:
+            return self.base[index]
         with seeded_rngs(seed):
             return self.base[index]
 

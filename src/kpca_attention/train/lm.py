@@ -42,6 +42,11 @@ class TokenWindows(Dataset):
     def __len__(self) -> int:
         return self.n
 
+    @property
+    def random_items(self) -> bool:
+        """Whether an item draws random numbers (a random window offset)."""
+        return bool(self.random_offset)
+
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
         if not 0 <= i < self.n:
             raise IndexError(i)
