@@ -574,16 +574,23 @@ def cutoff_attention(
     cutoff = softmax_cutoff(q.dtype) if cutoff is None else float(cutoff)
     if not cutoff > 0:
         raise ValueError(f"cutoff_attention: cutoff must be > 0, got {cutoff}")
-    nq, n = q.shape[-2], k.shape[-2]
+    hidden, bias = _hidden_and_bias(attn_mask, is_causal, q.shape[-2], k.shape[-2], q.device)
+    return _CutoffAttention.apply(q, k, v, hidden, bias, dropout_p, cutoff)
+
+
+def _hidden_and_bias(attn_mask: Tensor | None, is_causal: bool, nq: int, n: int,
+                     device: torch.device) -> tuple[Tensor | None, Tensor | None]:
+    """The cutoff softmax's view of SDPA's masks: ``hidden`` (bool, True = key hidden from the query)
+    and the finite additive ``bias`` of a float mask (0 on hidden keys, which are zeroed after the exp)."""
     hidden = bias = None
     if is_causal:
-        hidden = torch.ones(nq, n, dtype=torch.bool, device=q.device).triu(1)
+        hidden = torch.ones(nq, n, dtype=torch.bool, device=device).triu(1)
     if attn_mask is not None:
         vis = visible(attn_mask)
         hidden = ~vis if hidden is None else hidden | ~vis
         if attn_mask.dtype != torch.bool:
-            bias = attn_mask.detach().masked_fill(~vis, 0.0)  # finite: hidden keys are zeroed after exp
-    return _CutoffAttention.apply(q, k, v, hidden, bias, dropout_p, cutoff)
+            bias = attn_mask.detach().masked_fill(~vis, 0.0)
+    return hidden, bias
 
 
 def _cutoff_attention_ops(
@@ -598,14 +605,10 @@ def _cutoff_attention_ops(
     differ from the exact one by less than the cutoff's own effect). Forms the ``(Nq, N)`` scores at once.
     """
     cutoff = softmax_cutoff(q.dtype)
-    nq, n = q.shape[-2], k.shape[-2]
+    hidden, bias = _hidden_and_bias(attn_mask, is_causal, q.shape[-2], k.shape[-2], q.device)
     s = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    hidden = torch.ones(nq, n, dtype=torch.bool, device=q.device).triu(1) if is_causal else None
-    if attn_mask is not None:
-        vis = visible(attn_mask)
-        hidden = ~vis if hidden is None else hidden | ~vis
-        if attn_mask.dtype != torch.bool:
-            s = s + attn_mask.detach().masked_fill(~vis, 0.0)
+    if bias is not None:
+        s = s + bias
     if hidden is not None:
         s = s.masked_fill(hidden, float("-inf"))
     m = s.detach().amax(dim=-1, keepdim=True)

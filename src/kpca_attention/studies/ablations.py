@@ -24,12 +24,13 @@ __all__ = ["candes_lambda", "ablation_variants", "ablation_study", "SWAPS", "swa
 MODEL_SIZE = "mini_patch4_28"
 
 
-def candes_lambda(size: str = MODEL_SIZE) -> float:
+def candes_lambda(size: str = MODEL_SIZE, **arch_overrides: Any) -> float:
     """Candes et al.'s robust-PCA lambda ``1 / sqrt(max(N, D))`` for the key matrix of one head
-    (N tokens incl. the class token, D head width) of a size in :data:`kpca_attention.models.vit.ARCHS`."""
+    (N tokens incl. the class token, D head width) of a size in :data:`kpca_attention.models.vit.ARCHS`,
+    with the model kwargs that change it (``embed_dim``, ``num_heads``, ...) applied."""
     from ..models.vit import ARCHS
 
-    arch = ARCHS[size]["arch"]
+    arch = {**ARCHS[size]["arch"], **arch_overrides}
     n = (arch["img_size"] // arch["patch_size"]) ** 2 + 1
     d = arch["embed_dim"] // arch["num_heads"]
     return 1.0 / math.sqrt(max(n, d))

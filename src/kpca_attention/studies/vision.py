@@ -40,14 +40,16 @@ LARGE_RECIPE = {"epochs": 40, "train_subset": None, "eval_subset": 2000, "lr": 1
                 "drop_path": 0.1, "amp": False, "log_every_steps": 50, "checkpoint_every_steps": 1000}
 
 
-def vision_variants(seeds: tuple[int, ...], arch: dict | None = None, head_dim: int = 16,
-                    extra_seeds: tuple[int, ...] | None = None) -> tuple[Variant, ...]:
-    """The study's variants; ``arch`` overrides the mini architecture (``vision-large``), ``head_dim``
-    is its head width (the paper's mu_dim), ``extra_seeds`` the seeds of the one-seed variants."""
-    first = seeds[:1] if extra_seeds is None else extra_seeds
+def vision_variants(seeds: tuple[int, ...], arch: dict | None = None) -> tuple[Variant, ...]:
+    """The study's variants; ``arch`` overrides the mini architecture (``vision-large``)."""
+    from ..models.vit import ARCHS
+
+    first = seeds[:1]
     sym, rpc = f"symvit_{SIZE}", f"rpc_symvit_{SIZE}"
     a = dict(arch or {})
-    lam = candes_lambda(SIZE) if arch is None else 1.0 / (max((28 // 4) ** 2 + 1, head_dim) ** 0.5)
+    full = {**ARCHS[SIZE]["arch"], **a}
+    head_dim = full["embed_dim"] // full["num_heads"]  # the paper's mu_dim
+    lam = candes_lambda(SIZE, **a)
     return (
         Variant("symvit", "SymViT", sym, {**a}, "symmetric softmax attention in every block"),
         Variant("rpc_official", "RPC-SymViT 4 it.", rpc, {**a, **RPC_OFFICIAL},
@@ -109,7 +111,7 @@ def vision_large_study(*, seeds: tuple[int, ...] = (0, 1, 2, 3, 4), corrupt_imag
     """The vision study at GPU scale: DeiT-Tiny's width and depth (:data:`LARGE_ARCH`), 40 epochs with
     augmentation (:data:`LARGE_RECIPE`), five seeds of the four main variants, the same evaluation on
     the same images. A few minutes per run on one GPU; days on two CPU cores."""
-    variants = tuple(v for v in vision_variants(tuple(seeds), LARGE_ARCH, head_dim=64, extra_seeds=())
+    variants = tuple(v for v in vision_variants(tuple(seeds), LARGE_ARCH)
                      if v.slug in ("symvit", "rpc_official", "rpc_no_sparse", "vit"))
     return Study(
         name="vision-large",
