@@ -130,7 +130,8 @@ def test_no_checks_leaves_the_throughput_check_out(tmp_path) -> None:
     study = study.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)
     run_study(study, tmp_path, progress=False, checks=False)
     assert not (tmp_path / "checks").exists()
-    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["rpc_no_dual-s0.json", "symvit-s0.json"]
+    names = sorted(p.name for p in (tmp_path / "results").iterdir())
+    assert names == ["rpc_no_dual-s0.json", "symvit-s0.json"]
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,8 @@
 :mod:`kpca_attention.robustness.suites` with per-example results, write the report through
 :mod:`kpca_attention.report.study`.
 
-Registered studies (``kpca-attention study NAME``): ``demo``, ``ablations``, ``vision``, ``vision-large``, ``language``,
-``segmentation``.
+Registered studies (``kpca-attention study NAME``): ``demo``, ``ablations``, ``vision``,
+``vision-large``, ``language``, ``segmentation``.
 """
 
 from __future__ import annotations

@@ -87,7 +87,8 @@ def _image_suites(seeds: tuple[int, ...], corrupt_images: int, attack_images: in
                seeds=first, label="spsa"),
         Attack("cw", (0.5, 1.0), n=200, options={"steps": 50}, seeds=first, label="cw"),
     )
-    return ImageSuites(clean=None, corruptions=Corruptions(COMMON_CORRUPTIONS, (1, 2, 3, 4, 5), corrupt_images),
+    corruptions = Corruptions(COMMON_CORRUPTIONS, (1, 2, 3, 4, 5), corrupt_images)
+    return ImageSuites(clean=None, corruptions=corruptions,
                        attacks=attacks)
 
 
@@ -117,9 +118,9 @@ def vision_large_study(*, seeds: tuple[int, ...] = (0, 1, 2, 3, 4), corrupt_imag
         name="vision-large",
         title="Image robustness of RPC-Attention on Fashion-MNIST at DeiT-Tiny size, trained on a GPU "
               "(paper Tables 1, 2, 4, 5, 11)",
-        description="The vision study with DeiT-Tiny's width and depth (192 wide, 12 blocks, 3 heads) on 28 px "
-                    "images in 4 px patches, 40 epochs with crop / flip, label smoothing and stochastic depth. "
-                    "Every variant of one seed starts from the same weights and sees the same batches.",
+        description="The vision study with DeiT-Tiny's width and depth (192 wide, 12 blocks, 3 heads) on "
+                    "28 px images in 4 px patches, 40 epochs with crop / flip, label smoothing and "
+                    "stochastic depth. Every variant of one seed starts from the same weights and sees the same batches.",
         variants=variants, seeds=tuple(seeds), preset="fmnist-cpu", recipe=LARGE_RECIPE,
         suites=_image_suites(tuple(seeds), corrupt_images, attack_images),
         baseline="symvit", trace=512,
