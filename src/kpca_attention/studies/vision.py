@@ -120,7 +120,8 @@ def vision_large_study(*, seeds: tuple[int, ...] = (0, 1, 2, 3, 4), corrupt_imag
               "(paper Tables 1, 2, 4, 5, 11)",
         description="The vision study with DeiT-Tiny's width and depth (192 wide, 12 blocks, 3 heads) on "
                     "28 px images in 4 px patches, 40 epochs with crop / flip, label smoothing and "
-                    "stochastic depth. Every variant of one seed starts from the same weights and sees the same batches.",
+                    "stochastic depth. Every variant of one seed starts from the same weights and sees the "
+                    "same batches.",
         variants=variants, seeds=tuple(seeds), preset="fmnist-cpu", recipe=LARGE_RECIPE,
         suites=_image_suites(tuple(seeds), corrupt_images, attack_images),
         baseline="symvit", trace=512,
