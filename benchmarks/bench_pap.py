@@ -22,7 +22,8 @@ For each input it first prints how the iterates grow over ``--growth-iters`` ste
 the benchmark's 4; float64 transcription on 8 samples): mean row
 norm of X, logit spread per row (max - min of x_i . x_j / sqrt(D)), the share of float32 softmax
 probabilities that would be subnormal without a cutoff, the density of S, and which kernel pap's
-step took (``cutoff`` = :func:`kpca_attention.pap.cutoff_attention`, else SDPA).
+step took with an autograd graph (``cutoff`` = :func:`kpca_attention.pap.cutoff_attention`, else SDPA;
+without a graph, on the CPU, every step is the cutoff softmax).
 
 Targets, at every thread count: pap forward <= 5.0x sdpa, forward + backward <= 6.0x sdpa. The ratios
 depend on the thread count (on a machine whose cores are shared, each multi-threaded op can stall for
@@ -146,9 +147,10 @@ def growth(k: torch.Tensor, v: torch.Tensor, n_iter: int, lam: float, n: int = 8
             "subnormal": float(((P > 0) & (P < tiny)).double().mean()),
             "s_density": float((h["S"] != 0).double().mean()),
         })
-    # the kernel pap chose for each step, on the float32 input of the benchmark (spies on both)
+    # the kernel pap chose for each step, on the float32 input of the benchmark (spies on both), with an
+    # autograd graph (without one, on the CPU, every step is the cutoff softmax of the fused path)
     used: list[str] = []
-    real_cutoff, real_sdpa = pap_module.cutoff_attention, F.scaled_dot_product_attention
+    real_cutoff, real_sdpa = pap_module._cutoff, F.scaled_dot_product_attention
 
     def spy_cutoff(*a, **kw):
         used.append("cutoff")
@@ -158,19 +160,18 @@ def growth(k: torch.Tensor, v: torch.Tensor, n_iter: int, lam: float, n: int = 8
         used.append("sdpa")
         return real_sdpa(*a, **kw)
 
-    pap_module.cutoff_attention, F.scaled_dot_product_attention = spy_cutoff, spy_sdpa
+    pap_module._cutoff, F.scaled_dot_product_attention = spy_cutoff, spy_sdpa
     try:
-        with torch.no_grad():
-            pap(k, v, n_iter, lam)
+        pap(k.detach().requires_grad_(), v, n_iter, lam)
     finally:
-        pap_module.cutoff_attention, F.scaled_dot_product_attention = real_cutoff, real_sdpa
+        pap_module._cutoff, F.scaled_dot_product_attention = real_cutoff, real_sdpa
     for r, u in zip(rows, used, strict=True):
         r["kernel"] = u
     return rows
 
 
 def print_growth(name: str, rows: list[dict]) -> None:
-    print(f"\n[{name}] iterate growth (float64 Algorithm 1 on 8 samples; kernel = pap's choice in float32, "
+    print(f"\n[{name}] iterate growth (float64 Algorithm 1 on 8 samples; kernel = pap's choice in float32 with a graph, "
           f"cutoff {softmax_cutoff(torch.float32):.1f})")
     print(f"  {'step':>4}{'mean |x_i|':>12}{'spread mean':>13}{'spread max':>12}{'subnormal P':>13}"
           f"{'S density':>11}  kernel")

@@ -174,18 +174,22 @@ def test_gradients_match_transcription() -> None:
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
-def test_no_grad_in_place_path_matches_autograd_path() -> None:
-    k, v = kv(b=2, h=3, n=17, d=8, dtype=torch.float32, seed=26)
-    q = rand(*k.shape, seed=27, dtype=torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_no_grad_in_place_path_matches_autograd_path(dtype: torch.dtype) -> None:
+    # without a graph, on the CPU: the fused path (cutoff softmax, update inside its blocks); with one:
+    # SDPA or the cutoff softmax per step, the update as an autograd Function. Equal to rounding.
+    k, v = kv(b=2, h=3, n=17, d=8, dtype=dtype, seed=26)
+    q = rand(*k.shape, seed=27, dtype=dtype)
     pad = torch.ones(2, 17, dtype=torch.bool)
     pad[1, 12:] = False
+    atol = 1e-5 if dtype == torch.float32 else 1e-13
     for kwargs in [{}, {"q": q}, {"is_causal": True}, {"attn_mask": pad}, {"threshold": "lambda_over_mu"}]:
         with torch.no_grad():
             fast = pap(k, v, 4, 0.1, **kwargs)
         kg = k.clone().requires_grad_()
         slow = pap(kg, v, 4, 0.1, **kwargs)
         assert slow.requires_grad
-        torch.testing.assert_close(fast, slow.detach(), rtol=0, atol=1e-6)
+        torch.testing.assert_close(fast, slow.detach(), rtol=0, atol=atol)
     k_before = k.clone()
     with torch.no_grad():
         pap(k, v, 4, 0.1)
@@ -408,23 +412,30 @@ def test_without_return_info_nothing_is_kept() -> None:
 
 
 def test_dropout_on_last_softmax_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    # a softmax step goes through SDPA or, on the CPU for wide logit ranges, through cutoff_attention
+    # a softmax step goes through SDPA or, on the CPU for wide logit ranges, through the cutoff
+    # softmax (pap_module._cutoff, dropout_p its 6th argument)
     import importlib
 
     pap_module = importlib.import_module("kpca_attention.pap")  # the package re-exports the function pap
     calls: list[float] = []
 
-    def spy(fn):
+    def spy(fn, position=None):
         def run(*args, **kwargs):
-            calls.append(kwargs.get("dropout_p", 0.0))
+            calls.append(args[position] if position is not None else kwargs.get("dropout_p", 0.0))
             return fn(*args, **kwargs)
         return run
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy(F.scaled_dot_product_attention))
-    monkeypatch.setattr(pap_module, "cutoff_attention", spy(pap_module.cutoff_attention))
+    monkeypatch.setattr(pap_module, "_cutoff", spy(pap_module._cutoff, 5))
     k, v = kv(dtype=torch.float32)
-    pap(k, v, 4, 4.0, dropout_p=0.5)
+    pap(k.requires_grad_(), v, 4, 4.0, dropout_p=0.5)
     assert calls == [0.0, 0.0, 0.0, 0.5]
+    # without a graph (the fused path): the softmax blocks, the 10th argument is the dropout
+    calls.clear()
+    monkeypatch.setattr(pap_module, "_softmax_block", spy(pap_module._softmax_block, 10))
+    with torch.no_grad():
+        pap(k, v, 4, 4.0, dropout_p=0.5)
+    assert sorted(set(calls)) == [0.0, 0.5] and calls[-1] == 0.5 and calls.count(0.5) == calls.count(0.0) // 3
 
 
 def test_dropout_changes_output_and_zero_is_deterministic() -> None:

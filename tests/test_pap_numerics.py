@@ -87,8 +87,9 @@ def test_pap_forward_and_backward_make_no_subnormal() -> None:
 
 
 def test_sdpa_kept_where_logits_are_narrow(monkeypatch: pytest.MonkeyPatch) -> None:
-    # small keys (as in the trained models): every step stays on SDPA
+    # with a graph, small keys (as in the trained models): every step stays on SDPA
     k, v, _ = growing()
+    k.requires_grad_()
     calls: list[str] = []
     sdpa = F.scaled_dot_product_attention
 
@@ -301,3 +302,45 @@ def test_cutoff_attention_ops_equals_cutoff_attention(mask: str) -> None:
         torch.testing.assert_close(x.grad, y.grad, rtol=1e-7, atol=1e-7)
     if mask != "causal":
         assert float(a[0, :, 3].abs().max()) == 0.0
+
+
+# ----------------------------------------------------------------------------- the fused path
+
+
+@pytest.mark.parametrize("case", ["none", "padding", "additive", "causal", "empty_row"])
+@pytest.mark.parametrize("layout", ["heads", "bands", "asym"])
+def test_fused_no_grad_path_equals_algorithm_1(case: str, layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without a graph, on the CPU, pap runs _pap_fused: every step the cutoff softmax, the update of a
+    # head's rows inside the softmax blocks as soon as they are done. "bands": blocks so small that
+    # one head's query rows come in bands (its keys are still needed until the last band); "asym":
+    # separate queries. Against the float64 transcription of Algorithm 1 (no mask) and against the
+    # graph path (every mask: a separate implementation of each step, tested against SDPA above).
+    if layout == "bands":
+        monkeypatch.setattr(pap_module, "_BLOCK_FLOATS", 64)
+    g = torch.Generator().manual_seed(11)
+    n = 13
+    k, v = (3.0 * torch.randn(2, 3, n, 8, generator=g, dtype=F64) for _ in range(2))
+    q = torch.randn(2, 3, n, 8, generator=g, dtype=F64) if layout == "asym" else None
+    kw = masks(n, n)[case]
+    calls: list[str] = []
+    fused = pap_module._pap_fused
+    monkeypatch.setattr(pap_module, "_pap_fused", lambda *a: calls.append("fused") or fused(*a))
+    with torch.no_grad():
+        out = pap(k, v, 4, 4.0, q=q, **kw)
+    assert calls == ["fused"]
+    if case == "none":
+        torch.testing.assert_close(out, pap_reference(k, v, 4, 4.0, q=q), rtol=1e-10, atol=1e-10)
+    graph = pap(k.clone().requires_grad_(), v, 4, 4.0, q=q, **kw).detach()
+    torch.testing.assert_close(out, graph, rtol=1e-10, atol=1e-10)
+
+
+def test_fused_path_makes_no_subnormal_and_leaves_inputs_alone() -> None:
+    k, v, _ = growing()
+    k0, v0 = k.clone(), v.clone()
+    spy = SubnormalSpy()
+    with torch.no_grad(), spy:
+        out = pap(k, v, 4, 4.0)
+    assert spy.subnormal == {}
+    assert "scaled_dot_product_attention" not in " ".join(spy.ops)
+    assert n_subnormal(out) == 0 and torch.isfinite(out).all()
+    assert torch.equal(k, k0) and torch.equal(v, v0)

@@ -22,6 +22,10 @@ Implementation (why it looks different but computes the same numbers):
   SDPA avoids it. Gradients flow through every iteration, mu and tau included (not detached, as
   in the official code). The elementwise update between two softmax steps is one autograd
   Function with a hand-written backward (first-order only: no double backward).
+* Without an autograd graph on the CPU (inference, evaluation), :func:`_pap_fused` runs instead:
+  every step is the cutoff softmax of :func:`cutoff_attention` (blocked, never subnormal) and each
+  block's update is done while its rows are in the cache; a dead iterate's buffer takes the next
+  step's output. Same numbers to rounding (tests/test_pap_numerics.py).
 
 Masks:
 
@@ -362,20 +366,24 @@ def pap(
     if torch.compiler.is_compiling() and not return_info:
         return _pap_compiled(k, v, q, tau, sdpa_mask, sdpa_causal, dropout_p, n_iter, sparse, dual)
 
-    def attend(x: Tensor, last: bool) -> Tensor:
+    scratch = _Scratch()  # the cutoff steps' block buffers, shared by all steps of this call
+
+    def attend(x: Tensor, last: bool, out: Tensor | None = None) -> Tensor:
         query, p = (x if q is None else q), (dropout_p if last else 0.0)
         if _uses_cutoff(query, x, sdpa_mask):  # CPU, logits may span > softmax_cutoff: see there
-            return cutoff_attention(query, x, v, attn_mask=sdpa_mask, is_causal=sdpa_causal, dropout_p=p)
+            return _cutoff(query, x, v, sdpa_mask, sdpa_causal, p, softmax_cutoff(x.dtype), out, scratch)
         return F.scaled_dot_product_attention(
             query, x, v, attn_mask=sdpa_mask, is_causal=sdpa_causal, dropout_p=p
         )
 
     if not (sparse and dual):
         return _pap_ablated(k, tau, mu_t, attend, n_iter, sparse, dual, attn_mask, return_info)
-    trace = _Trace(k, mu_t, tau, _key_validity(attn_mask, tuple(k.shape))) if return_info else None
     grad_mode = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (k, v, q, tau)
     )
+    if not (grad_mode or return_info) and k.device.type == "cpu" and k.dtype in (torch.float32, torch.float64):
+        return _pap_fused(k, v, q, tau, sdpa_mask, sdpa_causal, dropout_p, n_iter)
+    trace = _Trace(k, mu_t, tau, _key_validity(attn_mask, tuple(k.shape))) if return_info else None
     # State after step t: L_t and R_t = C_t + L_{t-1}, so that W_t = Y_t / mu = R_t - L_t.
     # Step 1 (L0 = W0 = 0): X_1 = R_1 = clamp(K).
     if grad_mode:
@@ -385,9 +393,10 @@ def pap(
         # faults of fresh allocations cost more than the arithmetic.
         X = R = _clamp(k, tau)
     L_prev = W_prev = None
+    free: Tensor | None = None  # without a graph: the last step's L, dead after the update, reused
     for t in range(n_iter):
         last = t == n_iter - 1
-        L = attend(X, last)
+        L = attend(X, last, free)
         if trace is not None:
             trace.record(L, L_prev, W_prev)
             W_prev, L_prev = R - L, L
@@ -397,6 +406,8 @@ def pap(
             R, X = _Update.apply(k, L, R, tau)
         else:
             R, X = _update(k, L, R, tau, spare=X if X is not R else None)
+            if trace is None and L.is_contiguous():
+                free = L
     if trace is not None:
         return L, trace.info
     return L
@@ -436,6 +447,55 @@ def _pap_compiled(
             W = R if W is None else W + R
     assert L is not None  # n_iter >= 1 (checked)
     return L
+
+
+def _pap_fused(
+    k: Tensor, v: Tensor, q: Tensor | None, tau: Tensor, sdpa_mask: Tensor | None, sdpa_causal: bool,
+    dropout_p: float, n_iter: int,
+) -> Tensor:
+    """PAP without an autograd graph on the CPU (float32 / float64): inference and evaluation.
+
+    The same iteration as :func:`pap`'s loop, with every softmax step the cutoff softmax of
+    :func:`cutoff_attention` (which equals SDPA's to rounding and never meets a subnormal, so no
+    per-step dispatch check is needed) and the update between two steps done block by block, right
+    after a block's output rows are computed, while they and the block's keys are still in the cache:
+    the update's seven elementwise passes then run over ~1 MiB instead of over all of
+    ``(B, H, N, D)`` in memory. Buffers: four ``(B, H, N, D)`` arrays for the whole call (X = R at
+    step 1, L, the spare of the first update) and one block of scores.
+    """
+    b, h, nq, d = k.shape if q is None else q.shape
+    n, dv = k.shape[-2], v.shape[-1]
+    bh = b * h
+    scale, cutoff = 1.0 / math.sqrt(d), softmax_cutoff(k.dtype)
+    hidden, bias = _hidden_and_bias(sdpa_mask, sdpa_causal, nq, n, k.device)
+    kf, vf = k.reshape(bh, n, d), v.reshape(bh, n, dv)
+    qf = None if q is None else q.reshape(bh, nq, d)
+    tau_f = torch.broadcast_to(tau, (b, h, tau.shape[-2], 1)).reshape(bh, tau.shape[-2], 1)
+    blocks = _blocks(bh, nq, n)
+    buf = _Scratch().get(0, blocks, nq, n, k)
+    m = torch.empty(bh, nq, 1, dtype=k.dtype)
+    l_sum = torch.empty_like(m)
+    X = R = _clamp(kf, tau_f)  # step 1 (L0 = W0 = 0): X_1 = R_1 = clamp(K)
+    L = torch.empty(bh, nq, dv, dtype=k.dtype)
+    spare: Tensor | None = None
+    for t in range(n_iter):
+        last = t == n_iter - 1
+        p = dropout_p if last else 0.0
+        for bs, qs in blocks:
+            _softmax_block(X if qf is None else qf, X, vf, bs, qs, (b, h), hidden, bias, scale, cutoff, p,
+                           buf, L, m, l_sum)
+            if last or qs.stop < nq:
+                continue
+            # every output row of the heads in bs is done, and their keys X[bs] are needed no more:
+            # (K, L_t, R_t) -> (R_{t+1}, X_{t+1}) for these rows, as in _update (E into R, C into spare)
+            if X is R and spare is None:
+                spare = torch.empty_like(R)
+            tb = tau_f[bs] if tau_f.shape[0] > 1 else tau_f
+            _update(kf[bs], L[bs], R[bs], tb, spare=(X if X is not R else spare)[bs])
+        if not last:
+            # _update leaves R_{t+1} in the spare's buffer and X_{t+1} in R's
+            R, X = (spare if X is R else X), R
+    return L.view(b, h, nq, dv)
 
 
 def _pap_ablated(
@@ -574,8 +634,15 @@ def cutoff_attention(
     cutoff = softmax_cutoff(q.dtype) if cutoff is None else float(cutoff)
     if not cutoff > 0:
         raise ValueError(f"cutoff_attention: cutoff must be > 0, got {cutoff}")
+    return _cutoff(q, k, v, attn_mask, is_causal, dropout_p, cutoff)
+
+
+def _cutoff(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, dropout_p: float,
+            cutoff: float, out: Tensor | None = None, scratch: _Scratch | None = None) -> Tensor:
+    """:func:`cutoff_attention` without its argument checks, optionally into ``out`` (see
+    :class:`_CutoffAttention`): PAP's softmax steps."""
     hidden, bias = _hidden_and_bias(attn_mask, is_causal, q.shape[-2], k.shape[-2], q.device)
-    return _CutoffAttention.apply(q, k, v, hidden, bias, dropout_p, cutoff)
+    return _CutoffAttention.apply(q, k, v, hidden, bias, dropout_p, cutoff, out, scratch)
 
 
 def _hidden_and_bias(attn_mask: Tensor | None, is_causal: bool, nq: int, n: int,
@@ -653,29 +720,92 @@ def _mask_block(mask: Tensor | None, shape: tuple[int, int], bs: slice, qs: slic
     return blk[:, qs] if blk.shape[1] > 1 else blk
 
 
+class _Scratch:
+    """Flat buffers for the ``(nb, nq_block, N)`` blocks of :class:`_CutoffAttention`, reused by every
+    block and, when one holder is passed to several calls (PAP's softmax steps), by every call: fresh
+    buffers of this size are page faults on first touch (measured: ~14,000 per PAP forward at 1 thread
+    before buffers were reused, several ms on a VM)."""
+
+    def __init__(self) -> None:
+        self.bufs: list[Tensor] = []
+
+    def get(self, i: int, blocks: list[tuple[slice, slice]], nq: int, n: int, like: Tensor) -> Tensor:
+        """Buffer ``i``, large enough for the largest block of ``blocks``."""
+        most = n * max((bs.stop - bs.start) * (min(qs.stop, nq) - qs.start) for bs, qs in blocks)
+        while len(self.bufs) <= i:
+            self.bufs.append(like.new_empty(0))
+        buf = self.bufs[i]
+        if buf.numel() < most or buf.dtype != like.dtype or buf.device != like.device:
+            buf = self.bufs[i] = like.new_empty(most)
+        return buf
+
+
+def _block_of(buf: Tensor, nb: int, nq: int, n: int) -> Tensor:
+    """The ``(nb, nq, N)`` view at the start of a :class:`_Scratch` buffer."""
+    return buf[: nb * nq * n].view(nb, nq, n)
+
+
 def _scores(
-    q: Tensor, k: Tensor, scale: float, bias: Tensor | None, shape: tuple[int, int], bs: slice, qs: slice
-) -> Tensor:
-    """``scale * q k^T (+ bias block)`` of one block, ``(nb, nq, N)``, in one GEMM (beta = 0 ignores
-    the uninitialised input; with a bias, the bias block is the input)."""
-    kt = k.transpose(1, 2)
-    if bias is not None:
-        blk = _mask_block(bias, shape, bs, qs).expand(q.shape[0], q.shape[1], k.shape[1])
-        return torch.baddbmm(blk, q, kt, alpha=scale)
-    if scale == 1.0:
-        return torch.bmm(q, kt)
-    return torch.baddbmm(q.new_empty(q.shape[0], q.shape[1], k.shape[1]), q, kt, beta=0.0, alpha=scale)
+    q: Tensor, k: Tensor, scale: float, bias: Tensor | None, shape: tuple[int, int], bs: slice, qs: slice,
+    buf: Tensor,
+) -> tuple[Tensor, float]:
+    """The logits of one block, ``(nb, nq, N)``, as ``(T, s)`` with logits = ``s * T``: ``T = q k^T``
+    (``s = scale``) without a bias, ``T = scale * q k^T + bias block`` (``s = 1``) with one.
+
+    The scale is left to the caller (folded into the subtraction of the row maximum) rather than passed
+    to ``baddbmm`` as alpha: with beta = 0 and several threads, torch's CPU ``baddbmm`` over many small
+    matrices takes a path up to 17x slower than ``bmm`` (torch 2.14, 2 threads, 192 x 197 x 64).
+    Written into the scratch buffer ``buf``."""
+    S = torch.bmm(q, k.transpose(1, 2), out=_block_of(buf, q.shape[0], q.shape[1], k.shape[1]))
+    if bias is None:
+        return S, scale
+    blk = _mask_block(bias, shape, bs, qs)
+    return torch.add(blk, S, alpha=scale, out=S), 1.0
 
 
 def _probabilities(
-    S: Tensor, m: Tensor, hidden: Tensor | None, cutoff: float
+    S: Tensor, m: Tensor, hidden: Tensor | None, cutoff: float, scale: float = 1.0
 ) -> Tensor:
-    """In place: ``exp(max(S - m, -cutoff))``, 0 where hidden. (The clamp comes before the exp: an exp
-    of a very negative number is itself slow on Intel, since its result or intermediates are subnormal.)"""
-    S.sub_(m).clamp_(min=-cutoff).exp_()
+    """In place: ``exp(max(scale * (S - m), -cutoff))``, 0 where hidden. (The clamp comes before the exp:
+    an exp of a very negative number is itself slow on Intel, since its result or intermediates are
+    subnormal.)"""
+    if scale == 1.0:
+        S.sub_(m)
+    else:
+        torch.add(m * -scale, S, alpha=scale, out=S)
+    S.clamp_(min=-cutoff).exp_()
     if hidden is not None:
         S.masked_fill_(hidden, 0.0)
     return S
+
+
+def _softmax_block(
+    qf: Tensor, kf: Tensor, vf: Tensor, bs: slice, qs: slice, shape: tuple[int, int], hidden: Tensor | None,
+    bias: Tensor | None, scale: float, cutoff: float, dropout_p: float, buf: Tensor, out: Tensor, m: Tensor,
+    l_sum: Tensor,
+) -> Tensor | None:
+    """One block of the cutoff softmax's forward, on ``(B*H, ., .)`` views: writes ``out[bs, qs]``
+    (``softmax(q k^T * scale + mask) v`` with the cutoff), ``m[bs, qs]`` (the logits' row maximum) and
+    ``l_sum[bs, qs]`` (the row sum of the unnormalised probabilities); returns the dropout keep mask."""
+    S, s = _scores(qf[bs, qs], kf[bs], scale, bias, shape, bs, qs, buf)  # logits = s * S
+    hid = _mask_block(hidden, shape, bs, qs)
+    if hid is not None:
+        S.masked_fill_(hid, float("-inf"))
+    mb = torch.amax(S, dim=-1, keepdim=True, out=m[bs, qs])
+    if hid is not None:  # a query that sees no key: all P~ = 0, output 0 (as SDPA)
+        mb.masked_fill_(mb == float("-inf"), 0.0)
+    P = _probabilities(S, mb, hid, cutoff, s)
+    if s != 1.0:
+        mb.mul_(s)  # the logits' row maximum, for the backward
+    lb = torch.sum(P, dim=-1, keepdim=True, out=l_sum[bs, qs])  # >= 1 (the max) without a mask
+    if hid is not None:
+        lb.masked_fill_(lb == 0, 1.0)
+    keep = None
+    if dropout_p > 0:
+        keep = torch.empty_like(P, dtype=torch.bool).bernoulli_(1.0 - dropout_p)
+        P.masked_fill_(~keep, 0.0).div_(1.0 - dropout_p)
+    torch.bmm(P, vf[bs], out=out[bs, qs]).div_(lb)
+    return keep
 
 
 class _CutoffAttention(torch.autograd.Function):
@@ -691,33 +821,27 @@ class _CutoffAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, hidden: Tensor | None, bias: Tensor | None,
-                dropout_p: float, cutoff: float) -> Tensor:
+                dropout_p: float, cutoff: float, out: Tensor | None = None,
+                scratch: _Scratch | None = None) -> Tensor:
+        # out: a contiguous (B, H, Nq, Dv) buffer to write into (PAP reuses a dead iterate's, without
+        # a graph); scratch: block buffers shared with other calls (and this call's backward)
         b, h, nq, d = q.shape
         n, dv = k.shape[-2], v.shape[-1]
         scale = 1.0 / math.sqrt(d)
         qf, kf, vf = q.reshape(b * h, nq, d), k.reshape(b * h, n, d), v.reshape(b * h, n, dv)
-        out = torch.empty(b * h, nq, dv, dtype=q.dtype, device=q.device)
+        out = torch.empty(b * h, nq, dv, dtype=q.dtype, device=q.device) if out is None else \
+            out.view(b * h, nq, dv)
         m = torch.empty(b * h, nq, 1, dtype=q.dtype, device=q.device)
         l_sum = torch.empty_like(m)
         keeps: list[Tensor] = []
         ctx.blocks = blocks = _blocks(b * h, nq, n)  # the same blocks in the backward (and thread count)
+        ctx.scratch = scratch = _Scratch() if scratch is None else scratch
+        buf = scratch.get(0, blocks, nq, n, q)
         for bs, qs in blocks:
-            S = _scores(qf[bs, qs], kf[bs], scale, bias, (b, h), bs, qs)
-            hid = _mask_block(hidden, (b, h), bs, qs)
-            if hid is not None:
-                S.masked_fill_(hid, float("-inf"))
-            mb = torch.amax(S, dim=-1, keepdim=True, out=m[bs, qs])
-            if hid is not None:  # a query that sees no key: all P~ = 0, output 0 (as SDPA)
-                mb.masked_fill_(mb == float("-inf"), 0.0)
-            P = _probabilities(S, mb, hid, cutoff)
-            lb = torch.sum(P, dim=-1, keepdim=True, out=l_sum[bs, qs])  # >= 1 (the max) without a mask
-            if hid is not None:
-                lb.masked_fill_(lb == 0, 1.0)
-            if dropout_p > 0:
-                keep = torch.empty_like(P, dtype=torch.bool).bernoulli_(1.0 - dropout_p)
+            keep = _softmax_block(qf, kf, vf, bs, qs, (b, h), hidden, bias, scale, cutoff, dropout_p, buf,
+                                  out, m, l_sum)
+            if keep is not None:
                 keeps.append(keep)
-                P.masked_fill_(~keep, 0.0).div_(1.0 - dropout_p)
-            torch.bmm(P, vf[bs], out=out[bs, qs]).div_(lb)
         ctx.save_for_backward(q, k, v, out, m, l_sum, hidden, bias, *keeps)
         ctx.dropout_p, ctx.cutoff = dropout_p, cutoff
         return out.view(b, h, nq, dv)
@@ -739,12 +863,13 @@ class _CutoffAttention(torch.autograd.Function):
         gq = torch.empty_like(q_s)
         gk = torch.zeros_like(kf)
         gv = torch.zeros_like(vf)
+        buf, buf_dp = (ctx.scratch.get(i, ctx.blocks, nq, n, q) for i in (0, 1))
         for i, (bs, qs) in enumerate(ctx.blocks):
-            S = _scores(q_s[bs, qs], kf[bs], 1.0, bias, (b, h), bs, qs)
+            S, _ = _scores(q_s[bs, qs], kf[bs], 1.0, bias, (b, h), bs, qs, buf)
             hid = _mask_block(hidden, (b, h), bs, qs)
             P = _probabilities(S, m[bs, qs], hid, ctx.cutoff).div_(l_sum[bs, qs])
             gb = gf[bs, qs]
-            dP = torch.bmm(gb, vf[bs].transpose(1, 2))
+            dP = torch.bmm(gb, vf[bs].transpose(1, 2), out=_block_of(buf_dp, *S.shape))
             if p > 0:
                 keep = keeps[i]
                 gv[bs].baddbmm_((P.masked_fill(~keep, 0.0) / (1.0 - p)).transpose(1, 2), gb)
@@ -754,7 +879,7 @@ class _CutoffAttention(torch.autograd.Function):
             dS = dP.sub_(delta[bs, qs]).mul_(P)
             torch.bmm(dS, k_s[bs], out=gq[bs, qs])
             gk[bs].baddbmm_(dS.transpose(1, 2), q_s[bs, qs])
-        return gq.view_as(q), gk.view_as(k), gv.view_as(v), None, None, None, None
+        return gq.view_as(q), gk.view_as(k), gv.view_as(v), None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------- fused update
