@@ -171,8 +171,8 @@ def growth(k: torch.Tensor, v: torch.Tensor, n_iter: int, lam: float, n: int = 8
 
 
 def print_growth(name: str, rows: list[dict]) -> None:
-    print(f"\n[{name}] iterate growth (float64 Algorithm 1 on 8 samples; kernel = pap's choice in float32 with a graph, "
-          f"cutoff {softmax_cutoff(torch.float32):.1f})")
+    print(f"\n[{name}] iterate growth (float64 Algorithm 1 on 8 samples; kernel = pap's choice in float32 "
+          f"with a graph, cutoff {softmax_cutoff(torch.float32):.1f})")
     print(f"  {'step':>4}{'mean |x_i|':>12}{'spread mean':>13}{'spread max':>12}{'subnormal P':>13}"
           f"{'S density':>11}  kernel")
     for t, r in enumerate(rows, 1):

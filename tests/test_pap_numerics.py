@@ -309,7 +309,9 @@ def test_cutoff_attention_ops_equals_cutoff_attention(mask: str) -> None:
 
 @pytest.mark.parametrize("case", ["none", "padding", "additive", "causal", "empty_row"])
 @pytest.mark.parametrize("layout", ["heads", "bands", "asym"])
-def test_fused_no_grad_path_equals_algorithm_1(case: str, layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fused_no_grad_path_equals_algorithm_1(
+    case: str, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Without a graph, on the CPU, pap runs _pap_fused: every step the cutoff softmax, the update of a
     # head's rows inside the softmax blocks as soon as they are done. "bands": blocks so small that
     # one head's query rows come in bands (its keys are still needed until the last band); "asym":
