@@ -767,13 +767,13 @@ def _scores(
 def _probabilities(
     S: Tensor, m: Tensor, hidden: Tensor | None, cutoff: float, scale: float = 1.0
 ) -> Tensor:
-    """In place: ``exp(max(scale * (S - m), -cutoff))``, 0 where hidden. (The clamp comes before the exp:
-    an exp of a very negative number is itself slow on Intel, since its result or intermediates are
-    subnormal.)"""
+    """In place: ``exp(max(scale * S - m, -cutoff))``, 0 where hidden; ``scale * S`` are the logits and
+    ``m`` their row maximum. (The clamp comes before the exp: an exp of a very negative number is itself
+    slow on Intel, since its result or intermediates are subnormal.)"""
     if scale == 1.0:
         S.sub_(m)
     else:
-        torch.add(m * -scale, S, alpha=scale, out=S)
+        torch.add(m.neg(), S, alpha=scale, out=S)
     S.clamp_(min=-cutoff).exp_()
     if hidden is not None:
         S.masked_fill_(hidden, 0.0)
@@ -795,9 +795,9 @@ def _softmax_block(
     mb = torch.amax(S, dim=-1, keepdim=True, out=m[bs, qs])
     if hid is not None:  # a query that sees no key: all P~ = 0, output 0 (as SDPA)
         mb.masked_fill_(mb == float("-inf"), 0.0)
-    P = _probabilities(S, mb, hid, cutoff, s)
     if s != 1.0:
-        mb.mul_(s)  # the logits' row maximum, for the backward
+        mb.mul_(s)  # the logits' row maximum (also for the backward)
+    P = _probabilities(S, mb, hid, cutoff, s)
     lb = torch.sum(P, dim=-1, keepdim=True, out=l_sum[bs, qs])  # >= 1 (the max) without a mask
     if hid is not None:
         lb.masked_fill_(lb == 0, 1.0)
@@ -855,31 +855,38 @@ class _CutoffAttention(torch.autograd.Function):
         n, dv = k.shape[-2], v.shape[-1]
         scale = 1.0 / math.sqrt(d)
         p = ctx.dropout_p
-        q_s = (q * scale).reshape(b * h, nq, d)  # scaled once: used in two products per block
-        kf = k.reshape(b * h, n, d)
-        k_s = kf * scale
+        qf, kf = q.reshape(b * h, nq, d), k.reshape(b * h, n, d)
         vf = v.reshape(b * h, n, dv)
         gf = g.reshape(b * h, nq, dv)
-        delta = (gf * out).sum(-1, keepdim=True)  # rowsum(dO * O) = rowsum(P * dP)
-        gq = torch.empty_like(q_s)
-        gk = torch.zeros_like(kf)
-        gv = torch.zeros_like(vf)
+        # rowsum(dO * O) = rowsum(P * dP), as one batched dot product (no (B, H, N, D) temporary)
+        delta = torch.bmm(gf.reshape(-1, 1, dv), out.reshape(-1, dv, 1)).view(b * h, nq, 1)
+        # blocks of whole query rows write each head's dK and dV once; bands of rows accumulate them
+        banded = any(qs.stop - qs.start < nq for _, qs in ctx.blocks)
+        gq = torch.empty_like(qf)
+        gk = torch.zeros_like(kf) if banded else torch.empty_like(kf)
+        gv = torch.zeros_like(vf) if banded else torch.empty_like(vf)
         buf, buf_dp = (ctx.scratch.get(i, ctx.blocks, nq, n, q) for i in (0, 1))
         for i, (bs, qs) in enumerate(ctx.blocks):
-            S, _ = _scores(q_s[bs, qs], kf[bs], 1.0, bias, (b, h), bs, qs, buf)
+            S, s = _scores(qf[bs, qs], kf[bs], scale, bias, (b, h), bs, qs, buf)
             hid = _mask_block(hidden, (b, h), bs, qs)
-            P = _probabilities(S, m[bs, qs], hid, ctx.cutoff).div_(l_sum[bs, qs])
+            P = _probabilities(S, m[bs, qs], hid, ctx.cutoff, s).div_(l_sum[bs, qs])
             gb = gf[bs, qs]
             dP = torch.bmm(gb, vf[bs].transpose(1, 2), out=_block_of(buf_dp, *S.shape))
+            Pd = P
             if p > 0:
                 keep = keeps[i]
-                gv[bs].baddbmm_((P.masked_fill(~keep, 0.0) / (1.0 - p)).transpose(1, 2), gb)
+                Pd = P.masked_fill(~keep, 0.0).div_(1.0 - p)
                 dP.masked_fill_(~keep, 0.0).div_(1.0 - p)
+            if banded:
+                gv[bs].baddbmm_(Pd.transpose(1, 2), gb)
             else:
-                gv[bs].baddbmm_(P.transpose(1, 2), gb)
-            dS = dP.sub_(delta[bs, qs]).mul_(P)
-            torch.bmm(dS, k_s[bs], out=gq[bs, qs])
-            gk[bs].baddbmm_(dS.transpose(1, 2), q_s[bs, qs])
+                torch.bmm(Pd.transpose(1, 2), gb, out=gv[bs])
+            dS = dP.sub_(delta[bs, qs]).mul_(P)  # d(loss)/d(logits); the scale goes on the products
+            torch.bmm(dS, kf[bs], out=gq[bs, qs]).mul_(scale)
+            if banded:
+                gk[bs].baddbmm_(dS.transpose(1, 2), qf[bs, qs], alpha=scale)
+            else:
+                torch.bmm(dS.transpose(1, 2), qf[bs, qs], out=gk[bs]).mul_(scale)
         return gq.view_as(q), gk.view_as(k), gv.view_as(v), None, None, None, None, None, None
 
 
