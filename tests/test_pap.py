@@ -430,9 +430,9 @@ def test_dropout_on_last_softmax_only(monkeypatch: pytest.MonkeyPatch) -> None:
     k, v = kv(dtype=torch.float32)
     pap(k.requires_grad_(), v, 4, 4.0, dropout_p=0.5)
     assert calls == [0.0, 0.0, 0.0, 0.5]
-    # without a graph (the fused path): the softmax blocks, the 10th argument is the dropout
+    # without a graph (the fused path): the softmax blocks, the 9th argument is the dropout
     calls.clear()
-    monkeypatch.setattr(pap_module, "_softmax_block", spy(pap_module._softmax_block, 10))
+    monkeypatch.setattr(pap_module, "_softmax_block", spy(pap_module._softmax_block, 8))
     with torch.no_grad():
         pap(k, v, 4, 4.0, dropout_p=0.5)
     assert sorted(set(calls)) == [0.0, 0.5] and calls[-1] == 0.5 and calls.count(0.5) == calls.count(0.0) // 3

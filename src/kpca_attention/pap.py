@@ -472,30 +472,41 @@ def _pap_fused(
     kf, vf = k.reshape(bh, n, d), v.reshape(bh, n, dv)
     qf = None if q is None else q.reshape(bh, nq, d)
     tau_f = torch.broadcast_to(tau, (b, h, tau.shape[-2], 1)).reshape(bh, tau.shape[-2], 1)
+    ntau_f = tau_f.neg()
     blocks = _blocks(bh, nq, n)
     buf = _Scratch().get(0, blocks, nq, n, k)
     m = torch.empty(bh, nq, 1, dtype=k.dtype)
     l_sum = torch.empty_like(m)
-    X = R = _clamp(kf, tau_f)  # step 1 (L0 = W0 = 0): X_1 = R_1 = clamp(K)
+    A = _clamp(kf, tau_f)  # step 1 (L0 = W0 = 0): X_1 = R_1 = clamp(K)
+    C = torch.empty_like(A) if n_iter > 1 else A  # the first update's spare
     L = torch.empty(bh, nq, dv, dtype=k.dtype)
-    spare: Tensor | None = None
+    # Every view a block needs, made once per call (4 steps x 32 blocks x ~15 views would cost ~3 ms in
+    # slicing alone): the keys and queries of step t are A's or C's rows, by the parity of t.
+    views = []
+    for bs, qs in blocks:
+        last_band = qs.stop == nq  # the head's rows are all done after this block: update them
+        tb, ntb = (tau_f[bs], ntau_f[bs]) if tau_f.shape[0] > 1 else (tau_f, ntau_f)
+        views.append((
+            kf[bs], vf[bs], A[bs], C[bs], A[bs, qs], C[bs, qs], None if qf is None else qf[bs, qs],
+            _block_of(buf, bs.stop - bs.start, qs.stop - qs.start, n), _mask_block(hidden, (b, h), bs, qs),
+            None if bias is None else _mask_block(bias, (b, h), bs, qs), L[bs, qs], L[bs], m[bs, qs],
+            l_sum[bs, qs], tb, ntb, last_band,
+        ))
     for t in range(n_iter):
         last = t == n_iter - 1
         p = dropout_p if last else 0.0
-        for bs, qs in blocks:
-            _softmax_block(X if qf is None else qf, X, vf, bs, qs, (b, h), hidden, bias, scale, cutoff, p,
-                           buf, L, m, l_sum)
-            if last or qs.stop < nq:
+        # roles (_update leaves R_{t+1} in the spare's buffer, which from step 2 on is X_t's, and X_{t+1}
+        # in R_t's): step 1 X = R = A (spare C); then (X, R) = (A, C), (C, A), (A, C), ...
+        x_is_a, r_is_a = t == 0 or t % 2 == 1, t % 2 == 0
+        for kb, vb, Ab, Cb, Aq, Cq, qb, S, hid, bias_b, ob, Lb, mb, lb, tb, ntb, last_band in views:
+            Xb, Xq = (Ab, Aq) if x_is_a else (Cb, Cq)
+            Rb = Ab if r_is_a else Cb
+            _softmax_block(Xq if qb is None else qb, Xb, vb, S, hid, bias_b, scale, cutoff, p, ob, mb, lb)
+            if last or not last_band:
                 continue
-            # every output row of the heads in bs is done, and their keys X[bs] are needed no more:
-            # (K, L_t, R_t) -> (R_{t+1}, X_{t+1}) for these rows, as in _update (E into R, C into spare)
-            if X is R and spare is None:
-                spare = torch.empty_like(R)
-            tb = tau_f[bs] if tau_f.shape[0] > 1 else tau_f
-            _update(kf[bs], L[bs], R[bs], tb, spare=(X if X is not R else spare)[bs])
-        if not last:
-            # _update leaves R_{t+1} in the spare's buffer and X_{t+1} in R's
-            R, X = (spare if X is R else X), R
+            # every output row of these heads is done and their keys are needed no more:
+            # (K, L_t, R_t) -> (R_{t+1}, X_{t+1}) for these rows
+            _update(kb, Lb, Rb, tb, spare=Cb if t == 0 else Xb, neg_tau=ntb)
     return L.view(b, h, nq, dv)
 
 
@@ -781,31 +792,34 @@ def _probabilities(
 
 
 def _softmax_block(
-    qf: Tensor, kf: Tensor, vf: Tensor, bs: slice, qs: slice, shape: tuple[int, int], hidden: Tensor | None,
-    bias: Tensor | None, scale: float, cutoff: float, dropout_p: float, buf: Tensor, out: Tensor, m: Tensor,
-    l_sum: Tensor,
+    qb: Tensor, kb: Tensor, vb: Tensor, S: Tensor, hid: Tensor | None, bias_b: Tensor | None, scale: float,
+    cutoff: float, dropout_p: float, ob: Tensor, mb: Tensor, lb: Tensor,
 ) -> Tensor | None:
-    """One block of the cutoff softmax's forward, on ``(B*H, ., .)`` views: writes ``out[bs, qs]``
-    (``softmax(q k^T * scale + mask) v`` with the cutoff), ``m[bs, qs]`` (the logits' row maximum) and
-    ``l_sum[bs, qs]`` (the row sum of the unnormalised probabilities); returns the dropout keep mask."""
-    S, s = _scores(qf[bs, qs], kf[bs], scale, bias, shape, bs, qs, buf)  # logits = s * S
-    hid = _mask_block(hidden, shape, bs, qs)
+    """One block of the cutoff softmax's forward, on views of the block (``(nb, nq_block, .)``; ``S`` the
+    ``(nb, nq_block, N)`` scratch, ``hid`` / ``bias_b`` the mask blocks): writes ``ob``
+    (``softmax(q k^T * scale + mask) v`` with the cutoff), ``mb`` (the logits' row maximum) and ``lb``
+    (the row sum of the unnormalised probabilities); returns the dropout keep mask."""
+    torch.bmm(qb, kb.transpose(1, 2), out=S)
+    s = scale  # logits = s * S
+    if bias_b is not None:
+        torch.add(bias_b, S, alpha=scale, out=S)
+        s = 1.0
     if hid is not None:
         S.masked_fill_(hid, float("-inf"))
-    mb = torch.amax(S, dim=-1, keepdim=True, out=m[bs, qs])
+    torch.amax(S, dim=-1, keepdim=True, out=mb)
     if hid is not None:  # a query that sees no key: all P~ = 0, output 0 (as SDPA)
         mb.masked_fill_(mb == float("-inf"), 0.0)
     if s != 1.0:
         mb.mul_(s)  # the logits' row maximum (also for the backward)
     P = _probabilities(S, mb, hid, cutoff, s)
-    lb = torch.sum(P, dim=-1, keepdim=True, out=l_sum[bs, qs])  # >= 1 (the max) without a mask
+    torch.sum(P, dim=-1, keepdim=True, out=lb)  # >= 1 (the max) without a mask
     if hid is not None:
         lb.masked_fill_(lb == 0, 1.0)
     keep = None
     if dropout_p > 0:
         keep = torch.empty_like(P, dtype=torch.bool).bernoulli_(1.0 - dropout_p)
         P.masked_fill_(~keep, 0.0).div_(1.0 - dropout_p)
-    torch.bmm(P, vf[bs], out=out[bs, qs]).div_(lb)
+    torch.bmm(P, vb, out=ob).div_(lb)
     return keep
 
 
@@ -839,8 +853,10 @@ class _CutoffAttention(torch.autograd.Function):
         ctx.scratch = scratch = _Scratch() if scratch is None else scratch
         buf = scratch.get(0, blocks, nq, n, q)
         for bs, qs in blocks:
-            keep = _softmax_block(qf, kf, vf, bs, qs, (b, h), hidden, bias, scale, cutoff, dropout_p, buf,
-                                  out, m, l_sum)
+            S = _block_of(buf, bs.stop - bs.start, qs.stop - qs.start, n)
+            bias_b = None if bias is None else _mask_block(bias, (b, h), bs, qs)
+            keep = _softmax_block(qf[bs, qs], kf[bs], vf[bs], S, _mask_block(hidden, (b, h), bs, qs), bias_b,
+                                  scale, cutoff, dropout_p, out[bs, qs], m[bs, qs], l_sum[bs, qs])
             if keep is not None:
                 keeps.append(keep)
         ctx.save_for_backward(q, k, v, out, m, l_sum, hidden, bias, *keeps)
@@ -898,15 +914,16 @@ class _CutoffAttention(torch.autograd.Function):
 # a hand-written backward in a few passes; tests/test_pap.py checks them with gradcheck.
 
 
-def _clamp(z: Tensor, tau: Tensor, *, in_place: bool = False) -> Tensor:
-    """``clamp(z, -tau, tau)``, into ``z`` itself with ``in_place``. Two vectorised passes
-    (min, max); clamp with tensor bounds is one pass but ~2x slower on CPU."""
+def _clamp(z: Tensor, tau: Tensor, *, in_place: bool = False, neg_tau: Tensor | None = None) -> Tensor:
+    """``clamp(z, -tau, tau)``, into ``z`` itself with ``in_place`` (``neg_tau``: -tau, if at hand).
+    Two vectorised passes (min, max); clamp with tensor bounds is one pass but ~2x slower on CPU."""
     c = torch.minimum(z, tau, out=z) if in_place else torch.minimum(z, tau)
-    return torch.maximum(c, -tau, out=c)
+    return torch.maximum(c, -tau if neg_tau is None else neg_tau, out=c)
 
 
 def _update(
-    k: Tensor, L: Tensor, R: Tensor, tau: Tensor, spare: Tensor | None = None, *, keep_c: bool = False
+    k: Tensor, L: Tensor, R: Tensor, tau: Tensor, spare: Tensor | None = None, *, keep_c: bool = False,
+    neg_tau: Tensor | None = None,
 ) -> tuple[Tensor, ...]:
     """One PAP update ``(K, L_t, R_t) -> (R_{t+1}, X_{t+1})``, overwriting ``R`` and ``spare``.
 
@@ -915,7 +932,7 @@ def _update(
     tensor, for the backward) and leaves ``R`` alone.
     """
     E = torch.sub(L, R) if keep_c else torch.sub(L, R, out=R)  # E_t = L_t - R_t = -W_t
-    C = _clamp(torch.sub(k, E, out=spare).sub_(L), tau, in_place=True)  # clamp(K - L_t + W_t)
+    C = _clamp(torch.sub(k, E, out=spare).sub_(L), tau, in_place=True, neg_tau=neg_tau)  # clamp(K - L_t + W_t)
     R_next = torch.add(C, L) if keep_c else C.add_(L)
     X_next = torch.add(R_next, E, alpha=2.0, out=E)
     return (R_next, X_next, C) if keep_c else (R_next, X_next)
