@@ -932,7 +932,8 @@ def _update(
     tensor, for the backward) and leaves ``R`` alone.
     """
     E = torch.sub(L, R) if keep_c else torch.sub(L, R, out=R)  # E_t = L_t - R_t = -W_t
-    C = _clamp(torch.sub(k, E, out=spare).sub_(L), tau, in_place=True, neg_tau=neg_tau)  # clamp(K - L_t + W_t)
+    Z = torch.sub(k, E, out=spare).sub_(L)  # K - L_t + W_t
+    C = _clamp(Z, tau, in_place=True, neg_tau=neg_tau)
     R_next = torch.add(C, L) if keep_c else C.add_(L)
     X_next = torch.add(R_next, E, alpha=2.0, out=E)
     return (R_next, X_next, C) if keep_c else (R_next, X_next)
