@@ -987,18 +987,16 @@ class _Update(torch.autograd.Function):
         C, tau = ctx.saved_tensors
         if g_r is None and g_x is None:
             return None, None, None, None
-        if g_r is None or g_x is None:
-            g_c = g_r if g_x is None else g_x
-        else:
-            g_c = g_r + g_x
+        both = g_r is not None and g_x is not None
+        g_c = g_r + g_x if both else (g_r if g_x is None else g_x)
         g_z, g_tau = _clamp_backward(g_c, C, tau, ctx.needs_input_grad[3])
         g_k = g_z if ctx.needs_input_grad[0] else None
         g_R = g_z if g_x is None else torch.add(g_z, g_x, alpha=-2.0)
-        g_L = g_z.mul(-2.0)
-        if g_r is not None:
-            g_L.add_(g_r)
+        # dL = dR' + 3 dX' - 2 dZ = dC + 2 dX' - 2 dZ: into dC's buffer when it is ours
+        g_L = g_c if both else g_c.clone()
         if g_x is not None:
-            g_L.add_(g_x, alpha=3.0)
+            g_L.add_(g_x, alpha=2.0)
+        g_L.add_(g_z, alpha=-2.0)
         return g_k, g_L, g_R, g_tau
 
 
