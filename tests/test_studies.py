@@ -309,3 +309,14 @@ def test_other_seeds_keep_the_study_definition(tmp_path, monkeypatch) -> None:
         assert {v.slug: v.seeds for v in study.variants} == {v.slug: v.seeds for v in full.variants}
     with pytest.raises(ValueError, match=r"seeds \[7\] are not among"):
         real(full, tmp_path / "w", seeds=(7,))
+
+
+def test_study_help_names_every_registered_study() -> None:
+    from typer.testing import CliRunner
+
+    from kpca_attention.cli import app
+    from kpca_attention.studies import STUDIES
+
+    out = CliRunner().invoke(app, ["study", "--help"], terminal_width=200).output
+    for name in STUDIES:
+        assert f" {name} " in " ".join(out.replace("|", " | ").split()) + " ", name

@@ -109,7 +109,9 @@ def demo_cmd(
 
 
 def study_cmd(
-    name: Annotated[str, typer.Argument(help="Study to run: demo | ablations | vision | language | segmentation (kpca_attention.studies.STUDIES).")],
+    name: Annotated[str, typer.Argument(
+        help="Study to run: demo | ablations | vision | vision-large | language | segmentation "
+             "(kpca_attention.studies.STUDIES).")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (default results/NAME).")] = None,
     runs: Annotated[Path | None, typer.Option(
         help="Folder for training runs and caches (default runs/studies/NAME).")] = None,
