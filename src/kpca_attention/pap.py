@@ -24,8 +24,8 @@ Implementation (why it looks different but computes the same numbers):
   Function with a hand-written backward (first-order only: no double backward).
 * Without an autograd graph on the CPU (inference, evaluation), :func:`_pap_fused` runs instead:
   every step is the cutoff softmax of :func:`cutoff_attention` (blocked, never subnormal) and each
-  block's update is done while its rows are in the cache; a dead iterate's buffer takes the next
-  step's output. Same numbers to rounding (tests/test_pap_numerics.py).
+  block's update is done while its rows are in the cache; one output buffer serves every step.
+  Same numbers to rounding (tests/test_pap_numerics.py).
 
 Masks:
 
@@ -368,10 +368,10 @@ def pap(
 
     scratch = _Scratch()  # the cutoff steps' block buffers, shared by all steps of this call
 
-    def attend(x: Tensor, last: bool, out: Tensor | None = None) -> Tensor:
+    def attend(x: Tensor, last: bool) -> Tensor:
         query, p = (x if q is None else q), (dropout_p if last else 0.0)
         if _uses_cutoff(query, x, sdpa_mask):  # CPU, logits may span > softmax_cutoff: see there
-            return _cutoff(query, x, v, sdpa_mask, sdpa_causal, p, softmax_cutoff(x.dtype), out, scratch)
+            return _cutoff(query, x, v, sdpa_mask, sdpa_causal, p, softmax_cutoff(x.dtype), scratch)
         return F.scaled_dot_product_attention(
             query, x, v, attn_mask=sdpa_mask, is_causal=sdpa_causal, dropout_p=p
         )
@@ -394,10 +394,9 @@ def pap(
         # faults of fresh allocations cost more than the arithmetic.
         X = R = _clamp(k, tau)
     L_prev = W_prev = None
-    free: Tensor | None = None  # without a graph: the last step's L, dead after the update, reused
     for t in range(n_iter):
         last = t == n_iter - 1
-        L = attend(X, last, free)
+        L = attend(X, last)
         if trace is not None:
             trace.record(L, L_prev, W_prev)
             W_prev, L_prev = R - L, L
@@ -407,8 +406,6 @@ def pap(
             R, X = _Update.apply(k, L, R, tau)
         else:
             R, X = _update(k, L, R, tau, spare=X if X is not R else None)
-            if trace is None and L.is_contiguous():
-                free = L
     if trace is not None:
         return L, trace.info
     return L
@@ -461,8 +458,9 @@ def _pap_fused(
     per-step dispatch check is needed) and the update between two steps done block by block, right
     after a block's output rows are computed, while they and the block's keys are still in the cache:
     the update's seven elementwise passes then run over ~1 MiB instead of over all of
-    ``(B, H, N, D)`` in memory. Buffers: four ``(B, H, N, D)`` arrays for the whole call (X = R at
-    step 1, L, the spare of the first update) and one block of scores.
+    ``(B, H, N, D)`` in memory. Buffers: three ``(B, H, N, D)`` arrays for the whole call (X = R at
+    step 1, the first update's spare, L) and one block of scores; the iterates swap between the
+    first two.
     """
     b, h, nq, d = k.shape if q is None else q.shape
     n, dv = k.shape[-2], v.shape[-1]
@@ -650,11 +648,11 @@ def cutoff_attention(
 
 
 def _cutoff(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, dropout_p: float,
-            cutoff: float, out: Tensor | None = None, scratch: _Scratch | None = None) -> Tensor:
-    """:func:`cutoff_attention` without its argument checks, optionally into ``out`` (see
-    :class:`_CutoffAttention`): PAP's softmax steps."""
+            cutoff: float, scratch: _Scratch | None = None) -> Tensor:
+    """:func:`cutoff_attention` without its argument checks, with the block buffers of ``scratch``
+    (PAP's softmax steps share one)."""
     hidden, bias = _hidden_and_bias(attn_mask, is_causal, q.shape[-2], k.shape[-2], q.device)
-    return _CutoffAttention.apply(q, k, v, hidden, bias, dropout_p, cutoff, out, scratch)
+    return _CutoffAttention.apply(q, k, v, hidden, bias, dropout_p, cutoff, scratch)
 
 
 def _hidden_and_bias(attn_mask: Tensor | None, is_causal: bool, nq: int, n: int,
@@ -836,16 +834,13 @@ class _CutoffAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, hidden: Tensor | None, bias: Tensor | None,
-                dropout_p: float, cutoff: float, out: Tensor | None = None,
-                scratch: _Scratch | None = None) -> Tensor:
-        # out: a contiguous (B, H, Nq, Dv) buffer to write into (PAP reuses a dead iterate's, without
-        # a graph); scratch: block buffers shared with other calls (and this call's backward)
+                dropout_p: float, cutoff: float, scratch: _Scratch | None = None) -> Tensor:
+        # scratch: block buffers shared with other calls (PAP's steps) and this call's backward
         b, h, nq, d = q.shape
         n, dv = k.shape[-2], v.shape[-1]
         scale = 1.0 / math.sqrt(d)
         qf, kf, vf = q.reshape(b * h, nq, d), k.reshape(b * h, n, d), v.reshape(b * h, n, dv)
-        out = torch.empty(b * h, nq, dv, dtype=q.dtype, device=q.device) if out is None else \
-            out.view(b * h, nq, dv)
+        out = torch.empty(b * h, nq, dv, dtype=q.dtype, device=q.device)
         m = torch.empty(b * h, nq, 1, dtype=q.dtype, device=q.device)
         l_sum = torch.empty_like(m)
         keeps: list[Tensor] = []
@@ -903,7 +898,7 @@ class _CutoffAttention(torch.autograd.Function):
                 gk[bs].baddbmm_(dS.transpose(1, 2), qf[bs, qs], alpha=scale)
             else:
                 torch.bmm(dS.transpose(1, 2), qf[bs, qs], out=gk[bs]).mul_(scale)
-        return gq.view_as(q), gk.view_as(k), gv.view_as(v), None, None, None, None, None, None
+        return gq.view_as(q), gk.view_as(k), gv.view_as(v), None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------- fused update
