@@ -382,7 +382,7 @@ def pap(
         t is not None and t.requires_grad for t in (k, v, q, tau)
     )
     cpu_float = k.device.type == "cpu" and k.dtype in (torch.float32, torch.float64)
-    if cpu_float and not (grad_mode or return_info):
+    if cpu_float and not (grad_mode or return_info or tracing()):
         return _pap_fused(k, v, q, tau, sdpa_mask, sdpa_causal, dropout_p, n_iter)
     trace = _Trace(k, mu_t, tau, _key_validity(attn_mask, tuple(k.shape))) if return_info else None
     # State after step t: L_t and R_t = C_t + L_{t-1}, so that W_t = Y_t / mu = R_t - L_t.
