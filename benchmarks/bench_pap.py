@@ -225,13 +225,28 @@ def bench(k: torch.Tensor, v: torch.Tensor, threads: int, args: argparse.Namespa
     for fn in cases.values():  # warm-up (allocator, thread pool, SDPA kernel choice)
         fn()
     times: dict = {key: [] for key in cases}
+    faults: dict = {key: [] for key in cases}
     for r in range(args.repeats):
         for key, fn in cases.items():
             # the naive transcription is slow and its ratio is only illustrative: time it less often
             if key[1] == "naive" and r >= args.naive_repeats:
                 continue
+            f0 = _minor_faults()
             times[key].append(_timed(fn))
-    return {key: statistics.median(ts) for key, ts in times.items()}
+            faults[key].append(_minor_faults() - f0)
+    med = {key: statistics.median(ts) for key, ts in times.items()}
+    med["faults"] = {key: statistics.mean(fs) for key, fs in faults.items()}
+    return med
+
+
+def _minor_faults() -> int:
+    """Minor page faults of this process so far (first touches of freshly mapped memory), or 0 where
+    ``resource`` is missing (Windows). Fresh large buffers fault on every 4 KiB page they touch."""
+    try:
+        import resource
+    except ImportError:
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def report(name: str, med: dict, threads: int, targets: dict[str, float], extras: bool) -> bool:
@@ -253,6 +268,9 @@ def report(name: str, med: dict, threads: int, targets: dict[str, float], extras
             s = med[(phase, "sdpa")]
             print(f"  ablations, {phase}: no_s / sdpa = {med[(phase, 'no_s')] / s:.2f}x, "
                   f"no_dual / sdpa = {med[(phase, 'no_dual')] / s:.2f}x")
+    f = med["faults"]
+    print("  minor page faults per call (mean): " + "; ".join(
+        f"{phase} sdpa {f[(phase, 'sdpa')]:.0f}, pap {f[(phase, 'pap')]:.0f}" for phase in targets))
     return ok
 
 
