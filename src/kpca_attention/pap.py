@@ -381,8 +381,7 @@ def pap(
     grad_mode = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (k, v, q, tau)
     )
-    cpu_float = k.device.type == "cpu" and k.dtype in (torch.float32, torch.float64)
-    if cpu_float and not (grad_mode or return_info or tracing()):
+    if _cpu_float(k) and not (grad_mode or return_info or tracing()):
         return _pap_fused(k, v, q, tau, sdpa_mask, sdpa_causal, dropout_p, n_iter)
     trace = _Trace(k, mu_t, tau, _key_validity(attn_mask, tuple(k.shape))) if return_info else None
     # State after step t: L_t and R_t = C_t + L_{t-1}, so that W_t = Y_t / mu = R_t - L_t.
@@ -426,8 +425,7 @@ def _pap_compiled(
     :func:`_cutoff_attention_ops` (the cutoff of :func:`cutoff_attention` in plain ops, so that no
     subnormal arises in the compiled forward or backward either).
     """
-    cpu_cutoff = k.device.type == "cpu" and k.dtype in (torch.float32, torch.float64)
-    attention = _cutoff_attention_ops if cpu_cutoff else F.scaled_dot_product_attention
+    attention = _cutoff_attention_ops if _cpu_float(k) else F.scaled_dot_product_attention
     L: Tensor | None = None
     W: Tensor | None = None
     for t in range(n_iter):
@@ -483,12 +481,11 @@ def _pap_fused(
     views = []
     for bs, qs in blocks:
         last_band = qs.stop == nq  # the head's rows are all done after this block: update them
-        tb, ntb = (tau_f[bs], ntau_f[bs]) if tau_f.shape[0] > 1 else (tau_f, ntau_f)
         views.append((
             kf[bs], vf[bs], A[bs], C[bs], A[bs, qs], C[bs, qs], None if qf is None else qf[bs, qs],
             _block_of(buf, bs.stop - bs.start, qs.stop - qs.start, n), _mask_block(hidden, (b, h), bs, qs),
             None if bias is None else _mask_block(bias, (b, h), bs, qs), L[bs, qs], L[bs], m[bs, qs],
-            l_sum[bs, qs], tb, ntb, last_band,
+            l_sum[bs, qs], tau_f[bs], ntau_f[bs], last_band,
         ))
     for t in range(n_iter):
         last = t == n_iter - 1
@@ -593,9 +590,15 @@ def _may_underflow(query: Tensor, key: Tensor, sdpa_mask: Tensor | None) -> bool
     return bool((spread > softmax_cutoff(key.dtype) - math.log(n)).any())
 
 
+def _cpu_float(t: Tensor) -> bool:
+    """Whether the cutoff softmax applies to ``t``: float32 / float64 on the CPU (GPUs process
+    subnormals at full speed; half precisions go through SDPA everywhere)."""
+    return t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
+
+
 def _uses_cutoff(query: Tensor, key: Tensor, sdpa_mask: Tensor | None) -> bool:
     """The softmax-step dispatch of :func:`pap` (see the comment above :func:`softmax_cutoff`)."""
-    if key.device.type != "cpu" or key.dtype not in (torch.float32, torch.float64):
+    if not _cpu_float(key):
         return False
     # While tracing or compiling nothing may branch on values: take the path that is always safe.
     return tracing() or _may_underflow(query, key, sdpa_mask)
@@ -755,22 +758,18 @@ def _block_of(buf: Tensor, nb: int, nq: int, n: int) -> Tensor:
     return buf[: nb * nq * n].view(nb, nq, n)
 
 
-def _scores(
-    q: Tensor, k: Tensor, scale: float, bias: Tensor | None, shape: tuple[int, int], bs: slice, qs: slice,
-    buf: Tensor,
-) -> tuple[Tensor, float]:
-    """The logits of one block, ``(nb, nq, N)``, as ``(T, s)`` with logits = ``s * T``: ``T = q k^T``
-    (``s = scale``) without a bias, ``T = scale * q k^T + bias block`` (``s = 1``) with one.
+def _block_logits(qb: Tensor, kb: Tensor, S: Tensor, bias_b: Tensor | None, scale: float) -> float:
+    """Write one block's scores into ``S`` and return ``s`` with logits = ``s * S``: ``S = q k^T`` and
+    ``s = scale`` without a bias, ``S = scale * q k^T + bias block`` and ``s = 1`` with one.
 
     The scale is left to the caller (folded into the subtraction of the row maximum) rather than passed
     to ``baddbmm`` as alpha: with beta = 0 and several threads, torch's CPU ``baddbmm`` over many small
-    matrices takes a path up to 17x slower than ``bmm`` (torch 2.14, 2 threads, 192 x 197 x 64).
-    Written into the scratch buffer ``buf``."""
-    S = torch.bmm(q, k.transpose(1, 2), out=_block_of(buf, q.shape[0], q.shape[1], k.shape[1]))
-    if bias is None:
-        return S, scale
-    blk = _mask_block(bias, shape, bs, qs)
-    return torch.add(blk, S, alpha=scale, out=S), 1.0
+    matrices takes a path up to 17x slower than ``bmm`` (torch 2.14, 2 threads, 192 x 197 x 64)."""
+    torch.bmm(qb, kb.transpose(1, 2), out=S)
+    if bias_b is None:
+        return scale
+    torch.add(bias_b, S, alpha=scale, out=S)
+    return 1.0
 
 
 def _probabilities(
@@ -797,11 +796,7 @@ def _softmax_block(
     ``(nb, nq_block, N)`` scratch, ``hid`` / ``bias_b`` the mask blocks): writes ``ob``
     (``softmax(q k^T * scale + mask) v`` with the cutoff), ``mb`` (the logits' row maximum) and ``lb``
     (the row sum of the unnormalised probabilities); returns the dropout keep mask."""
-    torch.bmm(qb, kb.transpose(1, 2), out=S)
-    s = scale  # logits = s * S
-    if bias_b is not None:
-        torch.add(bias_b, S, alpha=scale, out=S)
-        s = 1.0
+    s = _block_logits(qb, kb, S, bias_b, scale)  # logits = s * S
     if hid is not None:
         S.masked_fill_(hid, float("-inf"))
     torch.amax(S, dim=-1, keepdim=True, out=mb)
@@ -878,7 +873,9 @@ class _CutoffAttention(torch.autograd.Function):
         gv = torch.zeros_like(vf) if banded else torch.empty_like(vf)
         buf, buf_dp = (ctx.scratch.get(i, ctx.blocks, nq, n, q) for i in (0, 1))
         for i, (bs, qs) in enumerate(ctx.blocks):
-            S, s = _scores(qf[bs, qs], kf[bs], scale, bias, (b, h), bs, qs, buf)
+            S = _block_of(buf, bs.stop - bs.start, qs.stop - qs.start, n)
+            bias_b = None if bias is None else _mask_block(bias, (b, h), bs, qs)
+            s = _block_logits(qf[bs, qs], kf[bs], S, bias_b, scale)
             hid = _mask_block(hidden, (b, h), bs, qs)
             P = _probabilities(S, m[bs, qs], hid, ctx.cutoff, s).div_(l_sum[bs, qs])
             gb = gf[bs, qs]

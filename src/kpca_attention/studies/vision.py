@@ -88,8 +88,7 @@ def _image_suites(seeds: tuple[int, ...], corrupt_images: int, attack_images: in
         Attack("cw", (0.5, 1.0), n=200, options={"steps": 50}, seeds=first, label="cw"),
     )
     corruptions = Corruptions(COMMON_CORRUPTIONS, (1, 2, 3, 4, 5), corrupt_images)
-    return ImageSuites(clean=None, corruptions=corruptions,
-                       attacks=attacks)
+    return ImageSuites(clean=None, corruptions=corruptions, attacks=attacks)
 
 
 def vision_study(*, seeds: tuple[int, ...] = (0, 1, 2), corrupt_images: int = 500,
