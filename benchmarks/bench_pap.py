@@ -22,8 +22,10 @@ For each input it first prints how the iterates grow over ``--growth-iters`` ste
 the benchmark's 4; float64 transcription on 8 samples): mean row
 norm of X, logit spread per row (max - min of x_i . x_j / sqrt(D)), the share of float32 softmax
 probabilities that would be subnormal without a cutoff, the density of S, and which kernel pap's
-step took with an autograd graph (``cutoff`` = :func:`kpca_attention.pap.cutoff_attention`, else SDPA;
-without a graph, on the CPU, every step is the cutoff softmax).
+step takes with an autograd graph and a Function per step (separate queries, dropout, or attention
+matrices too large to keep; ``cutoff`` = :func:`kpca_attention.pap.cutoff_attention`, else SDPA).
+Without a graph, and in symmetric training whose matrices fit (``_PAPSaved``, which the timed forward +
+backward below runs), every step on the CPU is the cutoff softmax.
 
 Targets, at every thread count: pap forward <= 5.0x sdpa, forward + backward <= 6.0x sdpa. The ratios
 depend on the thread count (on a machine whose cores are shared, each multi-threaded op can stall for
@@ -148,9 +150,13 @@ def growth(k: torch.Tensor, v: torch.Tensor, n_iter: int, lam: float, n: int = 8
             "s_density": float((h["S"] != 0).double().mean()),
         })
     # the kernel pap chose for each step, on the float32 input of the benchmark (spies on both), with an
-    # autograd graph (without one, on the CPU, every step is the cutoff softmax of the fused path)
+    # autograd graph and a Function per step (separate queries, dropout, or attention matrices too large
+    # to keep: forced here). Without a graph, and in symmetric training whose matrices fit (_PAPSaved),
+    # every step on the CPU is the cutoff softmax.
     used: list[str] = []
     real_cutoff, real_sdpa = pap_module._cutoff, F.scaled_dot_product_attention
+    real_saves = pap_module._saves_probabilities
+    pap_module._saves_probabilities = lambda *a: False
 
     def spy_cutoff(*a, **kw):
         used.append("cutoff")
@@ -165,6 +171,7 @@ def growth(k: torch.Tensor, v: torch.Tensor, n_iter: int, lam: float, n: int = 8
         pap(k.detach().requires_grad_(), v, n_iter, lam)
     finally:
         pap_module._cutoff, F.scaled_dot_product_attention = real_cutoff, real_sdpa
+        pap_module._saves_probabilities = real_saves
     for r, u in zip(rows, used, strict=True):
         r["kernel"] = u
     return rows
@@ -172,7 +179,7 @@ def growth(k: torch.Tensor, v: torch.Tensor, n_iter: int, lam: float, n: int = 8
 
 def print_growth(name: str, rows: list[dict]) -> None:
     print(f"\n[{name}] iterate growth (float64 Algorithm 1 on 8 samples; kernel = pap's choice in float32 "
-          f"with a graph, cutoff {softmax_cutoff(torch.float32):.1f})")
+          f"with a Function per step, cutoff {softmax_cutoff(torch.float32):.1f})")
     print(f"  {'step':>4}{'mean |x_i|':>12}{'spread mean':>13}{'spread max':>12}{'subnormal P':>13}"
           f"{'S density':>11}  kernel")
     for t, r in enumerate(rows, 1):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import numpy as np
@@ -194,6 +195,74 @@ def test_no_grad_in_place_path_matches_autograd_path(dtype: torch.dtype) -> None
     with torch.no_grad():
         pap(k, v, 4, 0.1)
     assert torch.equal(k, k_before), "the in-place path must not write into its inputs"
+
+
+def _graph_grads(monkeypatch: pytest.MonkeyPatch, saved: bool, k, v, g, **kwargs):
+    """Output and gradients of pap, through _PAPSaved (``saved``) or the Function-per-step graph."""
+    pap_module = importlib.import_module("kpca_attention.pap")
+    calls: list[str] = []
+    cls = pap_module._PAPSaved
+    monkeypatch.setattr(pap_module, "_saves_probabilities",
+                        lambda *a: saved and calls.append("saved") is None)
+    kk, vv = k.clone().requires_grad_(), v.clone().requires_grad_()
+    mu = kwargs.pop("mu", None)
+    mm = None if mu is None else mu.clone().requires_grad_()
+    out = pap(kk, vv, 4, 0.1, mu=mm, **kwargs)
+    out.backward(g)
+    assert calls == (["saved"] if saved else []) and cls is pap_module._PAPSaved
+    return out.detach(), kk.grad, vv.grad, None if mm is None else mm.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", ["plain", "causal", "padding", "additive", "explicit_mu", "lambda_over_mu"])
+def test_saved_probabilities_path_equals_step_graph(monkeypatch: pytest.MonkeyPatch, case: str,
+                                                   dtype: torch.dtype) -> None:
+    # With a graph on the CPU, symmetric PAP runs as one Function that keeps each step's probabilities
+    # (_PAPSaved); everything else as a Function per step. Same outputs and gradients (k, v, mu).
+    k, v = kv(b=2, h=3, n=17, d=8, dtype=dtype, seed=31)
+    g = rand(*k.shape, seed=32, dtype=dtype)
+    kwargs: dict = {
+        "plain": {}, "causal": {"is_causal": True}, "lambda_over_mu": {"threshold": "lambda_over_mu"},
+        "explicit_mu": {"mu": torch.tensor([[[[0.8]]], [[[1.3]]]], dtype=dtype)},
+    }.get(case, {})
+    if case == "padding":
+        pad = torch.ones(2, 17, dtype=torch.bool)
+        pad[1, 12:] = False
+        kwargs = {"attn_mask": pad, "is_causal": True}
+    if case == "additive":
+        kwargs = {"attn_mask": rand(1, 3, 17, 17, seed=33, dtype=dtype).tril() - 0.5}
+    fast = _graph_grads(monkeypatch, True, k, v, g, **dict(kwargs))
+    slow = _graph_grads(monkeypatch, False, k, v, g, **dict(kwargs))
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+    for a, b in zip(fast, slow, strict=True):
+        if a is not None or b is not None:
+            scale = max(1.0, float(b.abs().max()))
+            torch.testing.assert_close(a, b, rtol=tol["rtol"], atol=tol["atol"] * scale)
+
+
+def test_saved_probabilities_path_taken_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+    pap_module = importlib.import_module("kpca_attention.pap")
+    calls: list[str] = []
+    apply = pap_module._PAPSaved.apply
+    monkeypatch.setattr(pap_module._PAPSaved, "apply", lambda *a: calls.append("saved") or apply(*a))
+    k, v = kv(b=2, h=3, n=9, d=4, dtype=torch.float32, seed=34)
+    q = rand(*k.shape, seed=35, dtype=torch.float32)
+    kg = k.clone().requires_grad_()
+    pap(kg, v, 4, 0.1).sum().backward()
+    assert calls == ["saved"]
+    calls.clear()
+    pap(kg, v, 4, 0.1, q=q)  # separate queries
+    pap(kg, v, 4, 0.1, dropout_p=0.2)  # dropout
+    pap(kg, v, 4, 0.1, return_info=True)  # diagnostics
+    pap(kg.bfloat16(), v.bfloat16(), 4, 0.1)  # half precision
+    with torch.no_grad():
+        pap(kg, v, 4, 0.1)  # no graph: _pap_fused
+    monkeypatch.setattr(pap_module, "_SAVED_P_FLOATS", 4 * 2 * 3 * 9 * 9 - 1)  # over the memory budget
+    pap(kg, v, 4, 0.1)
+    assert calls == []
+    monkeypatch.setattr(pap_module, "_SAVED_P_FLOATS", 4 * 2 * 3 * 9 * 9)
+    pap(kg, v, 4, 0.1)
+    assert calls == ["saved"]
 
 
 # ----------------------------------------------------------------------------- masks

@@ -26,6 +26,9 @@ Implementation (why it looks different but computes the same numbers):
   every step is the cutoff softmax of :func:`cutoff_attention` (blocked, never subnormal) and each
   block's update is done while its rows are in the cache; one output buffer serves every step.
   Same numbers to rounding (tests/test_pap_numerics.py).
+* With a graph on the CPU, symmetric, without dropout and with small attention matrices (training
+  at ViT sizes), :class:`_PAPSaved` runs the same loop as one autograd Function that keeps each
+  step's probabilities and walks the steps back in its own backward (docs/pap.md, section 9).
 
 Masks:
 
@@ -381,8 +384,12 @@ def pap(
     grad_mode = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (k, v, q, tau)
     )
-    if _cpu_float(k) and not (grad_mode or return_info or tracing()):
-        return _pap_fused(k, v, q, tau, sdpa_mask, sdpa_causal, dropout_p, n_iter)
+    if _cpu_float(k) and not (return_info or tracing()):
+        if not grad_mode:
+            return _pap_fused(k, v, q, tau, sdpa_mask, sdpa_causal, dropout_p, n_iter)
+        if _saves_probabilities(k, q, dropout_p, n_iter):
+            hidden, bias = _hidden_and_bias(sdpa_mask, sdpa_causal, k.shape[-2], k.shape[-2], k.device)
+            return _PAPSaved.apply(k, v, tau, hidden, bias, n_iter)
     trace = _Trace(k, mu_t, tau, _key_validity(attn_mask, tuple(k.shape))) if return_info else None
     # State after step t: L_t and R_t = C_t + L_{t-1}, so that W_t = Y_t / mu = R_t - L_t.
     # Step 1 (L0 = W0 = 0): X_1 = R_1 = clamp(K).
@@ -503,6 +510,126 @@ def _pap_fused(
             # (K, L_t, R_t) -> (R_{t+1}, X_{t+1}) for these rows
             _update(kb, Lb, Rb, tb, spare=Cb if t == 0 else Xb, neg_tau=ntb)
     return L.view(b, h, nq, dv)
+
+
+_SAVED_P_FLOATS = 1 << 26  # probabilities _PAPSaved may keep for its backward: 256 MiB of float32
+
+
+def _saves_probabilities(k: Tensor, q: Tensor | None, dropout_p: float, n_iter: int) -> bool:
+    """Whether :class:`_PAPSaved` takes a graph-mode call: symmetric, no dropout, every softmax block
+    holding whole rows, and the ``n_iter`` attention matrices within ``_SAVED_P_FLOATS``."""
+    b, h, n, _ = k.shape
+    if q is not None or dropout_p > 0 or n_iter * b * h * n * n > _SAVED_P_FLOATS:
+        return False
+    return all(qs.stop - qs.start == n for _, qs in _blocks(b * h, n, n))
+
+
+class _PAPSaved(torch.autograd.Function):
+    """PAP with an autograd graph on the CPU (float32 / float64), symmetric, when the attention matrices
+    are small: the whole iteration as one Function that keeps each step's probabilities.
+
+    Forward: :func:`_pap_fused`'s loop (every step the cutoff softmax, each block's update while its
+    rows are in the cache), keeping X_t, L_t, C_t and the normalised probabilities P_t of every step
+    (``n_iter * B * H * N * N`` floats, at most ``_SAVED_P_FLOATS``). Backward, step by step in reverse
+    and block by block: with the saved P no score is recomputed, and since the queries are the keys,
+    dX = (dS + dS^T) X / sqrt(D) takes two GEMMs where a query-key backward takes three (recomputing the
+    scores, dQ, dK); the update's backward runs on a block's rows right after its dX. dK, dV and dtau
+    accumulate in place. Against a Function per step (SDPA's flash backward recomputes the scores and
+    forms dQ and dK; autograd sums the gradients out of place), PAP forward + backward is 8-13 % faster
+    at 1 thread at ViT-tiny sizes (docs/benchmarks.md). Equal to the step-by-step graph to rounding
+    (tests/test_pap.py). An additive mask receives no gradient (as in :func:`cutoff_attention`).
+    """
+
+    @staticmethod
+    def forward(ctx, k: Tensor, v: Tensor, tau: Tensor, hidden: Tensor | None, bias: Tensor | None,
+                n_iter: int) -> Tensor:
+        b, h, n, d = k.shape
+        bh = b * h
+        scale, cutoff = 1.0 / math.sqrt(d), softmax_cutoff(k.dtype)
+        kf, vf = k.reshape(bh, n, d), v.reshape(bh, n, d)
+        tau_f = torch.broadcast_to(tau, (b, h, tau.shape[-2], 1)).reshape(bh, tau.shape[-2], 1)
+        ntau_f = tau_f.neg()
+        blocks = _blocks(bh, n, n)
+        masks = [tuple(_mask_block(mask, (b, h), bs, qs) for mask in (hidden, bias)) for bs, qs in blocks]
+        P = k.new_empty(n_iter, bh, n, n)
+        m = k.new_empty(bh, n, 1)
+        l_sum = torch.empty_like(m)
+        X0 = _clamp(kf, tau_f)  # step 1 (L0 = W0 = 0): X_1 = R_1 = C_0 = clamp(K)
+        Xs, Ls, Cs = [X0], [], [X0]
+        R = torch.empty_like(X0) if n_iter > 1 else X0
+        for t in range(n_iter):
+            last = t == n_iter - 1
+            X, R_in, L = Xs[t], (X0 if t == 0 else R), torch.empty_like(X0)
+            Ls.append(L)
+            if not last:
+                Cs.append(torch.empty_like(X0))
+                Xs.append(torch.empty_like(X0))
+            for (bs, _), (hid, bias_b) in zip(blocks, masks, strict=True):
+                S = P[t, bs]
+                Xb, Lb, mb, lb = X[bs], L[bs], m[bs], l_sum[bs]
+                _softmax_block(Xb, Xb, vf[bs], S, hid, bias_b, scale, cutoff, 0.0, Lb, mb, lb)
+                S.div_(lb)
+                if not last:  # (K, L_t, R_t) -> (C_t, R_{t+1}, X_{t+1}) for these rows
+                    _update_into(kf[bs], Lb, R_in[bs], tau_f[bs], ntau_f[bs], Cs[-1][bs], Xs[-1][bs], R[bs])
+        ctx.save_for_backward(kf, vf, tau_f, P, *Xs, *Ls, *Cs)
+        ctx.n_iter, ctx.blocks, ctx.tau_shape = n_iter, blocks, tau.shape
+        return Ls[-1].view(b, h, n, d)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
+        n_iter = ctx.n_iter
+        kf, vf, tau_f, P, *rest = ctx.saved_tensors
+        Xs, Ls, Cs = rest[:n_iter], rest[n_iter:2 * n_iter], rest[2 * n_iter:]
+        bh, n, d = kf.shape
+        b, h = g.shape[:2]
+        scale = 1.0 / math.sqrt(d)
+        need_tau = ctx.needs_input_grad[2]
+        gf = g.reshape(bh, n, d)
+        g_k, g_v, g_tau = torch.empty_like(kf), torch.empty_like(vf), torch.zeros_like(tau_f)
+        dL = torch.empty_like(kf) if n_iter > 1 else None  # dLoss / dL_{t-1}, from update t-1's backward
+        dR = torch.empty_like(kf) if n_iter > 1 else None  # dLoss / dR_{t-1}
+        nb_max = max(bs.stop - bs.start for bs, _ in ctx.blocks)
+        buf_dp = kf.new_empty(nb_max * n * n)
+        buf_dx, buf_in, buf_out = (kf.new_empty(nb_max * n * d) for _ in range(3))
+        for t in reversed(range(n_iter)):
+            last = t == n_iter - 1
+            X, L, C, G = Xs[t], Ls[t], Cs[t], (gf if last else dL)
+            for bs, _ in ctx.blocks:
+                nb = bs.stop - bs.start
+                Xb, Gb, Pb = X[bs], G[bs], P[t, bs]
+                delta = torch.bmm(Gb.reshape(-1, 1, d), L[bs].reshape(-1, d, 1)).view(nb, n, 1)
+                dP = torch.bmm(Gb, vf[bs].transpose(1, 2), out=_block_of(buf_dp, nb, n, n))
+                if last:
+                    torch.bmm(Pb.transpose(1, 2), Gb, out=g_v[bs])
+                else:
+                    g_v[bs].baddbmm_(Pb.transpose(1, 2), Gb)
+                dS = dP.sub_(delta).mul_(Pb)  # d(loss)/d(logits), unscaled
+                dX = torch.bmm(dS, Xb, out=_block_of(buf_dx, nb, n, d))
+                dX.baddbmm_(dS.transpose(1, 2), Xb).mul_(scale)  # X is the queries and the keys
+                # back through the clamp that made X_t and R_t (C_0 = clamp(K), or update t-1):
+                # dC = dR_t + dX_t; dZ = dC inside the clamp; dK += dZ; tau gets sum(dC * C / tau) outside
+                Cb, tb = C[bs], tau_f[bs]
+                dC = dX if last else dR[bs].add_(dX)
+                dZ = torch.abs(Cb, out=_block_of(buf_in, nb, n, d)).lt_(tb).mul_(dC)
+                if need_tau:
+                    g_tau[bs] += torch.sub(dC, dZ, out=_block_of(buf_out, nb, n, d)).mul_(Cb).sum_to_size(
+                        tb.shape).div_(tb)
+                if last:
+                    g_k[bs].copy_(dZ)
+                else:
+                    g_k[bs].add_(dZ)
+                if t == 0:
+                    continue
+                # update t-1 (Z = K - 2 L + R, X_t = C + 3 L - 2 R, R_t = C + L): dL = dR_t + 3 dX - 2 dZ
+                # (= dC + 2 dX - 2 dZ), dR = dZ - 2 dX
+                if last:  # dC is dX
+                    torch.add(dZ, dX, alpha=-1.5, out=dL[bs]).mul_(-2.0)
+                else:
+                    torch.add(dC, dX, alpha=2.0, out=dL[bs]).sub_(dZ, alpha=2.0)
+                torch.add(dZ, dX, alpha=-2.0, out=dR[bs])
+        g_tau = g_tau.view(b, h, -1, 1).sum_to_size(ctx.tau_shape) if need_tau else None
+        return g_k.view(b, h, n, d), g_v.view(b, h, n, d), g_tau, None, None, None
 
 
 def _pap_ablated(
@@ -929,6 +1056,17 @@ def _update(
     R_next = torch.add(C, L) if keep_c else C.add_(L)
     X_next = torch.add(R_next, E, alpha=2.0, out=E)
     return (R_next, X_next, C) if keep_c else (R_next, X_next)
+
+
+def _update_into(k: Tensor, L: Tensor, R: Tensor, tau: Tensor, neg_tau: Tensor, C: Tensor, X: Tensor,
+                 R_next: Tensor) -> None:
+    """:func:`_update` into given buffers: C_t into ``C``, X_{t+1} into ``X``, R_{t+1} into ``R_next``
+    (which may be ``R`` itself: R_t is read before R_{t+1} is written)."""
+    E = torch.sub(L, R, out=X)  # E_t = L_t - R_t = -W_t
+    torch.sub(k, E, out=C).sub_(L)  # K - L_t + W_t
+    _clamp(C, tau, in_place=True, neg_tau=neg_tau)
+    torch.add(C, L, out=R_next)
+    torch.add(R_next, E, alpha=2.0, out=E)
 
 
 def _clamp_backward(g: Tensor, C: Tensor, tau: Tensor, need_tau: bool) -> tuple[Tensor, Tensor | None]:
