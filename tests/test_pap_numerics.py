@@ -352,3 +352,21 @@ def test_fused_path_makes_no_subnormal_and_leaves_inputs_alone() -> None:
     assert "scaled_dot_product_attention" not in " ".join(spy.ops)
     assert n_subnormal(out) == 0 and torch.isfinite(out).all()
     assert torch.equal(k, k0) and torch.equal(v, v0)
+
+
+def test_block_size_follows_threads_and_openmp_wait_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the cutoff softmax's blocks (B*H = 192 heads of 197 x 197 logits): 6 heads at 1 thread; at 2
+    # threads 4x larger while OpenMP threads spin, 16x when they sleep (OMP_WAIT_POLICY=passive)
+    threads = torch.get_num_threads()
+    counts = {}
+    try:
+        for n_threads, policy in ((1, None), (2, None), (2, "PASSIVE"), (2, "active")):
+            torch.set_num_threads(n_threads)
+            if policy is None:
+                monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+            else:
+                monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+            counts[n_threads, policy] = len(pap_module._blocks(192, 197, 197))
+    finally:
+        torch.set_num_threads(threads)
+    assert counts == {(1, None): 32, (2, None): 8, (2, "PASSIVE"): 2, (2, "active"): 8}

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Callable
 from typing import Literal
 
@@ -833,12 +834,21 @@ def _cutoff_attention_ops(
     return torch.matmul(p, v)
 
 
+def _passive_wait() -> bool:
+    """Whether OpenMP's idle threads sleep rather than spin (``OMP_WAIT_POLICY=passive``, read by the
+    OpenMP runtime when it starts; the variable is read here on each call, as the runtime cannot be asked)."""
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
+
+
 def _blocks(bh: int, nq: int, n: int) -> list[tuple[slice, slice]]:
     """(batch-head slice, query slice) pairs covering ``(bh, nq)`` with ~_BLOCK_FLOATS logits each."""
-    # With several threads every op is a parallel region whose barrier can wait a scheduler tick on a
-    # shared machine: then fewer, larger blocks (measured: 16x the single-thread block at 2 threads).
+    # With several threads every op is a parallel region ending in a barrier: fewer, larger blocks than at
+    # one thread. How much larger depends on how OpenMP's idle threads wait. Spinning (the default), 4x the
+    # single-thread block at 2 threads was fastest on a 2-core Xeon (PAP forward 4.6x SDPA, against 5.1x
+    # with 16x blocks); with OMP_WAIT_POLICY=PASSIVE each region must wake a sleeping thread, and 16x
+    # blocks were fastest (5.9x, against 7.2x with 4x) - docs/benchmarks.md.
     threads = torch.get_num_threads()
-    budget = _BLOCK_FLOATS if threads <= 1 else _BLOCK_FLOATS * 8 * threads
+    budget = _BLOCK_FLOATS if threads <= 1 else _BLOCK_FLOATS * threads * (8 if _passive_wait() else 2)
     if nq * n <= budget:
         step = budget // (nq * n)
         return [(slice(i, min(i + step, bh)), slice(0, nq)) for i in range(0, bh, step)]
