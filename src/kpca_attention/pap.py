@@ -1060,18 +1060,20 @@ def _update(
     X_{t+1} = C + L_t - 2 W_t = R_{t+1} + 2 (L_t - R_t). With ``keep_c`` also returns C (a fresh
     tensor, for the backward) and leaves ``R`` alone.
     """
-    E = torch.sub(L, R) if keep_c else torch.sub(L, R, out=R)  # E_t = L_t - R_t = -W_t
-    Z = torch.sub(k, E, out=spare).sub_(L)  # K - L_t + W_t
-    C = _clamp(Z, tau, in_place=True, neg_tau=neg_tau)
-    R_next = torch.add(C, L) if keep_c else C.add_(L)
-    X_next = torch.add(R_next, E, alpha=2.0, out=E)
-    return (R_next, X_next, C) if keep_c else (R_next, X_next)
+    if keep_c:
+        C, X_next, R_next = (torch.empty_like(L) for _ in range(3))
+        _update_into(k, L, R, tau, neg_tau, C, X_next, R_next)
+        return R_next, X_next, C
+    C = torch.empty_like(L) if spare is None else spare
+    _update_into(k, L, R, tau, neg_tau, C, R, C)  # X_{t+1} over R_t, R_{t+1} over C
+    return C, R
 
 
-def _update_into(k: Tensor, L: Tensor, R: Tensor, tau: Tensor, neg_tau: Tensor, C: Tensor, X: Tensor,
+def _update_into(k: Tensor, L: Tensor, R: Tensor, tau: Tensor, neg_tau: Tensor | None, C: Tensor, X: Tensor,
                  R_next: Tensor) -> None:
-    """:func:`_update` into given buffers: C_t into ``C``, X_{t+1} into ``X``, R_{t+1} into ``R_next``
-    (which may be ``R`` itself: R_t is read before R_{t+1} is written)."""
+    """:func:`_update` into given buffers: C_t into ``C``, X_{t+1} into ``X``, R_{t+1} into ``R_next``.
+    ``X`` or ``R_next`` may be ``R``, and ``R_next`` may be ``C``: every pass reads an element before it
+    writes it, and R_t is not read after E_t. ``neg_tau`` is -tau, if at hand."""
     E = torch.sub(L, R, out=X)  # E_t = L_t - R_t = -W_t
     torch.sub(k, E, out=C).sub_(L)  # K - L_t + W_t
     _clamp(C, tau, in_place=True, neg_tau=neg_tau)
