@@ -214,7 +214,9 @@ def _graph_grads(monkeypatch: pytest.MonkeyPatch, saved: bool, k, v, g, **kwargs
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("case", ["plain", "causal", "padding", "additive", "explicit_mu", "lambda_over_mu"])
+@pytest.mark.parametrize(
+    "case", ["plain", "causal", "padding", "additive", "no_key_row", "explicit_mu", "lambda_over_mu"]
+)
 def test_saved_probabilities_path_equals_step_graph(monkeypatch: pytest.MonkeyPatch, case: str,
                                                    dtype: torch.dtype) -> None:
     # With a graph on the CPU, symmetric PAP runs as one Function that keeps each step's probabilities
@@ -231,6 +233,10 @@ def test_saved_probabilities_path_equals_step_graph(monkeypatch: pytest.MonkeyPa
         kwargs = {"attn_mask": pad, "is_causal": True}
     if case == "additive":
         kwargs = {"attn_mask": rand(1, 3, 17, 17, seed=33, dtype=dtype).tril() - 0.5}
+    if case == "no_key_row":  # query 3 may see no key: its output is 0 at every step (as SDPA)
+        mask = torch.ones(17, 17, dtype=torch.bool).tril()
+        mask[3] = False
+        kwargs = {"attn_mask": mask}
     fast = _graph_grads(monkeypatch, True, k, v, g, **dict(kwargs))
     slow = _graph_grads(monkeypatch, False, k, v, g, **dict(kwargs))
     tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
