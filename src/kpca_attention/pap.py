@@ -453,6 +453,12 @@ def _pap_compiled(
     return L
 
 
+def _flat_tau(tau: Tensor, b: int, h: int) -> tuple[Tensor, Tensor]:
+    """tau and -tau as ``(B * H, 1 | N, 1)``, indexed like the flattened ``(B * H, N, D)`` keys."""
+    tau_f = torch.broadcast_to(tau, (b, h, tau.shape[-2], 1)).reshape(b * h, tau.shape[-2], 1)
+    return tau_f, tau_f.neg()
+
+
 def _pap_fused(
     k: Tensor, v: Tensor, q: Tensor | None, tau: Tensor, sdpa_mask: Tensor | None, sdpa_causal: bool,
     dropout_p: float, n_iter: int,
@@ -475,8 +481,7 @@ def _pap_fused(
     hidden, bias = _hidden_and_bias(sdpa_mask, sdpa_causal, nq, n, k.device)
     kf, vf = k.reshape(bh, n, d), v.reshape(bh, n, dv)
     qf = None if q is None else q.reshape(bh, nq, d)
-    tau_f = torch.broadcast_to(tau, (b, h, tau.shape[-2], 1)).reshape(bh, tau.shape[-2], 1)
-    ntau_f = tau_f.neg()
+    tau_f, ntau_f = _flat_tau(tau, b, h)
     blocks = _blocks(bh, nq, n)
     buf = _Scratch().get(0, blocks, nq, n, k)
     m = torch.empty(bh, nq, 1, dtype=k.dtype)
@@ -492,7 +497,7 @@ def _pap_fused(
         views.append((
             kf[bs], vf[bs], A[bs], C[bs], A[bs, qs], C[bs, qs], None if qf is None else qf[bs, qs],
             _block_of(buf, bs.stop - bs.start, qs.stop - qs.start, n), _mask_block(hidden, (b, h), bs, qs),
-            None if bias is None else _mask_block(bias, (b, h), bs, qs), L[bs, qs], L[bs], m[bs, qs],
+            _mask_block(bias, (b, h), bs, qs), L[bs, qs], L[bs], m[bs, qs],
             l_sum[bs, qs], tau_f[bs], ntau_f[bs], last_band,
         ))
     for t in range(n_iter):
@@ -548,8 +553,7 @@ class _PAPSaved(torch.autograd.Function):
         bh = b * h
         scale, cutoff = 1.0 / math.sqrt(d), softmax_cutoff(k.dtype)
         kf, vf = k.reshape(bh, n, d), v.reshape(bh, n, d)
-        tau_f = torch.broadcast_to(tau, (b, h, tau.shape[-2], 1)).reshape(bh, tau.shape[-2], 1)
-        ntau_f = tau_f.neg()
+        tau_f, ntau_f = _flat_tau(tau, b, h)
         blocks = _blocks(bh, n, n)
         masks = [tuple(_mask_block(mask, (b, h), bs, qs) for mask in (hidden, bias)) for bs, qs in blocks]
         P = k.new_empty(n_iter, bh, n, n)
@@ -609,26 +613,19 @@ class _PAPSaved(torch.autograd.Function):
                 dX = torch.bmm(dS, Xb, out=_block_of(buf_dx, nb, n, d))
                 dX.baddbmm_(dS.transpose(1, 2), Xb).mul_(scale)  # X is the queries and the keys
                 # back through the clamp that made X_t and R_t (C_0 = clamp(K), or update t-1):
-                # dC = dR_t + dX_t; dZ = dC inside the clamp; dK += dZ; tau gets sum(dC * C / tau) outside
-                Cb, tb = C[bs], tau_f[bs]
+                # dC = dR_t + dX_t; dZ = dC inside the clamp; dK += dZ; tau gets sum(dC * C / tau) outside.
+                # dR[bs] holds dR_t until dC is formed in it, then dR_{t-1}.
                 dC = dX if last else dR[bs].add_(dX)
-                dZ = torch.abs(Cb, out=_block_of(buf_in, nb, n, d)).lt_(tb).mul_(dC)
-                if need_tau:
-                    g_tau[bs] += torch.sub(dC, dZ, out=_block_of(buf_out, nb, n, d)).mul_(Cb).sum_to_size(
-                        tb.shape).div_(tb)
+                dZ, part = _clamp_backward(dC, C[bs], tau_f[bs], need_tau, out=_block_of(buf_in, nb, n, d),
+                                           tmp=_block_of(buf_out, nb, n, d))
+                if part is not None:
+                    g_tau[bs] += part
                 if last:
                     g_k[bs].copy_(dZ)
                 else:
                     g_k[bs].add_(dZ)
-                if t == 0:
-                    continue
-                # update t-1 (Z = K - 2 L + R, X_t = C + 3 L - 2 R, R_t = C + L): dL = dR_t + 3 dX - 2 dZ
-                # (= dC + 2 dX - 2 dZ), dR = dZ - 2 dX
-                if last:  # dC is dX
-                    torch.add(dZ, dX, alpha=-1.5, out=dL[bs]).mul_(-2.0)
-                else:
-                    torch.add(dC, dX, alpha=2.0, out=dL[bs]).sub_(dZ, alpha=2.0)
-                torch.add(dZ, dX, alpha=-2.0, out=dR[bs])
+                if t > 0:  # update t-1 made X_t and R_t: dL_{t-1} and dR_{t-1} for these rows
+                    _update_backward(dC, dX, dZ, g_L=dL[bs], g_R=dR[bs])
         g_tau = g_tau.view(b, h, -1, 1).sum_to_size(ctx.tau_shape) if need_tau else None
         return g_k.view(b, h, n, d), g_v.view(b, h, n, d), g_tau, None, None, None
 
@@ -981,7 +978,7 @@ class _CutoffAttention(torch.autograd.Function):
         buf = scratch.get(0, blocks, nq, n, q)
         for bs, qs in blocks:
             S = _block_of(buf, bs.stop - bs.start, qs.stop - qs.start, n)
-            bias_b = None if bias is None else _mask_block(bias, (b, h), bs, qs)
+            bias_b = _mask_block(bias, (b, h), bs, qs)
             keep = _softmax_block(qf[bs, qs], kf[bs], vf[bs], S, _mask_block(hidden, (b, h), bs, qs), bias_b,
                                   scale, cutoff, dropout_p, out[bs, qs], m[bs, qs], l_sum[bs, qs])
             if keep is not None:
@@ -1011,7 +1008,7 @@ class _CutoffAttention(torch.autograd.Function):
         buf, buf_dp = (ctx.scratch.get(i, ctx.blocks, nq, n, q) for i in (0, 1))
         for i, (bs, qs) in enumerate(ctx.blocks):
             S = _block_of(buf, bs.stop - bs.start, qs.stop - qs.start, n)
-            bias_b = None if bias is None else _mask_block(bias, (b, h), bs, qs)
+            bias_b = _mask_block(bias, (b, h), bs, qs)
             s = _block_logits(qf[bs, qs], kf[bs], S, bias_b, scale)
             hid = _mask_block(hidden, (b, h), bs, qs)
             P = _probabilities(S, m[bs, qs], hid, ctx.cutoff, s).div_(l_sum[bs, qs])
@@ -1081,17 +1078,30 @@ def _update_into(k: Tensor, L: Tensor, R: Tensor, tau: Tensor, neg_tau: Tensor |
     torch.add(R_next, E, alpha=2.0, out=E)
 
 
-def _clamp_backward(g: Tensor, C: Tensor, tau: Tensor, need_tau: bool) -> tuple[Tensor, Tensor | None]:
-    """Gradients of ``C = clamp(Z, -tau, tau)`` w.r.t. Z and tau, given dL/dC = g (not modified).
+def _clamp_backward(g: Tensor, C: Tensor, tau: Tensor, need_tau: bool, out: Tensor | None = None,
+                    tmp: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """Gradients of ``C = clamp(Z, -tau, tau)`` w.r.t. Z and tau, given dL/dC = g (not modified);
+    dZ is written into ``out`` and ``tmp`` holds a temporary, when given (else fresh tensors).
 
     Inside (|C| < tau) the gradient passes to Z; outside C = sign(Z) tau, so dC/dtau = C / tau.
     """
-    inside = torch.abs(C).lt_(tau)  # 1.0 / 0.0 in C's dtype
-    g_z = torch.mul(g, inside, out=inside)
+    g_z = torch.abs(C, out=out).lt_(tau).mul_(g)  # the 1.0 / 0.0 mask of "inside", times g
     g_tau = None
     if need_tau:
-        g_tau = (g - g_z).mul_(C).sum_to_size(tau.shape).div_(tau)
+        g_tau = torch.sub(g, g_z, out=tmp).mul_(C).sum_to_size(tau.shape).div_(tau)
     return g_z, g_tau
+
+
+def _update_backward(g_c: Tensor, g_x: Tensor | None, g_z: Tensor, g_L: Tensor | None = None,
+                     g_R: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The update's backward after its clamp's: with Z = K - 2 L_t + R_t, C = clamp(Z), R' = C + L_t,
+    X' = C + 3 L_t - 2 R_t, dC = dR' + dX' and dZ from :func:`_clamp_backward`, returns
+    ``dL_t = dC + 2 dX' - 2 dZ`` (into ``g_L``, which may be ``g_c``) and ``dR_t = dZ - 2 dX'`` (into
+    ``g_R``, which may be ``g_c`` or ``g_x``); fresh tensors where no buffer is given; ``g_x`` None is 0."""
+    if g_x is None:
+        return torch.add(g_c, g_z, alpha=-2.0, out=g_L), (g_z if g_R is None else g_R.copy_(g_z))
+    g_L = torch.add(g_c, g_x, alpha=2.0, out=g_L).sub_(g_z, alpha=2.0)
+    return g_L, torch.add(g_z, g_x, alpha=-2.0, out=g_R)
 
 
 class _Clamp(torch.autograd.Function):
@@ -1133,12 +1143,7 @@ class _Update(torch.autograd.Function):
         g_c = g_r + g_x if both else (g_r if g_x is None else g_x)
         g_z, g_tau = _clamp_backward(g_c, C, tau, ctx.needs_input_grad[3])
         g_k = g_z if ctx.needs_input_grad[0] else None
-        g_R = g_z if g_x is None else torch.add(g_z, g_x, alpha=-2.0)
-        # dL = dR' + 3 dX' - 2 dZ = dC + 2 dX' - 2 dZ: into dC's buffer when it is ours
-        g_L = g_c if both else g_c.clone()
-        if g_x is not None:
-            g_L.add_(g_x, alpha=2.0)
-        g_L.add_(g_z, alpha=-2.0)
+        g_L, g_R = _update_backward(g_c, g_x, g_z, g_L=g_c if both else None)  # dC's buffer when ours
         return g_k, g_L, g_R, g_tau
 
 
