@@ -24,7 +24,7 @@ norm of X, logit spread per row (max - min of x_i . x_j / sqrt(D)), the share of
 probabilities that would be subnormal without a cutoff, the density of S, and which kernel pap's
 step takes with an autograd graph and a Function per step (separate queries, dropout, or attention
 matrices too large to keep; ``cutoff`` = :func:`kpca_attention.pap.cutoff_attention`, else SDPA).
-Without a graph, and in symmetric training whose matrices fit (``_PAPSaved``, which the timed forward +
+Without a graph, and in symmetric training whose matrices fit (``PAPSaved``, which the timed forward +
 backward below runs), every step on the CPU is the cutoff softmax.
 
 Targets, at every thread count: pap forward <= 5.0x sdpa, forward + backward <= 6.0x sdpa. The ratios
@@ -56,7 +56,7 @@ from kpca_attention.pap import pap, softmax_cutoff
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pap_reference import pap_reference  # noqa: E402
 
-pap_module = importlib.import_module("kpca_attention.pap")  # the package re-exports the function pap
+pap_module = importlib.import_module("kpca_attention.pap.algorithm")  # where pap() dispatches its steps
 
 
 def cpu_model() -> str:
@@ -151,12 +151,12 @@ def growth(k: torch.Tensor, v: torch.Tensor, n_iter: int, lam: float, n: int = 8
         })
     # the kernel pap chose for each step, on the float32 input of the benchmark (spies on both), with an
     # autograd graph and a Function per step (separate queries, dropout, or attention matrices too large
-    # to keep: forced here). Without a graph, and in symmetric training whose matrices fit (_PAPSaved),
+    # to keep: forced here). Without a graph, and in symmetric training whose matrices fit (PAPSaved),
     # every step on the CPU is the cutoff softmax.
     used: list[str] = []
-    real_cutoff, real_sdpa = pap_module._cutoff, F.scaled_dot_product_attention
-    real_saves = pap_module._saves_probabilities
-    pap_module._saves_probabilities = lambda *a: False
+    real_cutoff, real_sdpa = pap_module.cutoff_step, F.scaled_dot_product_attention
+    real_saves = pap_module.saves_probabilities
+    pap_module.saves_probabilities = lambda *a: False
 
     def spy_cutoff(*a, **kw):
         used.append("cutoff")
@@ -166,12 +166,12 @@ def growth(k: torch.Tensor, v: torch.Tensor, n_iter: int, lam: float, n: int = 8
         used.append("sdpa")
         return real_sdpa(*a, **kw)
 
-    pap_module._cutoff, F.scaled_dot_product_attention = spy_cutoff, spy_sdpa
+    pap_module.cutoff_step, F.scaled_dot_product_attention = spy_cutoff, spy_sdpa
     try:
         pap(k.detach().requires_grad_(), v, n_iter, lam)
     finally:
-        pap_module._cutoff, F.scaled_dot_product_attention = real_cutoff, real_sdpa
-        pap_module._saves_probabilities = real_saves
+        pap_module.cutoff_step, F.scaled_dot_product_attention = real_cutoff, real_sdpa
+        pap_module.saves_probabilities = real_saves
     for r, u in zip(rows, used, strict=True):
         r["kernel"] = u
     return rows

@@ -198,18 +198,18 @@ def test_no_grad_in_place_path_matches_autograd_path(dtype: torch.dtype) -> None
 
 
 def _graph_grads(monkeypatch: pytest.MonkeyPatch, saved: bool, k, v, g, **kwargs):
-    """Output and gradients of pap, through _PAPSaved (``saved``) or the Function-per-step graph."""
-    pap_module = importlib.import_module("kpca_attention.pap")
+    """Output and gradients of pap, through PAPSaved (``saved``) or the Function-per-step graph."""
+    pap_module = importlib.import_module("kpca_attention.pap.algorithm")  # where pap() dispatches
     calls: list[str] = []
-    cls = pap_module._PAPSaved
-    monkeypatch.setattr(pap_module, "_saves_probabilities",
+    cls = pap_module.PAPSaved
+    monkeypatch.setattr(pap_module, "saves_probabilities",
                         lambda *a: saved and calls.append("saved") is None)
     kk, vv = k.clone().requires_grad_(), v.clone().requires_grad_()
     mu = kwargs.pop("mu", None)
     mm = None if mu is None else mu.clone().requires_grad_()
     out = pap(kk, vv, 4, 0.1, mu=mm, **kwargs)
     out.backward(g)
-    assert calls == (["saved"] if saved else []) and cls is pap_module._PAPSaved
+    assert calls == (["saved"] if saved else []) and cls is pap_module.PAPSaved
     return out.detach(), kk.grad, vv.grad, None if mm is None else mm.grad
 
 
@@ -220,7 +220,7 @@ def _graph_grads(monkeypatch: pytest.MonkeyPatch, saved: bool, k, v, g, **kwargs
 def test_saved_probabilities_path_equals_step_graph(monkeypatch: pytest.MonkeyPatch, case: str,
                                                    dtype: torch.dtype) -> None:
     # With a graph on the CPU, symmetric PAP runs as one Function that keeps each step's probabilities
-    # (_PAPSaved); everything else as a Function per step. Same outputs and gradients (k, v, mu).
+    # (PAPSaved); everything else as a Function per step. Same outputs and gradients (k, v, mu).
     k, v = kv(b=2, h=3, n=17, d=8, dtype=dtype, seed=31)
     g = rand(*k.shape, seed=32, dtype=dtype)
     kwargs: dict = {
@@ -247,10 +247,10 @@ def test_saved_probabilities_path_equals_step_graph(monkeypatch: pytest.MonkeyPa
 
 
 def test_saved_probabilities_path_taken_only_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
-    pap_module = importlib.import_module("kpca_attention.pap")
+    pap_module = importlib.import_module("kpca_attention.pap.fused")
     calls: list[str] = []
-    apply = pap_module._PAPSaved.apply
-    monkeypatch.setattr(pap_module._PAPSaved, "apply", lambda *a: calls.append("saved") or apply(*a))
+    apply = pap_module.PAPSaved.apply
+    monkeypatch.setattr(pap_module.PAPSaved, "apply", lambda *a: calls.append("saved") or apply(*a))
     k, v = kv(b=2, h=3, n=9, d=4, dtype=torch.float32, seed=34)
     q = rand(*k.shape, seed=35, dtype=torch.float32)
     kg = k.clone().requires_grad_()
@@ -262,7 +262,7 @@ def test_saved_probabilities_path_taken_only_where_it_applies(monkeypatch: pytes
     pap(kg, v, 4, 0.1, return_info=True)  # diagnostics
     pap(kg.bfloat16(), v.bfloat16(), 4, 0.1)  # half precision
     with torch.no_grad():
-        pap(kg, v, 4, 0.1)  # no graph: _pap_fused
+        pap(kg, v, 4, 0.1)  # no graph: pap_fused
     monkeypatch.setattr(pap_module, "_SAVED_P_FLOATS", 4 * 2 * 3 * 9 * 9 - 1)  # over the memory budget
     pap(kg, v, 4, 0.1)
     assert calls == []
@@ -483,15 +483,60 @@ def test_without_return_info_nothing_is_kept() -> None:
         assert isinstance(pap(k, v), torch.Tensor)
 
 
+# ----------------------------------------------------------------------------- hooks (named states)
+
+
+def _recording_hooks(n_iter: int, seen: dict) -> dict:
+    names = ["mu", "tau"] + [f"{s}.{t}" for s in ("L", "W", "S_density") for t in range(n_iter)]
+    return {name: (lambda x, name=name: seen.setdefault(name, x)) for name in names}
+
+
+@pytest.mark.parametrize(("sparse", "dual"), [(True, True), (False, True), (True, False)])
+def test_hooks_see_the_states_and_change_nothing(sparse: bool, dual: bool) -> None:
+    from kpca_attention.pap import PAPTrace
+
+    k, v = kv(dtype=torch.float32, seed=41)
+    k = k * 6  # S active
+    with torch.no_grad():
+        fast = pap(k, v, 4, 0.1, sparse=sparse, dual=dual)  # the fused path, where it applies
+        seen: dict = {}
+        out = pap(k, v, 4, 0.1, sparse=sparse, dual=dual, hooks=_recording_hooks(4, seen))
+        _, info = pap(k, v, 4, 0.1, sparse=sparse, dual=dual, return_info=True)
+    torch.testing.assert_close(out, fast)  # the reference loop equals the fast path to rounding
+    assert torch.equal(seen["L.3"], out)
+    assert sorted(seen) == sorted(_recording_hooks(4, {}))
+    assert seen["S_density.0"].shape == (2, 3)
+    for t in range(4):
+        assert torch.equal(seen[f"S_density.{t}"].double().mean(0), info["s_density_per_head"][t])
+    if not dual:
+        assert all(not seen[f"W.{t}"].any() for t in range(4))
+    # the trace, rebuilt from the states alone, is return_info's to the last bit
+    trace = PAPTrace(k, seen["mu"], seen["tau"], None, dual=dual)
+    for t in range(4):
+        trace.record(seen[f"L.{t}"], seen.get(f"L.{t - 1}"), seen.get(f"W.{t - 1}"))
+    for key, values in info.items():
+        for a, b in zip(trace.info[key], values, strict=True):
+            torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(b), rtol=0, atol=0, equal_nan=True)
+
+
+def test_hooks_can_intervene() -> None:
+    k, v = kv(dtype=torch.float64, seed=42)
+    plain = pap(k, v, 3, 0.1)
+    zeroed = pap(k, v, 3, 0.1, hooks={"L.2": torch.zeros_like})
+    assert not zeroed.any() and plain.any()
+    halved = pap(k, v, 3, 0.1, hooks={"mu": lambda mu: mu / 2})
+    torch.testing.assert_close(halved, pap(k, v, 3, 0.1, mu=pap_mu(k) / 2))
+
 # ----------------------------------------------------------------------------- dropout
 
 
 def test_dropout_on_last_softmax_only(monkeypatch: pytest.MonkeyPatch) -> None:
     # a softmax step goes through SDPA or, on the CPU for wide logit ranges, through the cutoff
-    # softmax (pap_module._cutoff, dropout_p its 6th argument)
+    # softmax (pap_module.cutoff_step, dropout_p its 6th argument)
     import importlib
 
-    pap_module = importlib.import_module("kpca_attention.pap")  # the package re-exports the function pap
+    pap_module = importlib.import_module("kpca_attention.pap.algorithm")  # where the softmax steps run
+    fused_module = importlib.import_module("kpca_attention.pap.fused")
     calls: list[float] = []
 
     def spy(fn, position=None):
@@ -501,13 +546,13 @@ def test_dropout_on_last_softmax_only(monkeypatch: pytest.MonkeyPatch) -> None:
         return run
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy(F.scaled_dot_product_attention))
-    monkeypatch.setattr(pap_module, "_cutoff", spy(pap_module._cutoff, 5))
+    monkeypatch.setattr(pap_module, "cutoff_step", spy(pap_module.cutoff_step, 5))
     k, v = kv(dtype=torch.float32)
     pap(k.requires_grad_(), v, 4, 4.0, dropout_p=0.5)
     assert calls == [0.0, 0.0, 0.0, 0.5]
     # without a graph (the fused path): the softmax blocks, the 9th argument is the dropout
     calls.clear()
-    monkeypatch.setattr(pap_module, "_softmax_block", spy(pap_module._softmax_block, 8))
+    monkeypatch.setattr(fused_module, "softmax_block", spy(fused_module.softmax_block, 8))
     with torch.no_grad():
         pap(k, v, 4, 4.0, dropout_p=0.5)
     assert sorted(set(calls)) == [0.0, 0.5] and calls[-1] == 0.5 and calls.count(0.5) == calls.count(0.0) // 3

@@ -26,6 +26,9 @@ from torch.utils._python_dispatch import TorchDispatchMode  # torch's own op-int
 from kpca_attention.pap import cutoff_attention, pap, softmax_cutoff
 
 pap_module = importlib.import_module("kpca_attention.pap")  # the package re-exports the function pap
+algorithm = importlib.import_module("kpca_attention.pap.algorithm")  # pap()'s dispatcher looks names up here
+softmax = importlib.import_module("kpca_attention.pap.softmax")
+variants = importlib.import_module("kpca_attention.pap.variants")
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 F32, F64 = torch.float32, torch.float64
@@ -75,9 +78,9 @@ def test_inputs_do_produce_subnormal_probabilities() -> None:
 
 @pytest.mark.parametrize("graph", ["saved", "per_step"])
 def test_pap_forward_and_backward_make_no_subnormal(monkeypatch: pytest.MonkeyPatch, graph: str) -> None:
-    # both graph-mode paths: _PAPSaved (symmetric, small) and a Function per step (forced here)
+    # both graph-mode paths: PAPSaved (symmetric, small) and a Function per step (forced here)
     if graph == "per_step":
-        monkeypatch.setattr(pap_module, "_saves_probabilities", lambda *a: False)
+        monkeypatch.setattr(algorithm, "saves_probabilities", lambda *a: False)
     k, v, g = growing()
     k.requires_grad_()
     v.requires_grad_()
@@ -93,7 +96,7 @@ def test_pap_forward_and_backward_make_no_subnormal(monkeypatch: pytest.MonkeyPa
 def test_sdpa_kept_where_logits_are_narrow(monkeypatch: pytest.MonkeyPatch) -> None:
     # with a graph and a Function per step (separate queries, dropout, or attention matrices too large
     # to keep; forced here), small keys (as in the trained models): every step stays on SDPA
-    monkeypatch.setattr(pap_module, "_saves_probabilities", lambda *a: False)
+    monkeypatch.setattr(algorithm, "saves_probabilities", lambda *a: False)
     k, v, _ = growing()
     k.requires_grad_()
     calls: list[str] = []
@@ -147,7 +150,7 @@ def test_pap_float32_cutoff_as_accurate_as_sdpa(monkeypatch: pytest.MonkeyPatch)
         return float((a.double() - b).abs().max() / b.abs().max())
 
     cut = run()
-    monkeypatch.setattr(pap_module, "_uses_cutoff", lambda *a: False)
+    monkeypatch.setattr(algorithm, "uses_cutoff", lambda *a: False)
     plain = run()
     for c, p, r in zip(cut, plain, (ref.detach(), v64.grad, k64.grad), strict=True):
         assert err(c, r) <= 1.5 * err(p, r) + 1e-6
@@ -189,7 +192,7 @@ def test_cutoff_attention_equals_sdpa(case: str, asym: bool) -> None:
 
 def test_cutoff_attention_long_rows_in_bands(monkeypatch: pytest.MonkeyPatch) -> None:
     # rows longer than a block are processed in bands of query rows: the same numbers
-    monkeypatch.setattr(pap_module, "_BLOCK_FLOATS", 64)
+    monkeypatch.setattr(softmax, "_BLOCK_FLOATS", 64)
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 2, 40, 8, generator=g, dtype=F64) for _ in range(3))
     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
@@ -259,7 +262,7 @@ def test_compiled_pap_on_cpu_takes_the_cutoff_and_makes_no_subnormal() -> None:
     kt, vt = k.clone().requires_grad_(), v.clone().requires_grad_()
     spy = SubnormalSpy()
     with spy:
-        out = pap_module._pap_compiled(kt, vt, None, pap_module.pap_mu(kt) * 4.0, None, False, 0.0, 4,
+        out = variants.pap_compiled(kt, vt, None, pap_module.pap_mu(kt) * 4.0, None, False, 0.0, 4,
                                        True, True)
         out.backward(g)
     assert spy.subnormal == {}
@@ -298,7 +301,7 @@ def test_cutoff_attention_ops_equals_cutoff_attention(mask: str) -> None:
             vis, torch.randn(2, 1, 10, 10, generator=g, dtype=F64), torch.tensor(float("-inf"), dtype=F64))
     qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
     qb, kb, vb = (t.clone().requires_grad_() for t in (q, k, v))
-    a = pap_module._cutoff_attention_ops(qa, ka, va, **kw)
+    a = softmax.cutoff_attention_ops(qa, ka, va, **kw)
     b = cutoff_attention(qb, kb, vb, **kw)
     torch.testing.assert_close(a, b)
     w = torch.randn(a.shape, generator=g, dtype=F64)
@@ -318,21 +321,21 @@ def test_cutoff_attention_ops_equals_cutoff_attention(mask: str) -> None:
 def test_fused_no_grad_path_equals_algorithm_1(
     case: str, layout: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Without a graph, on the CPU, pap runs _pap_fused: every step the cutoff softmax, the update of a
+    # Without a graph, on the CPU, pap runs pap_fused: every step the cutoff softmax, the update of a
     # head's rows inside the softmax blocks as soon as they are done. "bands": blocks so small that
     # one head's query rows come in bands (its keys are still needed until the last band); "asym":
     # separate queries. Against the float64 transcription of Algorithm 1 (no mask) and against the
     # graph path (every mask: a separate implementation of each step, tested against SDPA above).
     if layout == "bands":
-        monkeypatch.setattr(pap_module, "_BLOCK_FLOATS", 64)
+        monkeypatch.setattr(softmax, "_BLOCK_FLOATS", 64)
     g = torch.Generator().manual_seed(11)
     n = 13
     k, v = (3.0 * torch.randn(2, 3, n, 8, generator=g, dtype=F64) for _ in range(2))
     q = torch.randn(2, 3, n, 8, generator=g, dtype=F64) if layout == "asym" else None
     kw = masks(n, n)[case]
     calls: list[str] = []
-    fused = pap_module._pap_fused
-    monkeypatch.setattr(pap_module, "_pap_fused", lambda *a: calls.append("fused") or fused(*a))
+    fused = algorithm.pap_fused
+    monkeypatch.setattr(algorithm, "pap_fused", lambda *a: calls.append("fused") or fused(*a))
     with torch.no_grad():
         out = pap(k, v, 4, 4.0, q=q, **kw)
     assert calls == ["fused"]
@@ -366,7 +369,7 @@ def test_block_size_follows_threads_and_openmp_wait_policy(monkeypatch: pytest.M
                 monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
             else:
                 monkeypatch.setenv("OMP_WAIT_POLICY", policy)
-            counts[n_threads, policy] = len(pap_module._blocks(192, 197, 197))
+            counts[n_threads, policy] = len(softmax.block_slices(192, 197, 197))
     finally:
         torch.set_num_threads(threads)
     assert counts == {(1, None): 32, (2, None): 8, (2, "PASSIVE"): 2, (2, "active"): 8}
