@@ -10,12 +10,12 @@ import torch.nn.functional as F
 from timm.layers import Attention
 from timm.models.vision_transformer import VisionTransformer
 
+from kpca_attention.attention import RPCAttention, ScaledAttention, SymmetricAttention, configure
 from kpca_attention.kpca.analysis import AnalysisConfig
 from kpca_attention.kpca.callback import ProjectionLossCallback
 from kpca_attention.kpca.capture import QKVCapture, find_attention_sites
 from kpca_attention.kpca.load import load_for_analysis
 from kpca_attention.kpca.run import analyze_model
-from kpca_attention.layers import RPCAttention, ScaledAttention, SymmetricAttention, configure
 
 TEXTS = [
     "In the beginning God created the heaven and the earth.",
@@ -103,7 +103,7 @@ def test_rpc_trace_and_restores_flag():
     )
     assert len(res["pap"]) == 2 and all(len(v) == 3 for v in res["pap"].values())
     assert 0.0 <= res["summary"]["pap_s_density_max"] <= 1.0
-    assert not any(blk.attn.record_trace for blk in model.blocks)  # switched back off
+    assert all(blk.attn.pap_hooks() is None for blk in model.blocks)  # the trace's hooks removed
 
 
 def _loaded(model):

@@ -11,14 +11,17 @@ import torch.nn.functional as F
 from timm.layers import Attention
 from timm.models.vision_transformer import VisionTransformer
 
-from kpca_attention.layers import (
+from kpca_attention.attention import (
+    HookPoint,
     RPCAttention,
     ScaledAttention,
     SymmetricAttention,
     configure,
     replace_attention,
     resolve_blocks,
+    run_with_cache,
 )
+from kpca_attention.kpca.pap_trace import TraceRecorder
 from kpca_attention.pap import pap
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -139,16 +142,27 @@ def test_causal_and_masked_forward(layer_name: str) -> None:
     assert not torch.allclose(a[:, :-5], unmasked[:, :-5])
 
 
-def test_record_trace() -> None:
-    model = vit(configure(RPCAttention, n_iter=3, record_trace=True))
-    assert model.blocks[0].attn.last_trace is None
-    model(images())
-    trace = model.blocks[0].attn.last_trace
-    assert len(trace["s_density"]) == 3 and len(trace["s_density_per_head"]) == 3
-    assert trace["s_density_per_head"][0].shape == (HEADS,)
-    plain = vit(LAYERS["rpc"])
-    plain(images())
-    assert plain.blocks[0].attn.last_trace is None
+def test_pap_hook_points() -> None:
+    """PAP's inner states as named hook points, read by run_with_cache (was record_trace / last_trace)."""
+    model = vit(configure(RPCAttention, n_iter=3)).eval()
+    assert model.blocks[0].attn.pap_hooks() is None  # no hook: nothing extra is computed
+    with torch.no_grad():
+        fast = model(images())
+        out, cache = run_with_cache(model, images())
+    torch.testing.assert_close(out, fast)  # the reference loop that forms the states: the same output
+    density = [cache[f"blocks.0.attn.hook_S_density.{t}"] for t in range(3)]
+    assert len(density) == 3 and f"blocks.0.attn.hook_S_density.{3}" not in cache
+    assert density[0].double().mean(0).shape == (HEADS,)
+    assert {"blocks.0.attn.hook_mu", "blocks.0.attn.hook_tau", "blocks.0.attn.hook_L.2",
+            "blocks.0.attn.hook_W.0", "blocks.1.attn.hook_k"} <= set(cache)
+    torch.testing.assert_close(cache["blocks.0.attn.hook_tau"], 4.0 * cache["blocks.0.attn.hook_mu"])
+    assert model.blocks[0].attn.pap_hooks() is None  # run_with_cache removed its hooks
+    _, only = run_with_cache(model, images(), names_filter=lambda name: name.endswith("hook_mu"))
+    assert sorted(only) == ["blocks.0.attn.hook_mu", "blocks.1.attn.hook_mu"]
+    plain = vit(LAYERS["symmetric"])
+    _, cache = run_with_cache(plain, images())
+    assert not any("hook_S_density" in name for name in cache) and "blocks.0.attn.hook_k" in cache
+    assert all(isinstance(m, HookPoint) for name, m in plain.named_modules() if name.endswith("hook_q"))
 
 
 def test_rpc_dropout_only_in_training() -> None:
@@ -264,22 +278,27 @@ def test_replace_rejects_non_vit() -> None:
 @pytest.mark.parametrize(("sparse", "dual"), [(False, True), (True, False)])
 def test_rpc_ablation_switches_reach_pap(sparse: bool, dual: bool) -> None:
     """sparse / dual of RPCAttention are PAP's: the attention output is pap(k, v, ...) with them."""
-    layer = RPCAttention(DIM, HEADS, n_iter=3, lam=0.05, sparse=sparse, dual=dual, record_trace=True).eval()
+    layer = RPCAttention(DIM, HEADS, n_iter=3, lam=0.05, sparse=sparse, dual=dual).eval()
     seen = {}
     layer.hook_k.register_forward_hook(lambda m, i, o: seen.__setitem__("k", o))
     layer.hook_v.register_forward_hook(lambda m, i, o: seen.__setitem__("v", o))
     x = torch.randn(2, N_TOKENS, DIM, generator=torch.Generator().manual_seed(3))
-    out = layer(x)
+    out, cache = run_with_cache(layer, x)
     heads = pap(seen["k"], seen["v"], 3, 0.05, sparse=sparse, dual=dual)
     expected = layer.proj(heads.transpose(1, 2).reshape(2, N_TOKENS, DIM))
     torch.testing.assert_close(out, expected)
     full = RPCAttention(DIM, HEADS, n_iter=3, lam=0.05)
     full.load_state_dict(layer.state_dict())
     assert (full(x) - out).abs().max() > 1e-4  # the switch changed the operator
+    trace = TraceRecorder(layer).attach()
+    layer(x)
+    trace.detach()
     if not sparse:
-        assert max(layer.last_trace["s_density"]) == 0.0
+        assert max(trace.last["s_density"]) == 0.0
+        assert max(float(cache[f"hook_S_density.{t}"].max()) for t in range(3)) == 0.0
     if not dual:
-        assert max(layer.last_trace["dual_norm"]) == 0.0
+        assert max(trace.last["dual_norm"]) == 0.0
+        assert not any(cache[f"hook_W.{t}"].any() for t in range(3))
     assert ("sparse=False" in repr(layer)) != sparse and ("dual=False" in repr(layer)) != dual
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from timm.layers import Attention
 
-from kpca_attention.layers import RPCAttention, SymmetricAttention
+from kpca_attention.attention import RPCAttention, SymmetricAttention
 from kpca_attention.models import LMConfig, create_lm, create_model, perplexity
 
 TINY = dict(n_layer=2, n_head=2, d_model=16, d_ff=32, context=8, dropout=0.0)

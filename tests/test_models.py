@@ -8,7 +8,7 @@ import torch
 from timm.layers import Attention
 
 import kpca_attention  # noqa: F401  (registers the models)
-from kpca_attention.layers import RPCAttention, ScaledAttention, SymmetricAttention
+from kpca_attention.attention import RPCAttention, ScaledAttention, SymmetricAttention
 from kpca_attention.models import NormalizedModel, create_model, list_models
 from kpca_attention.models.vit import FAMILIES
 

@@ -12,9 +12,9 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 from typer.testing import CliRunner
 
+from kpca_attention.attention import RPCAttention, SymmetricAttention, replace_attention
 from kpca_attention.cli import app
 from kpca_attention.kpca.pap_trace import rpc_layers, trace_model, trace_statement
-from kpca_attention.layers import RPCAttention, SymmetricAttention, replace_attention
 from kpca_attention.pap import pap
 from kpca_attention.report.pap_trace import write_trace_report
 
@@ -103,7 +103,7 @@ def test_ablated_layers_report_what_they_do() -> None:
 def test_flags_and_modes_restored_and_errors() -> None:
     model = tiny().train()
     trace_model(model, batches((2,)))
-    assert model.training and all(not m.record_trace for m in rpc_layers(model).values())
+    assert model.training and all(m.pap_hooks() is None for m in rpc_layers(model).values())  # hooks removed
     with pytest.raises(ValueError, match="no RPCAttention layer"):
         trace_model(torch.nn.Linear(2, 2), [torch.zeros(1, 2)])
     with pytest.raises(ValueError, match="no batches"):

@@ -6,7 +6,7 @@ import pytest
 import timm
 import torch
 
-from kpca_attention.layers import RPCAttention, SymmetricAttention
+from kpca_attention.attention import RPCAttention, SymmetricAttention
 from kpca_attention.models import SEGMENTATION_MODELS, NormalizedModel, Segmenter, create_model
 from kpca_attention.models.segmenter import LinearDecoder, MaskTransformerDecoder
 

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from kpca_attention.data.images import build_image_dataset
-from kpca_attention.layers import RPCAttention
+from kpca_attention.attention import RPCAttention
 from kpca_attention.models import create_model
 from kpca_attention.report.stats import bootstrap_diff_ci, mcnemar, seed_test
 from kpca_attention.report.study import load_study_results, write_study_report

@@ -11,7 +11,7 @@ import torch
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import kpca_attention  # noqa: F401  (registers the models)
-from kpca_attention.layers import RPCAttention
+from kpca_attention.attention import RPCAttention
 from kpca_attention.models import create_model, list_models
 from kpca_attention.pap import pap
 

@@ -5,7 +5,7 @@ evaluation, and the KPCA diagnostics of both the paper and its critique (arXiv 2
 """
 
 from . import models  # noqa: F401  (registers the paper's vision models in timm)
-from .layers import RPCAttention, ScaledAttention, SymmetricAttention, configure, replace_attention
+from .attention import RPCAttention, ScaledAttention, SymmetricAttention, configure, replace_attention
 from .pap import pap, pap_mu, shrink
 from .robust_pca import RobustPCAResult, robust_pca, svt
 

@@ -155,7 +155,7 @@ class AnalysisConfig:
 
 def scaled_sv(site: AttentionSite, k: Tensor, v: Tensor) -> Tensor | None:
     """``S V`` of a Scaled Attention layer for ``k, v`` of shape ``(B, H, N, D)``; None for other layers."""
-    from ..layers import ScaledAttention
+    from ..attention import ScaledAttention
 
     m = site.module
     if not isinstance(m, ScaledAttention):

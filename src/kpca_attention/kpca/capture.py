@@ -3,7 +3,7 @@
 Each captured tensor is ``(B, H, N, D)`` per layer: the input projections' outputs split into heads,
 bias included, before attention and the output projection.
 
-* This project's layers (:mod:`kpca_attention.layers`): forward hooks on the identity hook points
+* This project's layers (:mod:`kpca_attention.attention`): forward hooks on the identity hook points
   ``hook_q / hook_k / hook_v`` (after qk-norm; symmetric layers have q = k).
 * timm ``Attention`` (anything with a fused ``qkv`` Linear and ``num_heads``): a hook on the ``qkv``
   output, split as timm splits it; timm applies ``q_norm`` / ``k_norm`` after the split, so the
@@ -25,12 +25,15 @@ tokens (see :mod:`kpca_attention.kpca.analysis`).
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+
+from ..attention import RPCAttention
+from .pap_trace import TraceRecorder
 
 __all__ = ["AttentionSite", "find_attention_sites", "QKVCapture", "CAPTURE_IMPLEMENTATION"]
 
@@ -171,8 +174,8 @@ class QKVCapture:
 
     ``records[i]`` is a dict ``{"q", "k", "v"}`` of detached tensors for ``sites[i]`` from the last
     forward pass (call :meth:`clear` between batches, or read them before the next forward).
-    RPC layers (``record_trace`` attribute) have tracing switched on while inside the context; their
-    ``last_trace`` is copied into ``records[i]["pap_trace"]``.
+    RPC layers get a :class:`~kpca_attention.kpca.pap_trace.TraceRecorder` on their hook points while
+    inside the context; the PAP trace of their last forward goes into ``records[i]["pap_trace"]``.
     """
 
     def __init__(self, model: nn.Module, sites: list[AttentionSite] | None = None) -> None:
@@ -180,7 +183,7 @@ class QKVCapture:
         self.sites = sites if sites is not None else find_attention_sites(model)
         self.records: list[dict[str, object]] = [{} for _ in self.sites]
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._trace_state: list[tuple[nn.Module, bool]] = []
+        self._recorders: list[TraceRecorder] = []
         self._implementation: str | None = None
 
     # hooks -------------------------------------------------------------------------------------
@@ -210,13 +213,11 @@ class QKVCapture:
 
         return hook
 
-    def _store_trace(self, i: int):
-        def hook(mod: nn.Module, _inp: object, _out: object) -> None:
-            trace = getattr(mod, "last_trace", None)
-            if trace is not None:
-                self.records[i]["pap_trace"] = trace
+    def _store_trace(self, i: int) -> Callable[[dict[str, Any]], None]:
+        def store(trace: dict[str, Any]) -> None:
+            self.records[i]["pap_trace"] = trace
 
-        return hook
+        return store
 
     def __enter__(self) -> QKVCapture:
         for i, site in enumerate(self.sites):
@@ -224,10 +225,8 @@ class QKVCapture:
             if site.kind == "project":
                 for key in ("q", "k", "v"):
                     self._handles.append(getattr(m, f"hook_{key}").register_forward_hook(self._store(i, key)))
-                if hasattr(m, "record_trace"):
-                    self._trace_state.append((m, bool(m.record_trace)))
-                    m.record_trace = True
-                    self._handles.append(m.register_forward_hook(self._store_trace(i)))
+                if isinstance(m, RPCAttention):
+                    self._recorders.append(TraceRecorder(m, on_trace=self._store_trace(i)).attach())
             elif site.kind == "timm":
                 self._handles.append(m.qkv.register_forward_hook(self._store_timm(i, site)))
             elif site.kind == "hf_causal":
@@ -246,9 +245,9 @@ class QKVCapture:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        for m, state in self._trace_state:
-            m.record_trace = state
-        self._trace_state.clear()
+        for r in self._recorders:
+            r.detach()
+        self._recorders.clear()
         for site in self.sites:
             if _OPEN.get(id(site.module), (None,))[0] is self:
                 del _OPEN[id(site.module)]

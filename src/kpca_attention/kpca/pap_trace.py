@@ -1,8 +1,10 @@
 """What Principal Attention Pursuit does inside a model: the PAP trace over a dataset .
 
-:func:`trace_model` switches on ``record_trace`` in every :class:`~kpca_attention.layers.RPCAttention`
-of a model, runs batches through it and aggregates the per-iteration diagnostics of
-:func:`kpca_attention.pap.pap` (``return_info=True``) per RPC layer and head across the data:
+:func:`trace_model` reads PAP's inner states from the hook points of every
+:class:`~kpca_attention.attention.RPCAttention` of a model (``hook_k``, ``hook_mu``, ``hook_tau``,
+``hook_L.t``, ``hook_W.t``; :class:`TraceRecorder`), runs batches through it and aggregates the
+per-iteration diagnostics they give (:class:`kpca_attention.pap.PAPTrace`, the numbers of
+``pap(..., return_info=True)``) per RPC layer and head across the data:
 
 * ``s_density`` - fraction of non-zero entries of the sparse component S_t;
 * ``tau`` and ``k_abs_max`` - the shrinkage threshold and max |K| (per (sample, head));
@@ -32,10 +34,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..layers import RPCAttention
-from ..pap import TRACE_KEYS
+from ..attention import RPCAttention
+from ..pap import TRACE_KEYS, PAPTrace, key_validity
 
-__all__ = ["rpc_layers", "recording", "trace_model", "trace_statement", "lm_text_batches", "QUANTITIES"]
+__all__ = [
+    "rpc_layers", "recording", "TraceRecorder", "trace_model", "trace_statement", "lm_text_batches",
+    "QUANTITIES",
+]
 
 QUANTITIES: tuple[str, ...] = TRACE_KEYS
 
@@ -45,18 +50,69 @@ def rpc_layers(model: nn.Module) -> dict[str, RPCAttention]:
     return {name: m for name, m in model.named_modules() if isinstance(m, RPCAttention)}
 
 
+class TraceRecorder:
+    """The PAP trace of one RPC layer's forward passes, read from its hook points.
+
+    While attached, forward hooks on ``hook_k``, ``hook_mu``, ``hook_tau``, ``hook_L.t`` and ``hook_W.t``
+    (and a pre-hook for the ``attn_mask``) keep the states of the running forward; when the layer
+    returns, :class:`~kpca_attention.pap.PAPTrace` turns them into the per-iteration diagnostics,
+    which go to ``last`` (and to ``on_trace``, if given). These are the states ``pap`` itself traces
+    with ``return_info=True``, so the numbers are the same to the last bit.
+    """
+
+    def __init__(self, layer: RPCAttention, on_trace: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.layer = layer
+        self.on_trace = on_trace
+        self.last: dict[str, Any] | None = None
+        self._states: dict[str, Any] = {}
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def _keep(self, key: str) -> Callable[..., None]:
+        def hook(_module: nn.Module, _inputs: Any, out: Tensor) -> None:
+            self._states[key] = out.detach()
+
+        return hook
+
+    def _start(self, _module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        self._states = {"attn_mask": kwargs.get("attn_mask", args[1] if len(args) > 1 else None)}
+
+    def _finish(self, _module: nn.Module, _args: Any, _out: Any) -> None:
+        st, n_iter = self._states, len(self.layer.hook_L)
+        k = st["k"]
+        trace = PAPTrace(k, st["mu"], st["tau"], key_validity(st["attn_mask"], k), dual=self.layer.dual)
+        for t in range(n_iter):
+            trace.record(st[f"L.{t}"], st.get(f"L.{t - 1}"), st.get(f"W.{t - 1}"))
+        self.last, self._states = trace.info, {}
+        if self.on_trace is not None:
+            self.on_trace(trace.info)
+
+    def attach(self) -> TraceRecorder:
+        m = self.layer
+        points = {"k": m.hook_k, "mu": m.hook_mu, "tau": m.hook_tau}
+        points.update({f"L.{t}": p for t, p in enumerate(m.hook_L)})
+        points.update({f"W.{t}": p for t, p in enumerate(m.hook_W)})
+        self._handles = [p.register_forward_hook(self._keep(key)) for key, p in points.items()]
+        self._handles.append(m.register_forward_pre_hook(self._start, with_kwargs=True))
+        self._handles.append(m.register_forward_hook(self._finish))
+        return self
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
 @contextmanager
-def recording(model: nn.Module) -> Iterator[dict[str, RPCAttention]]:
-    """Switch ``record_trace`` on in every RPC layer of ``model`` (restored on exit)."""
-    layers = rpc_layers(model)
-    saved = {name: m.record_trace for name, m in layers.items()}
+def recording(model: nn.Module) -> Iterator[dict[str, TraceRecorder]]:
+    """A :class:`TraceRecorder` on every RPC layer of ``model`` (``{name: recorder}``), removed on exit."""
+    recorders = {name: TraceRecorder(m) for name, m in rpc_layers(model).items()}
     try:
-        for m in layers.values():
-            m.record_trace = True
-        yield layers
+        for r in recorders.values():
+            r.attach()
+        yield recorders
     finally:
-        for name, m in layers.items():
-            m.record_trace = saved[name]
+        for r in recorders.values():
+            r.detach()
 
 
 def _default_forward(model: nn.Module, batch: Any) -> int:
@@ -104,7 +160,7 @@ def trace_model(
 
     Args:
         model: any module with :class:`RPCAttention` layers (a vision model taking ``(B, C, H, W)``,
-            this project's LMs, ...); run in eval mode, its modes and ``record_trace`` flags are restored.
+            this project's LMs, ...); run in eval mode (its modes are restored; the hooks are removed).
         batches: iterable of model inputs: a tensor ``(B, ...)``, an ``(inputs, labels)`` pair, or a
             dict of keyword arguments.
         forward: ``forward(model, batch) -> batch size`` for other input conventions.
@@ -125,22 +181,22 @@ def trace_model(
     was_training = model.training
     model.eval()
     try:
-        with recording(model) as layers:
-            if not layers:
+        with recording(model) as recorders:
+            if not recorders:
                 raise ValueError(f"{type(model).__name__} has no RPCAttention layer: nothing to trace")
-            raw = {name: {q: [] for q in QUANTITIES} for name in layers}
+            raw = {name: {q: [] for q in QUANTITIES} for name in recorders}
             bar = tqdm(batches, desc="pap-trace", disable=None if progress else True, leave=False)
             for i, batch in enumerate(bar):
                 if max_batches is not None and i >= max_batches:
                     break
-                for m in layers.values():
-                    m.last_trace = None
+                for r in recorders.values():
+                    r.last = None
                 sizes.append(forward(model, batch))
-                for name, m in layers.items():
-                    if m.last_trace is None:
+                for name, r in recorders.items():
+                    if r.last is None:
                         raise RuntimeError(f"RPC layer {name} did not run in the forward pass")
                     for q in QUANTITIES:
-                        raw[name][q].append(torch.stack(m.last_trace[q + "_per_head"]).double().numpy())
+                        raw[name][q].append(torch.stack(r.last[q + "_per_head"]).double().numpy())
     finally:
         model.train(was_training)
     if not sizes:
@@ -149,7 +205,7 @@ def trace_model(
     w /= w.sum()
     out_layers: dict[str, Any] = {}
     for name, per_q in raw.items():
-        m = layers[name]
+        m = recorders[name].layer
         arrs = {q: np.stack(v) for q, v in per_q.items()}  # (batches, T, H)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = arrs["tau"] / arrs["k_abs_max"]

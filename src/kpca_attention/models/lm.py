@@ -1,9 +1,9 @@
-"""Decoder-only language models with causal attention from :mod:`kpca_attention.layers` (paper Sec. 4.2).
+"""Decoder-only language models with causal attention from :mod:`kpca_attention.attention` (paper Sec. 4.2).
 
 =============  ===============================================================================
 ``lm``         asymmetric softmax attention (timm's ``Attention``): the baseline
-``symlm``      causal :class:`~kpca_attention.layers.SymmetricAttention` in every layer
-``rpc_symlm``  causal :class:`~kpca_attention.layers.RPCAttention` (PAP under the causal mask, prefix mu)
+``symlm``      causal :class:`~kpca_attention.attention.SymmetricAttention` in every layer
+``rpc_symlm``  causal :class:`~kpca_attention.attention.RPCAttention` (PAP under the causal mask, prefix mu)
                in ``rpc_layers`` (paper: layers 1-4, 4 iterations, lambda 4), symmetric elsewhere
 =============  ===============================================================================
 
@@ -33,7 +33,7 @@ from timm.models.vision_transformer import Block, init_weights_vit_timm
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..layers import RPCAttention, SymmetricAttention, configure, resolve_blocks
+from ..attention import RPCAttention, SymmetricAttention, configure, resolve_blocks
 from .vit import check_rpc_options
 
 __all__ = ["LMConfig", "CausalLM", "LM_MODELS", "LM_PRESETS", "create_lm", "perplexity"]
@@ -48,7 +48,7 @@ class LMConfig:
     16 layers, 8 heads, d_model 128 (head width 16), feed-forward 2048, dropout 0.1, context 256.
 
     ``rpc_*`` apply to ``rpc_symlm`` only; ``rpc_layers`` takes what
-    :func:`kpca_attention.layers.resolve_blocks` takes (``"first"``, ``"all"``, ``"0,1,2,3"``, a list);
+    :func:`kpca_attention.attention.resolve_blocks` takes (``"first"``, ``"all"``, ``"0,1,2,3"``, a list);
     None (default) is the paper's layers 1-4 (all layers of a model with fewer than 4).
     ``adaptive_softmax_cutoffs`` (e.g. ``(20000, 40000, 200000)`` for WikiText-103's 267k words) switches
     the output to ``nn.AdaptiveLogSoftmaxWithLoss``; None (default) keeps a full softmax, right for small

@@ -5,10 +5,10 @@ weight init (``weight_init=""``: truncated normal 0.02 on every Linear, zeros on
 code's init was silently a no-op and is not copied. Only the attention layer differs:
 
 =====================================  =========================================================
-``symvit_*``                           :class:`~kpca_attention.layers.SymmetricAttention` in every block
-``rpc_symvit_*``                       :class:`~kpca_attention.layers.RPCAttention` (symmetric) in
+``symvit_*``                           :class:`~kpca_attention.attention.SymmetricAttention` in every block
+``rpc_symvit_*``                       :class:`~kpca_attention.attention.RPCAttention` (symmetric) in
                                        ``rpc_layers``, symmetric attention elsewhere
-``scaled_vit_*``                       :class:`~kpca_attention.layers.ScaledAttention` (``scaled=``)
+``scaled_vit_*``                       :class:`~kpca_attention.attention.ScaledAttention` (``scaled=``)
 ``rpc_vit_*``                          asymmetric RPC (queries, paper E.9) in ``rpc_layers``, timm's
                                        ``Attention`` elsewhere
 ``rpc_symasym_vit_*``                  symmetric RPC in ``rpc_layers`` (default: the first block), timm's
@@ -27,7 +27,7 @@ indices; default ``"first"``, the official README's setting), ``rpc_threshold`` 
 the official code, or ``"lambda_over_mu"`` as in the paper), ``rpc_mu_dim`` (None = full width, as
 the official code), and the ablations ``rpc_sparse`` / ``rpc_dual`` (True; False forces S = 0 or drops the
 dual update, see :func:`~kpca_attention.pap.pap`). The RPC layers are swapped in with
-:func:`~kpca_attention.layers.replace_attention` after timm's init, carrying the K/V (and Q) weights
+:func:`~kpca_attention.attention.replace_attention` after timm's init, carrying the K/V (and Q) weights
 over, so ``rpc_symvit_X`` and ``symvit_X`` built under the same seed start from identical weights.
 
 All entry points take timm's keyword arguments (``num_classes``, ``in_chans``, ``img_size``,
@@ -38,7 +38,7 @@ ViT cfgs: ``input_size`` with ``fixed_input_size``, ``mean``/``std``, ``crop_pct
 ``num_classes``, ``pool_size``, ``first_conv``, ``classifier``); ``features_only=True`` returns the
 last ``out_indices`` (3) blocks as NCHW maps through ``forward_intermediates`` (timm's "getter"
 feature wrapper); FX tracing (``create_feature_extractor``) and ``torch.compile`` work (see
-:mod:`kpca_attention.layers`). ``make timm-compat`` runs timm's own model tests on these models.
+:mod:`kpca_attention.attention`). ``make timm-compat`` runs timm's own model tests on these models.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from timm.layers import Attention
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
 
-from ..layers import RPCAttention, ScaledAttention, SymmetricAttention, configure, replace_attention
+from ..attention import RPCAttention, ScaledAttention, SymmetricAttention, configure, replace_attention
 from ..pap import check_options
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
 

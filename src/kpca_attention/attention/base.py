@@ -1,0 +1,165 @@
+"""The shared base of the attention mechanisms: :class:`HeadsAttention` (timm's constructor, projections
+to heads, qk-norm, the q/k/v hook points, the output projection) and the options table
+(:class:`Option`, each mechanism's ``parameter_constraints``, as scikit-learn's ``_parameter_constraints``).
+
+A new mechanism is one module: a subclass of :class:`HeadsAttention` that lists its options in
+``parameter_constraints`` (checked by :meth:`HeadsAttention.validate_options` before anything is built)
+and implements ``attend(qkv, attn_mask, is_causal)``. State carried across layers belongs to the model
+that stacks the layers; the layer sees it through its forward's keyword arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from ..checks import describe_range
+from ..pap import check_options
+from .hooks import HookPoint
+
+__all__ = ["HeadsAttention", "Option", "is_proxy"]
+
+
+def is_proxy(x: object) -> bool:
+    """True for an FX symbolic-tracing proxy: its shape is no concrete number to check."""
+    return isinstance(x, torch.fx.Proxy)
+
+
+@dataclass(frozen=True)
+class Option:
+    """The constraint on one constructor option: one row of a mechanism's ``parameter_constraints``.
+
+    ``kind``: ``"int"`` (an integer >= ``min``, bool excluded), ``"bool"``, ``"bool_or_none"``,
+    ``"choice"`` (one of ``choices``) or ``"pap"`` (one of PAP's scalar options, checked by
+    :func:`kpca_attention.pap.check_options`, the check :func:`~kpca_attention.pap.pap` itself runs).
+    The message names the class, the option, the value and what is valid.
+    """
+
+    kind: str
+    min: int | None = None
+    choices: tuple[Any, ...] = ()
+
+    def check(self, value: Any, name: str, where: str) -> None:
+        if self.kind == "pap":
+            check_options(**{name: value}, where=where)
+        elif self.kind == "int":
+            low = self.min is not None and isinstance(value, int) and value < self.min
+            if not isinstance(value, int) or isinstance(value, bool) or low:
+                valid = describe_range("an integer", self.min)
+                raise ValueError(f"{where}: {name} must be {valid}, got {value!r}")
+        elif self.kind in ("bool", "bool_or_none"):
+            if not (isinstance(value, bool) or (value is None and self.kind == "bool_or_none")):
+                valid = "True or False" if self.kind == "bool" else "None, True or False"
+                raise ValueError(f"{where}: {name} must be {valid}, got {value!r}")
+        elif self.kind == "choice":
+            if not isinstance(value, str) or value not in self.choices:
+                raise ValueError(f"{where}: unknown {name} {value!r}; valid: {', '.join(self.choices)}")
+        else:
+            raise TypeError(f"Option: unknown kind {self.kind!r}")
+
+
+class HeadsAttention(nn.Module):
+    """The shared base of every mechanism: projections to heads, qk-norm, hook points, output projection.
+
+    A mechanism is a subclass that sets :attr:`projections`, adds its entries to
+    :attr:`parameter_constraints` and implements :meth:`attend` on the per-head ``{"q"?, "k", "v"}``.
+    """
+
+    #: names of the input projections this layer has, in the order they are stacked
+    projections: tuple[str, ...] = ("q", "k", "v")
+    #: the constructor options a mechanism checks, by name (subclasses extend this table)
+    parameter_constraints: ClassVar[dict[str, Option]] = {
+        "dim": Option("int", min=1),
+        "num_heads": Option("int", min=1),
+    }
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Callable[..., nn.Module] | None = None,
+        device: Any = None,
+        dtype: Any = None,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        gated: bool = False,
+        depth: int = 0,
+    ) -> None:
+        super().__init__()
+        # timm's Attention takes these too; only their defaults are supported here. An unknown
+        # keyword is a TypeError (not swallowed), so a misspelt option of configure() is caught.
+        del depth  # timm's block index, used by none of these layers
+        self.validate_options(dim=dim, num_heads=num_heads)
+        if gated or dim_out not in (None, dim) or attn_head_dim not in (None, dim // max(num_heads, 1)):
+            raise ValueError(
+                f"{type(self).__name__} supports timm's attn_head_dim, dim_out and gated only at their "
+                f"defaults (got attn_head_dim={attn_head_dim}, dim_out={dim_out}, gated={gated})"
+            )
+        if dim % num_heads != 0:
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        if (qk_norm or scale_norm) and norm_layer is None:
+            raise ValueError("norm_layer must be given when qk_norm or scale_norm is True")
+        dd = {"device": device, "dtype": dtype}
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.attn_dim = dim
+        in_proj = nn.Linear(dim, len(self.projections) * dim, bias=qkv_bias, **dd)
+        # timm's name for the fused projection is ``qkv``; the symmetric one holds only K and V.
+        self.add_module("".join(self.projections), in_proj)
+        has_q = "q" in self.projections
+        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm and has_q else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+
+    @classmethod
+    def validate_options(cls, **values: Any) -> None:
+        """Check ``values`` against :attr:`parameter_constraints` (names it lacks are not checked)."""
+        for name, value in values.items():
+            cls.parameter_constraints[name].check(value, name, cls.__name__)
+
+    @property
+    def in_proj(self) -> nn.Linear:
+        return getattr(self, "".join(self.projections))
+
+    def split_heads(self, x: Tensor) -> dict[str, Tensor]:
+        """``(B, N, C)`` -> ``{"q"?, "k", "v"}`` each ``(B, H, N, D)``, normed and hooked."""
+        b, n, _ = x.shape
+        parts = self.in_proj(x).reshape(b, n, len(self.projections), self.num_heads, self.head_dim)
+        parts = parts.permute(2, 0, 3, 1, 4)  # (S, B, H, N, D); indexed, as FX cannot iterate a proxy
+        out = {name: parts[i] for i, name in enumerate(self.projections)}
+        out["k"] = self.hook_k(self.k_norm(out["k"]))
+        out["q"] = self.hook_q(self.q_norm(out["q"])) if "q" in out else self.hook_q(out["k"])
+        out["v"] = self.hook_v(out["v"])
+        return out
+
+    def attend(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """``x (B, N, C)`` -> ``(B, N, C)``; ``attn_mask`` an SDPA mask broadcastable to (B, H, N, N)."""
+        if not is_proxy(x) and (x.dim() != 3 or x.shape[-1] != self.attn_dim):
+            raise ValueError(
+                f"{type(self).__name__}: x must be (B, N, {self.attn_dim}), got {tuple(x.shape)}"
+            )
+        b, n, _ = x.shape
+        out = self.attend(self.split_heads(x), attn_mask, is_causal)  # (B, H, N, D)
+        out = self.norm(out.transpose(1, 2).reshape(b, n, self.attn_dim))
+        return self.proj_drop(self.proj(out))
+
+    @property
+    def dropout_p(self) -> float:
+        return self.attn_drop.p if self.training else 0.0
