@@ -187,3 +187,65 @@ def test_rpc_options_are_checked(kwargs, match) -> None:
         create_model("rpc_symvit_mini_patch4_28", **kwargs)
     with pytest.raises(ValueError, match="LMConfig: " + match):
         create_model("rpc_symlm", vocab_size=50, preset="small", **kwargs)
+
+
+# ----------------------------------------------------------------------------- registrations
+
+#: the names this package registered in timm before the registrations became one function each
+#: (computed on the commit before, with timm.list_models() filtered by the entry point's module)
+REGISTERED = {
+    "rpc_symasym_vit_mini_patch4_28",
+    "rpc_symasym_vit_mini_patch4_32",
+    "rpc_symasym_vit_tiny_patch16_224",
+    "rpc_symvit_base_patch16_224",
+    "rpc_symvit_mini_patch4_28",
+    "rpc_symvit_mini_patch4_32",
+    "rpc_symvit_small_patch16_224",
+    "rpc_symvit_tiny_patch16_224",
+    "rpc_vit_mini_patch4_28",
+    "rpc_vit_mini_patch4_32",
+    "rpc_vit_tiny_patch16_224",
+    "scaled_vit_mini_patch4_28",
+    "scaled_vit_mini_patch4_32",
+    "scaled_vit_tiny_patch16_224",
+    "segmenter_rpc_symasym_vit_mini_patch4_32",
+    "segmenter_rpc_symasym_vit_tiny_patch16_512",
+    "segmenter_rpc_symvit_base_patch16_512",
+    "segmenter_rpc_symvit_mini_patch4_32",
+    "segmenter_rpc_symvit_small_patch16_512",
+    "segmenter_rpc_symvit_tiny_patch16_512",
+    "segmenter_rpc_vit_mini_patch4_32",
+    "segmenter_rpc_vit_tiny_patch16_512",
+    "segmenter_scaled_vit_mini_patch4_32",
+    "segmenter_scaled_vit_tiny_patch16_512",
+    "segmenter_symvit_base_patch16_512",
+    "segmenter_symvit_mini_patch4_32",
+    "segmenter_symvit_small_patch16_512",
+    "segmenter_symvit_tiny_patch16_512",
+    "segmenter_vit_mini_patch4_32",
+    "symvit_base_patch16_224",
+    "symvit_mini_patch4_28",
+    "symvit_mini_patch4_32",
+    "symvit_small_patch16_224",
+    "symvit_tiny_patch16_224",
+    "vit_mini_patch4_28",
+    "vit_mini_patch4_32",
+}
+
+
+def test_registered_names_unchanged_and_each_one_function() -> None:
+    import inspect
+
+    from timm.models import model_entrypoint
+
+    from kpca_attention.models import segmenter, vit
+
+    ours = {n for n in timm.list_models() if model_entrypoint(n).__module__.startswith("kpca_attention")}
+    assert ours == REGISTERED
+    assert set(vit.VISION_MODELS) | set(segmenter.SEGMENTATION_MODELS) == REGISTERED
+    sources = {module: inspect.getsource(module) for module in (vit, segmenter)}
+    for name in REGISTERED:
+        fn = model_entrypoint(name)
+        module = vit if fn.__module__ == vit.__name__ else segmenter
+        assert fn.__name__ == name and getattr(module, name) is fn
+        assert f"@register_model\ndef {name}(pretrained: bool = False" in sources[module], name  # findable

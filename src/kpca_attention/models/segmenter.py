@@ -30,7 +30,7 @@ families and their options are those of :mod:`kpca_attention.models.vit` (``rpc_
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import timm
@@ -301,25 +301,20 @@ def load_encoder_weights(model: Segmenter, weights: Mapping[str, Tensor] | str |
 
 # ----------------------------------------------------------------------------- registration
 
-def _entrypoint(family: str, size: str) -> Callable[..., Segmenter]:
+
+def _create(family: str, size: str, pretrained: bool, **kwargs: Any) -> Segmenter:
+    """The Segmenter ``segmenter_<family>_<size>``: its encoder ``<family>_<encoder size>`` at the size's
+    window (``img_size``), 150 classes (ADE20K) unless ``num_classes`` is given."""
     name = f"segmenter_{family}_{size}"
     enc_size, window = SEGMENTER_SIZES[size]
-
-    def fn(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-        if pretrained:
-            raise ValueError(f"{name}: no pretrained weights exist; train it (kpca-attention train --preset "
-                             "fmnist-seg-cpu / ade20k-segmenter) and load the checkpoint instead")
-        for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):  # timm.create_model's
-            kwargs.pop(key, None)
-        num_classes = kwargs.pop("num_classes", 150)
-        img_size = kwargs.pop("img_size", window)
-        return create_segmenter(f"{family}_{enc_size}", num_classes, img_size, **kwargs)
-
-    fn.__name__ = fn.__qualname__ = name
-    fn.__module__ = __name__
-    fn.__doc__ = (f"Segmenter with a {family}_{enc_size} encoder, window {window} px "
-                  f"(encoder: {FAMILIES[family][1]}).")
-    return fn
+    if pretrained:
+        raise ValueError(f"{name}: no pretrained weights exist; train it (kpca-attention train --preset "
+                         "fmnist-seg-cpu / ade20k-segmenter) and load the checkpoint instead")
+    for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):  # timm.create_model's
+        kwargs.pop(key, None)
+    num_classes = kwargs.pop("num_classes", 150)
+    img_size = kwargs.pop("img_size", window)
+    return create_segmenter(f"{family}_{enc_size}", num_classes, img_size, **kwargs)
 
 
 def _pairs() -> list[tuple[str, str]]:
@@ -333,6 +328,95 @@ def _pairs() -> list[tuple[str, str]]:
 
 SEGMENTATION_MODELS: tuple[str, ...] = tuple(f"segmenter_{f}_{s}" for f, s in _pairs())
 
-for _family, _size in _pairs():
-    _fn = register_model(_entrypoint(_family, _size))
-    globals()[_fn.__name__] = _fn
+# One function per registered name, as timm does (tests/test_models.py checks the set against
+# SEGMENTATION_MODELS).
+
+
+@register_model
+def segmenter_symvit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a symvit_tiny_patch16_224 encoder, window 512 px."""
+    return _create("symvit", "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_symvit_small_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a symvit_small_patch16_224 encoder, window 512 px."""
+    return _create("symvit", "small_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_symvit_base_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a symvit_base_patch16_224 encoder, window 512 px."""
+    return _create("symvit", "base_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a symvit_mini_patch4_32 encoder, window 32 px."""
+    return _create("symvit", "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_rpc_symvit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a rpc_symvit_tiny_patch16_224 encoder, window 512 px."""
+    return _create("rpc_symvit", "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_rpc_symvit_small_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a rpc_symvit_small_patch16_224 encoder, window 512 px."""
+    return _create("rpc_symvit", "small_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_rpc_symvit_base_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a rpc_symvit_base_patch16_224 encoder, window 512 px."""
+    return _create("rpc_symvit", "base_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_rpc_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a rpc_symvit_mini_patch4_32 encoder, window 32 px."""
+    return _create("rpc_symvit", "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_scaled_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a scaled_vit_tiny_patch16_224 encoder, window 512 px."""
+    return _create("scaled_vit", "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_scaled_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a scaled_vit_mini_patch4_32 encoder, window 32 px."""
+    return _create("scaled_vit", "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_rpc_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a rpc_vit_tiny_patch16_224 encoder, window 512 px."""
+    return _create("rpc_vit", "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_rpc_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a rpc_vit_mini_patch4_32 encoder, window 32 px."""
+    return _create("rpc_vit", "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_rpc_symasym_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a rpc_symasym_vit_tiny_patch16_224 encoder, window 512 px."""
+    return _create("rpc_symasym_vit", "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_rpc_symasym_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a rpc_symasym_vit_mini_patch4_32 encoder, window 32 px."""
+    return _create("rpc_symasym_vit", "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter with a vit_mini_patch4_32 encoder, window 32 px."""
+    return _create("vit", "mini_patch4_32", pretrained, **kwargs)

@@ -44,7 +44,7 @@ feature wrapper); FX tracing (``create_feature_extractor``) and ``torch.compile`
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from timm.layers import Attention
@@ -264,35 +264,197 @@ def _build_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> VisionT
     return _create(variant, pretrained, Attention, **kwargs)
 
 
-_BUILDERS: dict[str, Callable[..., VisionTransformer]] = {
-    "symvit": _build_symvit,
-    "rpc_symvit": _build_rpc_symvit,
-    "scaled_vit": _build_scaled_vit,
-    "rpc_vit": _build_rpc_vit,
-    "rpc_symasym_vit": _build_rpc_symasym_vit,
-    "vit": _build_vit,
-}
 
 
-def _entrypoint(family: str, size: str) -> Callable[..., VisionTransformer]:
-    name = _model_name(family, size)
-    builder = _BUILDERS[family]
-
-    def fn(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-        return builder(name, pretrained=pretrained, **kwargs)
-
-    # timm's registry keys on __name__ and reads the module's default_cfgs through __module__
-    fn.__name__ = fn.__qualname__ = name
-    fn.__module__ = __name__
-    sizes_doc = ARCHS[size]["arch"]
-    fn.__doc__ = f"{FAMILIES[family][1]}; {sizes_doc}."
-    return fn
+# ----------------------------------------------------------------------------- registrations
+# One function per registered name, as timm does (a name is found by searching for ``def <name>``);
+# tests/test_models.py checks that the registered set is unchanged and equals VISION_MODELS.
 
 
-def _register_all(names: Iterable[tuple[str, str]]) -> None:
-    for family, size in names:
-        fn = register_model(_entrypoint(family, size))
-        globals()[fn.__name__] = fn
+@register_model
+def symvit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """SymViT: symmetric softmax attention (K and V only) in every block.
+
+    Size tiny_patch16_224 (:data:`ARCHS`).
+    """
+    return _build_symvit("symvit_tiny_patch16_224", pretrained, **kwargs)
 
 
-_register_all((fam, size) for fam, (sizes, _) in FAMILIES.items() for size in sizes)
+@register_model
+def symvit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """SymViT: symmetric softmax attention (K and V only) in every block.
+
+    Size small_patch16_224 (:data:`ARCHS`).
+    """
+    return _build_symvit("symvit_small_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def symvit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """SymViT: symmetric softmax attention (K and V only) in every block.
+
+    Size base_patch16_224 (:data:`ARCHS`).
+    """
+    return _build_symvit("symvit_base_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def symvit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """SymViT: symmetric softmax attention (K and V only) in every block.
+
+    Size mini_patch4_28 (:data:`ARCHS`).
+    """
+    return _build_symvit("symvit_mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """SymViT: symmetric softmax attention (K and V only) in every block.
+
+    Size mini_patch4_32 (:data:`ARCHS`).
+    """
+    return _build_symvit("symvit_mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def rpc_symvit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """RPC-SymViT: symmetric RPC-Attention (PAP) in rpc_layers, symmetric attention elsewhere.
+
+    Size tiny_patch16_224 (:data:`ARCHS`).
+    """
+    return _build_rpc_symvit("rpc_symvit_tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def rpc_symvit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """RPC-SymViT: symmetric RPC-Attention (PAP) in rpc_layers, symmetric attention elsewhere.
+
+    Size small_patch16_224 (:data:`ARCHS`).
+    """
+    return _build_rpc_symvit("rpc_symvit_small_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def rpc_symvit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """RPC-SymViT: symmetric RPC-Attention (PAP) in rpc_layers, symmetric attention elsewhere.
+
+    Size base_patch16_224 (:data:`ARCHS`).
+    """
+    return _build_rpc_symvit("rpc_symvit_base_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def rpc_symvit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """RPC-SymViT: symmetric RPC-Attention (PAP) in rpc_layers, symmetric attention elsewhere.
+
+    Size mini_patch4_28 (:data:`ARCHS`).
+    """
+    return _build_rpc_symvit("rpc_symvit_mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def rpc_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """RPC-SymViT: symmetric RPC-Attention (PAP) in rpc_layers, symmetric attention elsewhere.
+
+    Size mini_patch4_32 (:data:`ARCHS`).
+    """
+    return _build_rpc_symvit("rpc_symvit_mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def scaled_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Scaled Attention A (I - S) V (scaled='scalar' | 'matrix') in every block.
+
+    Size tiny_patch16_224 (:data:`ARCHS`).
+    """
+    return _build_scaled_vit("scaled_vit_tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def scaled_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Scaled Attention A (I - S) V (scaled='scalar' | 'matrix') in every block.
+
+    Size mini_patch4_28 (:data:`ARCHS`).
+    """
+    return _build_scaled_vit("scaled_vit_mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def scaled_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Scaled Attention A (I - S) V (scaled='scalar' | 'matrix') in every block.
+
+    Size mini_patch4_32 (:data:`ARCHS`).
+    """
+    return _build_scaled_vit("scaled_vit_mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def rpc_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """asymmetric RPC (with queries) in rpc_layers, ordinary attention elsewhere.
+
+    Size tiny_patch16_224 (:data:`ARCHS`).
+    """
+    return _build_rpc_vit("rpc_vit_tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def rpc_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """asymmetric RPC (with queries) in rpc_layers, ordinary attention elsewhere.
+
+    Size mini_patch4_28 (:data:`ARCHS`).
+    """
+    return _build_rpc_vit("rpc_vit_mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def rpc_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """asymmetric RPC (with queries) in rpc_layers, ordinary attention elsewhere.
+
+    Size mini_patch4_32 (:data:`ARCHS`).
+    """
+    return _build_rpc_vit("rpc_vit_mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def rpc_symasym_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """symmetric RPC in rpc_layers (default first), ordinary asymmetric attention elsewhere.
+
+    Size tiny_patch16_224 (:data:`ARCHS`).
+    """
+    return _build_rpc_symasym_vit("rpc_symasym_vit_tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def rpc_symasym_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """symmetric RPC in rpc_layers (default first), ordinary asymmetric attention elsewhere.
+
+    Size mini_patch4_28 (:data:`ARCHS`).
+    """
+    return _build_rpc_symasym_vit("rpc_symasym_vit_mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def rpc_symasym_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """symmetric RPC in rpc_layers (default first), ordinary asymmetric attention elsewhere.
+
+    Size mini_patch4_32 (:data:`ARCHS`).
+    """
+    return _build_rpc_symasym_vit("rpc_symasym_vit_mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """plain timm ViT at a small-image size.
+
+    Size mini_patch4_28 (:data:`ARCHS`).
+    """
+    return _build_vit("vit_mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """plain timm ViT at a small-image size.
+
+    Size mini_patch4_32 (:data:`ARCHS`).
+    """
+    return _build_vit("vit_mini_patch4_32", pretrained, **kwargs)
