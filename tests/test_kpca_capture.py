@@ -16,6 +16,7 @@ from kpca_attention.kpca.callback import ProjectionLossCallback
 from kpca_attention.kpca.capture import QKVCapture, find_attention_sites
 from kpca_attention.kpca.load import load_for_analysis
 from kpca_attention.kpca.run import analyze_model
+from kpca_attention.tasks import get as get_task
 
 TEXTS = [
     "In the beginning God created the heaven and the earth.",
@@ -109,7 +110,8 @@ def test_rpc_trace_and_restores_flag():
 def _loaded(model):
     from kpca_attention.kpca.load import LoadedModel
 
-    return LoadedModel(name="tiny", model=model, modality="image", input_size=(1, 16, 16), normalize=None)
+    return LoadedModel(name="tiny", model=model, task=get_task("vision"), input_size=(1, 16, 16),
+                       normalize=None)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from kpca_attention.kpca.analysis import AnalysisConfig
 from kpca_attention.kpca.capture import CAPTURE_IMPLEMENTATION, QKVCapture, find_attention_sites
 from kpca_attention.kpca.run import analyze_model, prefix_ends
 from kpca_attention.models.lm import create_lm
+from kpca_attention.tasks import get as get_task
 from kpca_attention.train.resolve import LoadedModel, minilm_path, resolve_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -28,7 +29,7 @@ MEASURES = ("linear_cka", "kernel_cka", "direct_cosine", "relative_frobenius", "
 def project_lm(name: str = "rpc_symlm") -> LoadedModel:
     torch.manual_seed(0)
     net = create_lm(name, 50, preset="small", context=16, n_layer=2, d_model=32, n_head=2, d_ff=64).eval()
-    return LoadedModel(name=name, model=net, modality="text", info={"task": "lm", "causal": True})
+    return LoadedModel(name=name, model=net, task=get_task("lm"), info={"task": "lm", "causal": True})
 
 
 def by_sequence(res: dict) -> dict[tuple[int, int, int], dict[str, float]]:

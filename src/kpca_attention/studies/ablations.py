@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..robustness.suites import Attack, Corruptions, ImageSuites
+from ..tasks.classification.suites import Attack, Corruptions, ImageSuites
 from .checks import throughput_check
 from .demo import DEMO_CORRUPTIONS, RPC_OFFICIAL
 from .spec import Check, Study, Variant
@@ -82,7 +82,6 @@ def swap_checks(study: Study, runs: dict[tuple[str, int], Path],
     from ..data.images import build_image_dataset
     from ..robustness.common import collect_logits
     from ..train import load_model
-    from ..train.build import build_model
 
     rpc_model = next(v.model for v in study.variants if v.model.startswith("rpc_"))
     test = Subset(build_image_dataset("fashion-mnist", "test"), range(n_images))
@@ -94,7 +93,7 @@ def swap_checks(study: Study, runs: dict[tuple[str, int], Path],
             model, cfg = load_model(runs[(slug, seed)])
             cfg2 = type(cfg).from_dict({**cfg.to_dict(), "model": rpc_model,
                                         "model_kwargs": {**cfg.model_kwargs, **switch}})
-            swapped = build_model(cfg2)
+            swapped = study.task.build_model(cfg2)
             swapped.load_state_dict(model.state_dict())
             swapped.eval()
             a, labels = collect_logits(model, test, batch_size=500, progress=False)

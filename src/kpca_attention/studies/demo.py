@@ -8,7 +8,7 @@ images, and FGSM / PGD-20 in pixel space.
 
 from __future__ import annotations
 
-from ..robustness.suites import Attack, Corruptions, ImageSuites
+from ..tasks.classification.suites import Attack, Corruptions, ImageSuites
 from .spec import Study, Variant
 
 __all__ = ["DEMO_CORRUPTIONS", "DEMO_VARIANTS", "demo_study", "quick_demo_study", "RPC_OFFICIAL"]

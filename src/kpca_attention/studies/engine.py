@@ -1,5 +1,5 @@
-"""One engine for every study: train each (variant, seed), evaluate it through the robustness suites
-with per-example results, run the study-wide checks, write the report.
+"""One engine for every study: train each (variant, seed), evaluate it through its task's suites
+(:mod:`kpca_attention.tasks`) with per-example results, run the study-wide checks, write the report.
 
 Files (``out`` is the study's results folder, small enough to commit; ``runs`` holds checkpoints)::
 
@@ -34,8 +34,9 @@ from torch import nn
 from ..io import read_json, write_json_atomic
 from ..machine import machine_info
 from ..robustness.store import ResultStore, normalise_key
+from ..tasks import Task
 from ..train import CheckpointError, load_model, train
-from ..train.rundir import TRAJECTORY_FREE, RunDir
+from ..train.rundir import RunDir, trajectory_settings
 from .spec import Study, Variant
 
 __all__ = ["run_study", "run_one", "result_path", "run_dir_of", "RESULTS_VERSION"]
@@ -62,8 +63,7 @@ def _say(prefix: str) -> Callable[[str], None]:
 def _run_key(study: Study, variant: Variant, seed: int, runs: Path) -> dict[str, Any]:
     """What identifies a run's weights: the training settings that change the trajectory."""
     cfg = study.train_config(variant, seed, str(run_dir_of(runs, variant, seed)))
-    return normalise_key({"train": {k: v for k, v in cfg.to_dict().items() if k not in TRAJECTORY_FREE},
-                          "version": RESULTS_VERSION})
+    return normalise_key({"train": trajectory_settings(cfg), "version": RESULTS_VERSION})
 
 
 def ensure_trained(study: Study, variant: Variant, seed: int, runs: Path, *, progress: bool,
@@ -92,21 +92,19 @@ def ensure_trained(study: Study, variant: Variant, seed: int, runs: Path, *, pro
                 log(f"finished checkpoint in {run_dir}: not retrained")
                 return run_dir
     resume = rd.has_checkpoint()
-    unit = {"lm": "windows", "segmentation": "scenes"}.get(getattr(cfg, "task", "vision"), "images")
     log(f"{'resuming' if resume else 'training'} {cfg.model} {dict(cfg.model_kwargs) or ''} "
-        f"({cfg.epochs} epochs, {cfg.train_subset or 'all'} {unit}, seed {seed}, "
+        f"({cfg.epochs} epochs, {cfg.train_subset or 'all'} {study.task.unit}, seed {seed}, "
         f"{torch.get_num_threads()} thread(s))")
     train(cfg, resume=resume)
     return run_dir
 
 
-def _training_summary(run_dir: Path, model: nn.Module) -> dict[str, Any]:
+def _training_summary(task: Task, run_dir: Path, model: nn.Module) -> dict[str, Any]:
     from ..train.logger import read_csv
 
     rows = read_csv(run_dir / "epochs.csv")
     t = sum(r["epoch_time_s"] for r in rows)
-    # images/s for image models; language models log tokens/s
-    unit = "images_per_s" if any("images_per_s" in r for r in rows) else "tokens_per_s"
+    unit = task.throughput_key  # images/s, tokens/s
     done = sum(r.get(unit, 0.0) * r["epoch_time_s"] for r in rows)
     return {
         "train_time_s": t, unit: done / max(t, 1e-9), "steps": rows[-1]["step"],
@@ -140,24 +138,20 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
         return state["model"]
 
     t0 = time.perf_counter()
-    store.get_or_compute("run", key, lambda: _training_summary(run_dir(), model()))
+    task = study.task
+    store.get_or_compute("run", key, lambda: _training_summary(task, run_dir(), model()))
     cfg = study.train_config(variant, seed, str(run_dir_of(runs, variant, seed)))
-    # the suites say what to measure and how (images, text, segmentation): see Study.suites
-    study.suites.evaluate(model, cfg, store, key, cache_dir=runs / "cache", seed=seed, log=log,
-                          progress=progress)
-    if study.trace:
-        from ..kpca.pap_trace import rpc_layers, trace_model
+    has_pap = task.has_pap(cfg)  # asked of the model (built untrained), not of its name
+    # the task measures its suites (images, text, segmentation): see Study.suites
+    task.evaluate_suites(study.suites, model, cfg, store, key, has_pap=has_pap, cache_dir=runs / "cache",
+                         seed=seed, log=log, progress=progress)
+    if study.trace and has_pap:
+        from ..kpca.pap_trace import trace_model
 
         def trace() -> dict[str, Any]:
-            return trace_model(model(), study.suites.trace_batches(cfg, study.trace))
+            return trace_model(model(), task.trace_batches(study.suites, cfg, study.trace))
 
-        if "rpc" in variant.model:  # the registered RPC models; checked against the model when traced
-            def checked_trace() -> dict[str, Any]:
-                if not rpc_layers(model()):
-                    raise ValueError(f"{variant.model} has no RPC-Attention layer to trace")
-                return trace()
-
-            store.get_or_compute("trace", {**key, "n": study.trace}, checked_trace)
+        store.get_or_compute("trace", {**key, "n": study.trace}, trace)
     if store.computed:
         log(f"done in {time.perf_counter() - t0:.0f} s ({store.computed} item(s) computed, "
             f"{store.reused} reused)")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..robustness.lm_suites import LMSuites
+from ..tasks.language.suites import LMSuites
 from .spec import Study, Variant
 
 __all__ = ["language_study", "quick_language_study", "LANGUAGE_RECIPE", "LM_RPC"]

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..robustness.suites import ImageSuites
+from ..tasks import Task
+from ..tasks import get as get_task
 from ..train import TrainConfig, get_preset
 
 __all__ = ["Variant", "Study", "Check"]
@@ -60,10 +61,11 @@ class Study:
         name: the study's folder name (``results/<name>``).
         preset: the training preset (:data:`kpca_attention.train.PRESETS`) and ``recipe`` its
             overrides, shared by every run (the seed and the output folder are set per run).
-        suites: what each trained model is measured on: an object with ``to_dict()``, ``kind``,
-            ``evaluate(model, cfg, store, key, **kw)`` and ``trace_batches(cfg, n)`` -
-            :class:`~kpca_attention.robustness.suites.ImageSuites` for image classifiers.
-        trace: test images for the PAP trace of every model with RPC layers (0: none).
+        suites: what each trained model is measured on, the suites of the preset's task
+            (:class:`~kpca_attention.tasks.classification.suites.ImageSuites`,
+            :class:`~kpca_attention.tasks.segmentation.suites.SegmentationSuites`,
+            :class:`~kpca_attention.tasks.language.suites.LMSuites`); the task evaluates them.
+        trace: test inputs for the PAP trace of every model with RPC layers (0: none).
         baseline: the slug every variant is compared with (paired statistics, mCE).
         checks: extra study-wide measurements.
     """
@@ -74,7 +76,7 @@ class Study:
     seeds: tuple[int, ...]
     preset: str
     recipe: Mapping[str, Any]
-    suites: ImageSuites | Any
+    suites: Any
     baseline: str
     description: str = ""
     trace: int = 0
@@ -98,6 +100,12 @@ class Study:
                 raise ValueError(f"variant {v.slug}: seeds {sorted(extra)} are not among the study's "
                                  f"{self.seeds}")
         self.train_config(self.variants[0], self.seeds[0], "runs/check")  # fail now on a bad recipe
+        self.task.check_suites(self.suites)
+
+    @property
+    def task(self) -> Task:
+        """The task every run of the study trains (its preset's, :mod:`kpca_attention.tasks`)."""
+        return get_task(self.train_config(self.variants[0], self.seeds[0], "runs/check").task)
 
     # --- what runs --------------------------------------------------------------------------------
     def variant(self, slug: str) -> Variant:
@@ -125,7 +133,7 @@ class Study:
         d = {
             "name": self.name, "title": self.title, "preset": self.preset, "recipe": dict(self.recipe),
             "seeds": list(self.seeds), "baseline": self.baseline, "trace": self.trace,
-            "suites": self.suites.to_dict(),
+            "task": self.task.name, "suites": self.suites.to_dict(),
             "variants": [{**dataclasses.asdict(v), "kwargs": dict(v.kwargs), "recipe": dict(v.recipe)}
                          for v in self.variants],
             "checks": [c.name for c in self.checks],

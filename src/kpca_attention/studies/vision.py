@@ -14,7 +14,7 @@ of every RPC variant; training throughput side by side.
 from __future__ import annotations
 
 from ..robustness.corruptions import COMMON_CORRUPTIONS
-from ..robustness.suites import Attack, Corruptions, ImageSuites
+from ..tasks.classification.suites import Attack, Corruptions, ImageSuites
 from .ablations import candes_lambda
 from .checks import throughput_check
 from .demo import DEMO_RECIPE, RPC_OFFICIAL

@@ -47,6 +47,7 @@ from torch import nn
 
 from ..io import fsync_dir as _fsync_dir
 from ..io import sha256_file, write_json_atomic
+from ..tasks import get as get_task
 from .config import TrainConfig
 from .rundir import LATEST_FILE, CheckpointError, read_config
 
@@ -65,7 +66,6 @@ EMA_FILE = "ema.safetensors"
 STATE_FILE = "state.pt"
 CONFIG_FILE = "config.json"
 MARKER_FILE = "COMPLETE"
-VOCAB_FILE = "vocab.json"
 
 
 # --- RNG state as tensors / lists (weights_only-loadable) -------------------------------------
@@ -302,22 +302,16 @@ def load_model(
         taking images (B, C, H, W) in [0, 1]; for LMs the language model, with the training
         vocabulary as ``model.vocab`` (a :class:`kpca_attention.data.text.Vocab`).
     """
-    from .build import build_model  # local: build imports the model zoo
-
     ckpt = resolve_checkpoint(path)
     if verify:
         verify_checkpoint(ckpt)
     config = read_config(ckpt)
-    vocab = None
-    if config.task == "lm":
-        from ..data.text import Vocab
-
-        vf = ckpt / VOCAB_FILE
-        try:
-            vocab = Vocab.load(vf)
-        except (FileNotFoundError, ValueError) as e:
-            raise CheckpointError(f"language-model vocabulary {vf} is missing or invalid: {e}") from e
-    model = build_model(config, vocab)
+    task = get_task(config.task)
+    try:
+        info = task.checkpoint_info(config, ckpt)  # e.g. the LM's vocabulary
+    except (FileNotFoundError, ValueError) as e:
+        raise CheckpointError(str(e)) from e
+    model = task.build_model(config, info)
     wfile = ckpt / (EMA_FILE if ema else MODEL_FILE)
     if ema and not wfile.exists():
         raise CheckpointError(f"{ckpt} has no EMA weights ({EMA_FILE}); the run had model_ema=False")

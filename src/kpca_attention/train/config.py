@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..checks import check_choice, check_int, check_real
+from ..tasks import get as get_task
+from ..tasks import names as task_names
 
 __all__ = ["TrainConfig", "PRESETS", "DEVICES", "get_preset", "apply_overrides", "parse_override",
            "check_device"]
@@ -97,10 +99,11 @@ _NONNEGATIVE = _real(0)
 # One check per field: types and ranges, each raising a ValueError that names the field, the value
 # and what is valid. A test makes sure every field of TrainConfig has one.
 FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
-    "task": _choice("vision", "lm", "segmentation"), "model": _text(), "model_kwargs": _dict,
+    "task": lambda v, n: check_choice(v, n, task_names()), "model": _text(), "model_kwargs": _dict,
     "dataset": _text(),
     "data_root": _text(none=True), "img_size": _int(1, none=True), "train_subset": _int(1, none=True),
-    "eval_subset": _int(1, none=True),
+    "eval_subset": _int(1, none=True), "val_size": _int(1, none=True),
+    "val_seed": lambda v, n: check_int(v, n, min=0, max=2**63 - 1),
     "epochs": _int(1), "max_steps": _int(1, none=True), "batch_size": _int(1), "eval_batch_size": _int(1),
     "opt": _text(), "lr": _real(0, min_open=True, none=True), "lr_base": _POSITIVE, "lr_base_size": _int(1),
     "weight_decay": _NONNEGATIVE, "opt_eps": _real(0, min_open=True, none=True), "opt_betas": _betas,
@@ -126,14 +129,19 @@ class TrainConfig:
     """Everything a training run depends on. ``None`` means "derived" (see the field comments)."""
 
     # --- what to train ---------------------------------------------------------------------
-    task: str = "vision"  # "vision" | "lm" | "segmentation"
+    task: str = "vision"  # a registered task (kpca_attention.tasks): "vision" | "segmentation" | "lm"
     model: str = "symvit_mini_patch4_28"
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"rpc_iters": 4, "rpc_lambda": 4}
     dataset: str = "fashion-mnist"
     data_root: str | None = None
     img_size: int | None = None  # None: the dataset's native size
-    train_subset: int | None = None  # first-N (seeded) training examples; None: all
-    eval_subset: int | None = None
+    train_subset: int | None = None  # N training examples (images: a seeded sample; LM: the first N windows)
+    eval_subset: int | None = None  # N held-out examples evaluated each epoch (as train_subset); None: all
+    # the validation split: val_size training examples (drawn with val_seed, the same for every training
+    # seed) held out for the per-epoch evaluation; None - the setting of runs made before it existed -
+    # evaluates on the test split (image tasks); language models validate on the corpus's valid split
+    val_size: int | None = None
+    val_seed: int = 0
     # --- schedule ----------------------------------------------------------------------------
     epochs: int = 10
     max_steps: int | None = None  # stop after this many optimizer steps (the schedule still spans `epochs`)
@@ -202,9 +210,7 @@ class TrainConfig:
         """
         for f in dataclasses.fields(self):
             FIELD_CHECKS[f.name](getattr(self, f.name), f.name)
-        if self.task == "segmentation" and (self.mixup > 0 or self.cutmix > 0):
-            raise ValueError(f"task 'segmentation' takes no Mixup/CutMix (they mix labels of whole images); "
-                             f"got mixup={self.mixup}, cutmix={self.cutmix}")
+        get_task(self.task).check_config(self)
         if self.opt_betas is not None:
             self.opt_betas = tuple(float(b) for b in self.opt_betas)  # JSON gives a list
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
 
+from ..tasks import get as get_task
 from .config import TrainConfig
 from .distributed import DistInfo
 
@@ -143,7 +144,7 @@ class Loaders:
     train: DataLoader
     eval: DataLoader | None
     sampler: SeededSampler
-    info: dict[str, Any]  # num_classes (vision) / vocab_size (lm), ...
+    info: dict[str, Any]  # what the model is built with (the task's Splits.info)
 
     @property
     def updates_per_epoch(self) -> int:
@@ -172,19 +173,10 @@ def _loader(ds: Dataset, batch_size: int, cfg: TrainConfig, dist: DistInfo, *, s
 
 
 def build_loaders(cfg: TrainConfig, dist: DistInfo, *, with_eval: bool = True) -> Loaders:
-    """Train (and eval) loaders for ``cfg.task``."""
-    if cfg.task == "vision":
-        from .build import vision_datasets
-
-        train_set, eval_set, info = vision_datasets(cfg, with_eval=with_eval)
-    elif cfg.task == "segmentation":
-        from .build import segmentation_datasets
-
-        train_set, eval_set, info = segmentation_datasets(cfg, with_eval=with_eval)
-    else:
-        from .build import lm_datasets
-
-        train_set, eval_set, info = lm_datasets(cfg, with_eval=with_eval)
+    """The training loader and the held-out one (the validation split; see
+    :meth:`kpca_attention.tasks.Task.datasets`) of ``cfg``'s task."""
+    splits = get_task(cfg.task).datasets(cfg, with_eval=with_eval)
+    train_set, eval_set, info = splits.train, splits.held_out, splits.info
     if len(train_set) < cfg.batch_size * dist.world_size:
         raise ValueError(
             f"training set has {len(train_set)} examples, fewer than one global batch "

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..tasks.base import all_reduce_sum
+
 __all__ = [
     "DistInfo", "init_distributed", "cleanup_distributed", "barrier", "all_reduce_sum", "gather_objects",
 ]
@@ -67,13 +69,6 @@ def cleanup_distributed() -> None:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-
-
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum over processes (in place) when distributed; identity otherwise."""
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
 
 
 def gather_objects(obj: Any) -> list[Any]:

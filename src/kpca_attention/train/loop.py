@@ -1,4 +1,5 @@
-"""The training loop (vision classification and causal language modelling), one process or DDP."""
+"""The training loop of every task (it asks :mod:`kpca_attention.tasks` for the data, the model, the loss
+and the held-out metrics), one process or DDP."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..io import write_text_atomic
+from ..tasks import get as get_task
 from . import checkpoint as ckpt_mod
-from .build import build_model, vision_info
 from .config import TrainConfig
 from .data import build_loaders, preserved_rngs
 from .distributed import (
@@ -29,7 +30,6 @@ from .distributed import (
     gather_objects,
     init_distributed,
 )
-from .evaluate import evaluate_lm, evaluate_segmentation, evaluate_vision
 from .logger import MetricLogger
 from .rundir import RESUMABLE_CHANGES, RunDir
 
@@ -71,6 +71,7 @@ class _Trainer:
     def __init__(self, cfg: TrainConfig, dist: DistInfo, callbacks: Sequence[Callback],
                  resume: bool | str | Path, overwrite: bool) -> None:
         self.cfg, self.dist, self.callbacks = cfg, dist, list(callbacks)
+        self.task = get_task(cfg.task)
         self.run_dir = Path(cfg.output_dir)
         self.rundir = RunDir(self.run_dir)
         self.overwrite = overwrite
@@ -108,11 +109,11 @@ class _Trainer:
             _check_resume_config(saved_cfg, cfg, ckpt_dir)
 
         # data first (the LM's vocabulary sizes its model); building loaders draws no global random numbers
+        task = self.task
         loaders = build_loaders(cfg, dist)
-        vocab = loaders.info.get("vocab")
         # identical initial weights on every rank (DDP also broadcasts rank 0's)
         _seed_all(cfg.seed)
-        model = build_model(cfg, vocab).to(dev)
+        model = task.build_model(cfg, loaders.info).to(dev)
         updates_per_epoch = loaders.updates_per_epoch
         if updates_per_epoch < 1:
             raise ValueError("the training set gives no full batch per process; lower batch_size")
@@ -149,25 +150,7 @@ class _Trainer:
 
             ema = ModelEmaV3(model, decay=cfg.model_ema_decay)
 
-        mixup_fn = None
-        if cfg.task == "segmentation":  # per-pixel cross-entropy; 255 marks unlabelled pixels
-            criterion = nn.CrossEntropyLoss(ignore_index=255, label_smoothing=cfg.smoothing)
-        if cfg.task == "vision":
-            from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-
-            if cfg.mixup > 0 or cfg.cutmix > 0:
-                from timm.data import Mixup
-
-                if cfg.batch_size % 2:
-                    raise ValueError(f"Mixup/CutMix need an even batch size, got {cfg.batch_size}")
-                mixup_fn = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
-                                 switch_prob=cfg.mixup_switch_prob, mode=cfg.mixup_mode,
-                                 label_smoothing=cfg.smoothing, num_classes=loaders.info["num_classes"])
-                criterion: nn.Module = SoftTargetCrossEntropy()
-            elif cfg.smoothing > 0:
-                criterion = LabelSmoothingCrossEntropy(smoothing=cfg.smoothing)
-            else:
-                criterion = nn.CrossEntropyLoss()
+        objective = task.objective(cfg, loaders.info)  # the loss, and Mixup / CutMix for classifiers
 
         progress = {"epoch": 0, "step_in_epoch": 0, "global_step": 0,
                     "epoch_loss_sum": 0.0, "epoch_batches": 0, "epoch_samples": 0, "epoch_time": 0.0}
@@ -200,7 +183,7 @@ class _Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.run_dir / "config.json", cfg.to_json())
         last_ckpt: Path | None = ckpt_dir
-        extra_files = {ckpt_mod.VOCAB_FILE: vocab.save} if vocab is not None else None
+        extra_files = task.checkpoint_files(loaders.info) or None  # e.g. the LM's vocabulary
 
         def save(finished: bool) -> None:
             nonlocal last_ckpt
@@ -221,7 +204,7 @@ class _Trainer:
                                                      finished=finished, extra_files=extra_files)
             barrier()
 
-        tput_key = "tokens_per_s" if cfg.task == "lm" else "images_per_s"  # throughput over all ranks
+        tput_key = task.throughput_key  # throughput over all ranks: images/s, tokens/s
         total_steps = cfg.epochs * updates_per_epoch
         if cfg.max_steps is not None:
             total_steps = min(total_steps, cfg.max_steps)
@@ -242,13 +225,11 @@ class _Trainer:
             window_t, window_n = time.perf_counter(), 0
             for x, y in bar:
                 x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-                if mixup_fn is not None:
-                    x, y = mixup_fn(x, y)
+                n_local = task.count(y)  # images / tokens
+                if objective.mix is not None:
+                    x, y = objective.mix(x, y)
                 with autocast():
-                    if cfg.task in ("vision", "segmentation"):
-                        loss = criterion(net(x), y)
-                    else:
-                        _, loss = net(x, y)
+                    loss = objective.loss(net, x, y)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"loss is {loss.item()} at step {progress['global_step']} "
                                              f"(epoch {epoch}); lower the lr or check the data")
@@ -266,7 +247,6 @@ class _Trainer:
                 if on_steps:
                     scheduler.step_update(num_updates=progress["global_step"])
                 loss_v = loss.item()
-                n_local = y.numel() if cfg.task == "lm" else y.shape[0]  # tokens / images
                 progress["epoch_loss_sum"] += loss_v
                 progress["epoch_batches"] += 1
                 progress["epoch_samples"] += n_local * dist.world_size
@@ -334,17 +314,9 @@ class _Trainer:
                            history=list(logger.epoch_rows), global_step=progress["global_step"])
 
     def _evaluate(self, net: nn.Module, loader: Any, amp: bool, prefix: str) -> dict[str, float]:
-        if self.cfg.task == "segmentation":
-            show = self.cfg.progress and self.dist.is_main
-            n_cls = vision_info(self.cfg).num_classes
-            res = evaluate_segmentation(net, loader, self.dist.device, num_classes=n_cls, amp=amp,
-                                        progress=show, desc=f"{prefix}eval")
-            return {f"{prefix}eval_{k}": res[k] for k in ("miou", "mean_accuracy", "pixel_accuracy", "loss")}
-        fn = evaluate_vision if self.cfg.task == "vision" else evaluate_lm
-        res = fn(net, loader, self.dist.device, amp=amp, progress=self.cfg.progress and self.dist.is_main,
-                 desc=f"{prefix}eval")
-        keep = ("top1", "top5", "loss") if self.cfg.task == "vision" else ("loss", "ppl")
-        return {f"{prefix}eval_{k}": res[k] for k in keep}
+        res = self.task.evaluate(net, loader, self.dist.device, cfg=self.cfg, amp=amp,
+                                 progress=self.cfg.progress and self.dist.is_main, desc=f"{prefix}eval")
+        return {f"{prefix}eval_{k}": res[k] for k in self.task.held_out}
 
     def _run_callbacks(self, model: nn.Module, epoch: int, logger: MetricLogger) -> None:
         was_training = model.training

@@ -21,9 +21,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from torch import nn
+
+from ..tasks import Task
+from ..tasks import get as get_task
+from ..tasks import of_model as task_of_model
 
 __all__ = ["LoadedModel", "resolve_model", "MINILM_NAMES", "minilm_path", "image_meta", "is_causal_hf"]
 
@@ -37,7 +41,8 @@ class LoadedModel:
     Attributes:
         name: what the user asked for.
         model: the module, eval mode.
-        modality: ``"text"`` (token ids + attention mask) or ``"image"`` ((B, C, H, W)).
+        task: the :class:`~kpca_attention.tasks.Task` of a project checkpoint, image classification for a
+            timm model; None for a Hugging Face text model (token ids + attention mask, its tokenizer).
         tokenizer: Hugging Face tokenizer for text models.
         input_size: ``(C, H, W)`` for image models.
         normalize: ``(mean, std)`` the caller must apply to images in [0, 1] (None: the model
@@ -48,13 +53,23 @@ class LoadedModel:
 
     name: str
     model: nn.Module
-    modality: Literal["text", "image"]
+    task: Task | None = None
     tokenizer: Any = None
     input_size: tuple[int, int, int] | None = None
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     crop_pct: float = 0.875
     config: Any = None
     info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def takes_text(self) -> bool:
+        """Whether the model reads text (token ids; a Hugging Face model: with its tokenizer), not images."""
+        return self.task is None or self.task.takes_tokens
+
+    @property
+    def project_lm(self) -> bool:
+        """A language model of this project (token ids in its own ``model.vocab``)."""
+        return self.task is not None and self.task.takes_tokens
 
 
 def minilm_path() -> Path:
@@ -89,7 +104,7 @@ def _load_hf(src: str | Path, name: str, offline: bool) -> LoadedModel:
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
         tok.padding_side = "right"
-    return LoadedModel(name=name, model=model.eval(), modality="text", tokenizer=tok,
+    return LoadedModel(name=name, model=model.eval(), task=None, tokenizer=tok,
                        info={"causal": True} if causal else {})
 
 
@@ -116,9 +131,11 @@ def _load_project(path: Path, name: str, device: str) -> LoadedModel:
     from .checkpoint import load_model
 
     model, config = load_model(path, device=device)
-    if getattr(config, "task", "vision") == "lm":
-        return LoadedModel(name=name, model=model.eval(), modality="text", config=config,
-                           info={"dataset": getattr(config, "dataset", None), "task": "lm", "causal": True})
+    task = get_task(config.task)
+    if task.takes_tokens:  # a causal LM
+        return LoadedModel(name=name, model=model.eval(), task=task, config=config,
+                           info={"dataset": getattr(config, "dataset", None), "task": task.name,
+                                 "causal": True})
     size, crop, _ = image_meta(model)
     norm = None
     from ..models.normalize import NormalizedModel
@@ -129,7 +146,7 @@ def _load_project(path: Path, name: str, device: str) -> LoadedModel:
     return LoadedModel(
         name=name,
         model=model.eval(),
-        modality="image",
+        task=task,
         input_size=size,
         normalize=norm,
         crop_pct=crop,
@@ -141,7 +158,7 @@ def _load_project(path: Path, name: str, device: str) -> LoadedModel:
 def _load_timm(name: str, pretrained: bool, weights: str | None = None) -> LoadedModel:
     import timm
 
-    from .. import models as _models  # noqa: F401  (registers this project's models in timm)
+    from ..models import list_models  # noqa: F401  (importing models registers them in timm)
 
     try:
         if weights is not None:
@@ -166,7 +183,7 @@ def _load_timm(name: str, pretrained: bool, weights: str | None = None) -> Loade
     return LoadedModel(
         name=name,
         model=model.eval(),
-        modality="image",
+        task=task_of_model(model),  # a timm classifier
         input_size=size,
         normalize=(mean, std),
         crop_pct=crop,
@@ -189,7 +206,7 @@ def resolve_model(spec: str, *, pretrained: bool = True, device: str = "cpu") ->
     else:
         import timm
 
-        from .. import models as _models  # noqa: F401
+        from ..models import list_models  # noqa: F401  (registers this project's models)
 
         base, _, weights = name.partition("@")
         if timm.is_model(base):

@@ -31,7 +31,7 @@ from typing import Any
 from .config import TrainConfig
 
 __all__ = ["RunDir", "RunDirBusy", "CheckpointError", "read_config", "TRAJECTORY_FREE", "RESUMABLE_CHANGES",
-           "LATEST_FILE", "CHECKPOINTS"]
+           "LEGACY_VALUES", "trajectory_settings", "LATEST_FILE", "CHECKPOINTS"]
 
 CHECKPOINTS = "checkpoints"
 LATEST_FILE = "latest.json"
@@ -46,6 +46,17 @@ TRAJECTORY_FREE = frozenset({
 #: fields that may differ between a checkpoint and the run resuming it: the trajectory-free ones, and
 #: ``epochs`` / ``max_steps``, which extend (or cut) a run deliberately
 RESUMABLE_CHANGES = TRAJECTORY_FREE | {"epochs", "max_steps"}
+#: config fields added after runs were committed, with the value an older ``config.json`` (which lacks
+#: them) means: at that value a field is left out of :func:`trajectory_settings`, so older runs keep the
+#: key their stored results were made under (and still count as reusable)
+LEGACY_VALUES: dict[str, Any] = {"val_size": None, "val_seed": 0}
+
+
+def trajectory_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """The config fields that change the trained weights (all but :data:`TRAJECTORY_FREE`, and the fields
+    of :data:`LEGACY_VALUES` at their legacy value): what identifies a run's weights."""
+    return {k: v for k, v in cfg.to_dict().items()
+            if k not in TRAJECTORY_FREE and not (k in LEGACY_VALUES and v == LEGACY_VALUES[k])}
 
 
 class CheckpointError(RuntimeError):

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
-from .store import ResultStore, example_result
+from ...robustness.store import ResultStore, example_result
 
 __all__ = ["Corruptions", "Attack", "ImageSuites", "fixed_subset", "evaluate_image_suites", "eps_label",
            "structure_items"]
@@ -41,7 +41,7 @@ class Corruptions:
     n: int = 500
 
     def __post_init__(self) -> None:
-        from .corruptions import check_corruption
+        from ...robustness.corruptions import check_corruption
 
         if not self.names or not self.severities:
             raise ValueError("corruptions need at least one name and one severity")
@@ -66,7 +66,7 @@ class Attack:
     label: str | None = None
 
     def __post_init__(self) -> None:
-        from .attacks import METHODS, check_attack_options
+        from ...robustness.attacks import METHODS, check_attack_options
 
         if self.method not in METHODS:
             raise ValueError(f"unknown attack {self.method!r}; valid: {', '.join(METHODS)}")
@@ -109,32 +109,12 @@ class ImageSuites:
         if len(set(names)) != len(names):
             raise ValueError(f"two attacks share a name {names}: give them different options")
 
-    #: what the study engine and the study report dispatch on (``settings["suites"]["kind"]``;
-    #: absent means "image")
-    kind = "image"
+    #: how ``settings.json`` names these suites: image suites record no ``kind`` (``kpca_attention.tasks``)
+    kind = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The suites as ``settings.json`` records them (what a study folder is checked against)."""
         return asdict(self)
-
-    # --- the interface the study engine calls (kpca_attention.studies.engine) --------------------
-    def test_set(self, cfg: Any) -> Dataset:
-        """The test split of the dataset a run was trained on (``cfg``: its TrainConfig)."""
-        from ..data.images import build_image_dataset
-
-        return build_image_dataset(cfg.dataset, "test", root=cfg.data_root, img_size=cfg.img_size)
-
-    def evaluate(self, model: nn.Module | Callable[[], nn.Module], cfg: Any, store: ResultStore,
-                 base_key: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
-        """:func:`evaluate_image_suites` on the test split of ``cfg``'s dataset."""
-        return evaluate_image_suites(model, self.test_set(cfg), self, store, base_key, **kw)
-
-    def trace_batches(self, cfg: Any, n: int) -> Any:
-        """``n`` fixed test inputs in batches, for the PAP trace of a trained model."""
-        from torch.utils.data import DataLoader
-
-        data = fixed_subset(self.test_set(cfg), n, self.data_seed + 2)
-        return DataLoader(data, batch_size=128, shuffle=False)
-
 
 def _positive(what: str, n: Any) -> None:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -156,7 +136,7 @@ def fixed_subset(dataset: Dataset, n: int, seed: int) -> Dataset:
 
 
 def _clean(model: nn.Module, data: Dataset, batch_size: int) -> dict[str, Any]:
-    from .common import collect_logits
+    from ...robustness.common import collect_logits
 
     logits, labels = collect_logits(model, data, batch_size=batch_size, progress=False)
     return example_result(logits, labels)
@@ -205,8 +185,8 @@ def evaluate_image_suites(
     """
     from tqdm.auto import tqdm
 
-    from .attacks import NORMS, attack_logits
-    from .corruptions import corrupted_views
+    from ...robustness.attacks import NORMS, attack_logits
+    from ...robustness.corruptions import corrupted_views
 
     t0 = time.perf_counter()
     out: dict[str, Any] = {}

@@ -35,8 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checks import check_int, check_real
-from .store import ResultStore
+from ...checks import check_int, check_real
+from ...robustness.store import ResultStore
+from .data import corpus_windows
 
 __all__ = ["LMSuites", "token_nll", "encode_f16", "decode_f16", "pap_positions", "split_ids",
            "LM_SPLITS"]
@@ -138,7 +139,7 @@ def split_ids(model: nn.Module, corpus: Any, split: str, tokens: int | None, *,
     ``replacement`` of :func:`~kpca_attention.robustness.wordswap.swap_words`, applied to the whole
     split before truncation); returns ``(ids, info)`` with the swap statistics and, for a swapped text,
     the swapped positions within the slice (``swapped``: token indices)."""
-    from .wordswap import swap_words
+    from ...robustness.wordswap import swap_words
 
     vocab = getattr(model, "vocab", None)
     if vocab is None:
@@ -187,10 +188,10 @@ def pap_positions(model: nn.Module, batches: Sequence[Tensor]) -> dict[str, Any]
     Returns:
         ``{"positions": N, "windows": total B, "layers": {name: {quantity: [N floats], "heads": H}}}``
     """
-    from ..kpca.pap_trace import rpc_layers
-    from ..pap import pap_mu
+    from ...attention import RPCAttention
+    from ...pap import pap_mu
 
-    layers = rpc_layers(model)
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, RPCAttention)}
     if not layers:
         raise ValueError(f"{type(model).__name__} has no RPCAttention layer")
     keys: dict[str, list[Tensor]] = {name: [] for name in layers}
@@ -257,7 +258,7 @@ class LMSuites:
     batch_size: int = 64
     positions: int = 256
 
-    #: what the study engine and the study report dispatch on (``settings["suites"]["kind"]``)
+    #: how ``settings.json`` names these suites (``suites.kind``; read by ``kpca_attention.tasks``)
     kind = "lm"
 
     def __post_init__(self) -> None:
@@ -275,25 +276,17 @@ class LMSuites:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "kind": self.kind}
 
-    # --- the interface the study engine calls (kpca_attention.studies.engine) --------------------
-    def corpus(self, cfg: Any) -> Any:
-        """The corpus a run was trained on (``cfg``: its TrainConfig)."""
-        from ..data.text import load_corpus
-
-        return load_corpus(cfg.dataset, cfg.data_root)
-
     def trace_batches(self, cfg: Any, n: int) -> list[Tensor]:
         """``n`` consecutive windows of ``cfg.context`` tokens from the start of the valid split, in
         batches of 32, for the PAP trace of a trained model (encoded with the corpus's training
         vocabulary, as the model's own)."""
-        from ..train.lm import corpus_windows
-
         check_int(n, "trace windows", min=1)
         windows = corpus_windows(cfg, n, split="valid")
         return list(windows.split(32))
 
-    def evaluate(self, model: nn.Module | Callable[[], nn.Module], cfg: Any, store: ResultStore,
-                 base_key: Mapping[str, Any], *, cache_dir: str | Path | None = None, seed: int | None = None,
+    def evaluate(self, model: nn.Module | Callable[[], nn.Module], cfg: Any, corpus: Callable[[], Any],
+                 store: ResultStore, base_key: Mapping[str, Any], *, has_pap: bool,
+                 cache_dir: str | Path | None = None, seed: int | None = None,
                  log: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:
         """Every item of these suites for one model, reusing the items of ``store`` whose key
         (``base_key`` + the item's parameters) matches.
@@ -301,8 +294,9 @@ class LMSuites:
         Args:
             model: the model (``model.vocab`` set, as :func:`kpca_attention.train.load_model` gives),
                 or a function returning it (called only if some item must be computed).
-            cfg: the run's TrainConfig (corpus, context). ``cache_dir``, ``seed``, ``progress``: unused
-                (the interface of :class:`~kpca_attention.robustness.suites.ImageSuites`).
+            cfg: the run's TrainConfig (context, dataset). ``corpus``: returns the corpus (read only if an
+                item must be computed). ``has_pap``: the model has RPC layers (``pap_positions`` is measured).
+                ``cache_dir``, ``seed``, ``progress``: unused (the tasks' common suite interface).
         Returns:
             ``{"ppl": {split: r}, "wordswap": {split: r}, "pap_positions": r?, "timing": {...}}``.
         """
@@ -314,12 +308,12 @@ class LMSuites:
                 loaded.append(model())  # type: ignore[operator]
             return loaded[0]
 
-        corpus: list[Any] = []
+        read: list[Any] = []
 
         def text() -> Any:
-            if not corpus:
-                corpus.append(self.corpus(cfg))
-            return corpus[0]
+            if not read:
+                read.append(corpus())
+            return read[0]
 
         swap = {"rate": self.swap_rate, "seed": self.swap_seed, "replacement": self.replacement}
         common = {"tokens": self.tokens, "context": cfg.context, "stride": 1, "dataset": cfg.dataset}
@@ -340,7 +334,7 @@ class LMSuites:
                     timing[f"{what}/{split}"] = time.perf_counter() - t0
                     log(f"  {what} {split}: ppl {r['ppl']:.2f} on {r['tokens']} tokens "
                         f"({timing[f'{what}/{split}']:.0f} s)")
-        if "rpc" in cfg.model:  # as the engine decides what to trace; checked against the model
+        if has_pap:
             def positions() -> dict[str, Any]:
                 return pap_positions(net(), self.trace_batches(cfg, self.positions))
 

@@ -42,13 +42,13 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from ..robustness.common import model_device
-from ..robustness.store import ResultStore
-from ..robustness.suites import Corruptions, fixed_subset
-from .corruptions import CorruptedSegmentation, segmentation_items
-from .metrics import metrics_from_areas
+from ...robustness.common import model_device
+from ...robustness.store import ResultStore
+from ...segmentation.corruptions import CorruptedSegmentation, segmentation_items
+from ...segmentation.metrics import metrics_from_areas
+from ..classification.suites import Corruptions
 
 __all__ = ["SegmentationSuites", "evaluate_segmentation_suites", "encode_counts", "decode_counts",
            "records_to_counts", "counts_of_item", "evaluation_order", "COUNT_FIELDS", "COUNTS_FORMAT"]
@@ -82,7 +82,7 @@ class SegmentationSuites:
     data_seed: int = 0
     batch_size: int = 250
 
-    #: what the study engine and the study report dispatch on (``settings["suites"]["kind"]``)
+    #: how ``settings.json`` names these suites (``suites.kind``; read by ``kpca_attention.tasks``)
     kind = "segmentation"
 
     def __post_init__(self) -> None:
@@ -97,27 +97,6 @@ class SegmentationSuites:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "kind": self.kind}
-
-    # --- the interface the study engine calls (kpca_attention.studies.engine) --------------------
-    def test_set(self, cfg: Any) -> Dataset:
-        """The test split of the segmentation dataset a run was trained on (``cfg``: its TrainConfig)."""
-        from ..data.segmentation import build_segmentation_dataset
-
-        return build_segmentation_dataset(cfg.dataset, "test", root=cfg.data_root, img_size=cfg.img_size)
-
-    def evaluate(self, model: nn.Module | Callable[[], nn.Module], cfg: Any, store: ResultStore,
-                 base_key: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
-        """:func:`evaluate_segmentation_suites` on the test split of ``cfg``'s dataset."""
-        from ..data.segmentation import segmentation_info
-
-        info = segmentation_info(cfg.dataset, cfg.img_size, cfg.data_root)
-        return evaluate_segmentation_suites(model, self.test_set(cfg), self, store, base_key,
-                                            num_classes=info.num_classes, class_names=info.class_names, **kw)
-
-    def trace_batches(self, cfg: Any, n: int) -> DataLoader:
-        """``n`` fixed test scenes in batches of ``(images, labels)``, for the PAP trace of a model."""
-        data = fixed_subset(self.test_set(cfg), n, self.data_seed + 2)
-        return DataLoader(data, batch_size=min(128, self.batch_size), shuffle=False)
 
 
 # ----------------------------------------------------------------------------- per-image counts

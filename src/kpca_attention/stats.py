@@ -1,0 +1,100 @@
+"""Paired statistics for comparing two models: over training seeds and over test examples (core: the
+tasks' report sections compute their example-level statistics with these; the study report's verdicts,
+:mod:`kpca_attention.report.stats`, build on them).
+
+Noise, three ways (each answers a different question):
+
+* **seeds** - the paired difference (variant - baseline, same seed: same init and data order) per
+  seed, its mean, a t interval and a paired t-test (``scipy.stats.ttest_1samp``; with n seeds it has
+  n - 1 degrees of freedom, nearly powerless at n = 2);
+* **examples** - an exact McNemar test (``scipy.stats.binomtest`` on the discordant pairs, pooled over
+  seeds) and a paired bootstrap 95% interval over test examples (``scipy.stats.bootstrap`` would do
+  it too, but resampling *clusters* - an image with all its corrupted views and all seeds - needs the
+  index form written here). These measure how sure we are about these trained models on the test
+  distribution, not training randomness;
+* **effect size** - the mean difference in percentage points and Cohen's d_z of the per-seed differences.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["mcnemar", "bootstrap_diff_ci", "seed_test", "paired_summary", "N_BOOT"]
+
+N_BOOT = 2000
+
+
+def mcnemar(a: np.ndarray, b: np.ndarray) -> tuple[int, int, float]:
+    """Exact McNemar on paired correctness vectors: ``(a right & b wrong, a wrong & b right, p)``."""
+    from scipy.stats import binomtest
+
+    a, b = np.asarray(a, bool).ravel(), np.asarray(b, bool).ravel()
+    if a.shape != b.shape:
+        raise ValueError(f"McNemar needs paired results of the same examples, got {a.shape} and {b.shape}")
+    n01 = int((a & ~b).sum())
+    n10 = int((~a & b).sum())
+    p = 1.0 if n01 + n10 == 0 else float(binomtest(n01, n01 + n10, 0.5).pvalue)
+    return n01, n10, p
+
+
+def bootstrap_diff_ci(a: np.ndarray, b: np.ndarray, rng: np.random.Generator | int = 0,
+                      n_boot: int = N_BOOT, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``mean(a) - mean(b)``, resampling the last axis (examples);
+    leading axes (seeds, corrupted views) go with their example."""
+    rng = np.random.default_rng(rng) if not isinstance(rng, np.random.Generator) else rng
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"bootstrap needs paired results of the same shape, got {a.shape} and {b.shape}")
+    n = a.shape[-1]
+    diff = (a - b).reshape(-1, n).mean(0)  # per example
+    idx = rng.integers(0, n, size=(n_boot, n))
+    boots = diff[idx].mean(1)
+    lo, hi = np.percentile(boots, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def seed_test(diffs: Sequence[float], level: float = 0.95) -> dict[str, Any]:
+    """Per-seed paired differences -> ``{"mean", "std", "n", "ci", "p", "d_z"}`` (t interval and
+    two-sided one-sample t-test against 0; ``None`` where n < 2)."""
+    from scipy import stats
+
+    d = np.asarray(diffs, dtype=np.float64)
+    out: dict[str, Any] = {"mean": float(d.mean()) if d.size else None, "n": int(d.size), "std": None,
+                           "ci": None, "p": None, "d_z": None}
+    if d.size < 2:
+        return out
+    sd = float(d.std(ddof=1))
+    out["std"] = sd
+    if sd == 0:
+        out["p"] = 1.0 if d[0] == 0 else 0.0
+        out["ci"] = [float(d.mean())] * 2
+        return out
+    half = stats.t.ppf((1 + level) / 2, d.size - 1) * sd / math.sqrt(d.size)
+    out["ci"] = [float(d.mean() - half), float(d.mean() + half)]
+    out["p"] = float(stats.ttest_1samp(d, 0.0).pvalue)
+    out["d_z"] = float(d.mean() / sd)
+    return out
+
+
+def paired_summary(per_seed_a: dict[int, np.ndarray], per_seed_b: dict[int, np.ndarray],
+                   rng: np.random.Generator | int = 0, mcnemar_test: bool = True) -> dict[str, Any]:
+    """Everything the report says about ``a`` against ``b`` on one metric, from per-seed
+    per-example correctness (``(examples,)`` or ``(views, examples)``) of the seeds both have.
+    Differences in percentage points."""
+    seeds = sorted(set(per_seed_a) & set(per_seed_b))
+    if not seeds:
+        raise ValueError("no seed in common")
+    diffs = [100 * (per_seed_a[s].mean() - per_seed_b[s].mean()) for s in seeds]
+    a = np.stack([per_seed_a[s] for s in seeds])
+    b = np.stack([per_seed_b[s] for s in seeds])
+    lo, hi = bootstrap_diff_ci(a, b, rng)
+    out = {"seeds": seeds, "diffs": diffs, **{f"seed_{k}": v for k, v in seed_test(diffs).items()},
+           "boot_ci": [100 * lo, 100 * hi]}
+    if mcnemar_test:
+        n01, n10, p = mcnemar(a, b)
+        out.update(mcnemar_better=n01, mcnemar_worse=n10, mcnemar_p=p)
+    return out

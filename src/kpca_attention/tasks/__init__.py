@@ -1,0 +1,90 @@
+"""Tasks: what differs between image classification, semantic segmentation and causal language modelling,
+as one object per task (:class:`~kpca_attention.tasks.base.Task`). The training loop, the study engine,
+the study report and the command line ask the task of a run (``get(cfg.task)``) for its data, model,
+loss, held-out metrics, suites and report sections; nothing outside this package compares task names.
+
+Registered tasks (their names are the values of ``TrainConfig.task``, as committed configs store them):
+
+=================  ====================================================  =====================================
+``vision``         image classification                                  :mod:`.classification`
+``segmentation``   semantic segmentation                                 :mod:`.segmentation`
+``lm``             causal language modelling                             :mod:`.language`
+=================  ====================================================  =====================================
+
+A new task is one module (a :class:`Task` subclass with its suites and :class:`StudySections`) and one
+line in :data:`TASKS` (docs/architecture.md: "Add a task").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .base import Objective, Splits, StudySections, Task, has_pap_layers, seeded_sample, validation_split
+from .classification import ImageClassification
+from .language import CausalLanguageModelling
+from .segmentation import SemanticSegmentation
+
+__all__ = ["Task", "Splits", "Objective", "StudySections", "TASKS", "get", "names", "register",
+           "for_settings", "for_suites", "of_model", "validation_split", "seeded_sample", "has_pap_layers"]
+
+#: name -> task, in the order they are listed
+TASKS: dict[str, Task] = {}
+
+
+def register(task: Task) -> Task:
+    """Add ``task`` under its :attr:`~Task.name` (an error when the name is taken)."""
+    if task.name in TASKS:
+        raise ValueError(f"a task named {task.name!r} is registered already ({TASKS[task.name]!r})")
+    TASKS[task.name] = task
+    return task
+
+
+register(ImageClassification())
+register(SemanticSegmentation())
+register(CausalLanguageModelling())
+
+
+def names() -> tuple[str, ...]:
+    """The registered task names (valid values of ``TrainConfig.task``)."""
+    return tuple(TASKS)
+
+
+def get(name: str) -> Task:
+    """The task ``name``; a ``ValueError`` naming the registered ones otherwise."""
+    try:
+        return TASKS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown task {name!r}; valid: {', '.join(TASKS)}") from None
+
+
+def for_suites(suites: Any) -> Task:
+    """The task whose studies are evaluated with ``suites`` (an instance of its :attr:`~Task.suites_type`)."""
+    for task in TASKS.values():
+        if isinstance(suites, task.suites_type):
+            return task
+    raise ValueError(f"no task is evaluated with {type(suites).__name__}; the suites of the registered "
+                     f"tasks: {', '.join(t.suites_type.__name__ for t in TASKS.values())}")
+
+
+def for_settings(settings: Mapping[str, Any]) -> Task:
+    """The task of a study folder from its ``settings.json``: its ``task``, or - in folders written before
+    the field existed - the task whose suites' ``kind`` it records (image suites recorded none)."""
+    if settings.get("task") is not None:
+        return get(settings["task"])
+    kind = (settings.get("suites") or {}).get("kind")
+    for task in TASKS.values():
+        if getattr(task.suites_type, "kind", None) == kind:
+            return task
+    raise ValueError(f"settings of study {settings.get('name')!r} name no task and suites of unknown kind "
+                     f"{kind!r}")
+
+
+def of_model(model: Any) -> Task:
+    """The task a model was built for (a model knows its task): the task that claims it
+    (:meth:`Task.owns`: a causal LM, a Segmenter), else image classification (any other image model, e.g.
+    a timm classifier)."""
+    for task in TASKS.values():
+        if task.owns(model):
+            return task
+    return TASKS[ImageClassification.name]

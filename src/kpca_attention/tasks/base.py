@@ -1,0 +1,354 @@
+"""The :class:`Task` interface: what the training loop, the study engine, the study report and the
+command line ask of a task (image classification, semantic segmentation, causal language modelling).
+
+A task holds everything that differs between them: its datasets (training, validation, test), the model
+it builds from a :class:`~kpca_attention.train.TrainConfig`, its loss, its held-out metrics and the
+unit its throughput is counted in, its evaluation suites (per-example items into the one
+:class:`~kpca_attention.robustness.store.ResultStore`), the batches the PAP trace runs on, and the
+sections it adds to a study report (:class:`StudySections`). Everything above the tasks asks the task
+object (``kpca_attention.tasks.get(cfg.task)``), never compares task names.
+
+A task sees a run's config duck-typed (``cfg``: a ``TrainConfig``; this layer sits below ``train``).
+
+The validation split (:func:`validation_split`): a task carves a fixed set of ``cfg.val_size`` examples
+from its training data with ``cfg.val_seed`` (the same for every training seed); the held-out numbers
+during training are measured on it and the test split is left to the suites at the end. ``val_size``
+None is the legacy setting of runs made before the split existed (held out: the test split).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset, Subset
+
+from ..checks import check_int
+
+__all__ = ["Task", "Splits", "Objective", "StudySections", "validation_split", "seeded_sample",
+           "has_pap_layers", "all_reduce_sum"]
+
+
+def all_reduce_sum(t: Tensor) -> Tensor:
+    """Sum over processes (in place) when ``torch.distributed`` is initialised (DDP); identity otherwise:
+    held-out metrics are sums over each rank's shard."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+@dataclass
+class Splits:
+    """A task's training data: ``train`` (what the loader yields), ``held_out`` (the per-epoch evaluation:
+    the validation split, or the legacy test subset; None when not asked for) and ``info`` (what the
+    model is built with: ``num_classes``, ``in_chans``; ``vocab`` for language models)."""
+
+    train: Dataset
+    held_out: Dataset | None
+    info: dict[str, Any]
+
+
+@dataclass
+class Objective:
+    """The training loss of a task: ``loss(net, x, y) -> scalar`` and an optional batch transform
+    ``mix(x, y) -> (x, y)`` applied before it (Mixup / CutMix)."""
+
+    loss: Callable[[nn.Module, Tensor, Tensor], Tensor]
+    mix: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+
+
+def validation_split(n: int, val_size: int, seed: int = 0) -> tuple[list[int], list[int]]:
+    """``(training, validation)`` indices of a training set of ``n`` examples: ``val_size`` indices drawn
+    with ``torch.randperm`` under ``seed`` are the validation split, the others the training split; both
+    sorted. A pure function of ``(n, val_size, seed)``: the same in every process and on every call."""
+    check_int(val_size, "val_size", min=1, max=n - 1)
+    check_int(seed, "val_seed", min=0)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[val_size:].sort().values.tolist(), perm[:val_size].sort().values.tolist()
+
+
+def seeded_sample(indices: Sequence[int], n: int | None, seed: int = 0) -> list[int]:
+    """``n`` of ``indices`` drawn with ``seed`` (in their order), or all of them when ``n`` is None or
+    not smaller - the sampling rule of the datasets' ``subset`` arguments, on a list of indices."""
+    if n is None or n >= len(indices):
+        return list(indices)
+    pick = torch.randperm(len(indices), generator=torch.Generator().manual_seed(seed))[:n].sort().values
+    return [indices[i] for i in pick.tolist()]
+
+
+def has_pap_layers(model: nn.Module) -> bool:
+    """Whether ``model`` holds an attention layer that runs Principal Attention Pursuit."""
+    from ..attention import RPCAttention
+
+    return any(isinstance(m, RPCAttention) for m in model.modules())
+
+
+class Task(ABC):
+    """One task (see the module docstring). Subclasses are registered in :mod:`kpca_attention.tasks`."""
+
+    #: the task's name: the value of ``TrainConfig.task`` (and of committed configs)
+    name: ClassVar[str]
+    #: in words, for reports and errors
+    title: ClassVar[str]
+    #: what one training example is called in logs ("images", "windows", "scenes")
+    unit: ClassVar[str]
+    #: the key of the training throughput in ``epochs.csv`` (``images_per_s`` / ``tokens_per_s``)
+    throughput_key: ClassVar[str]
+    #: the held-out metrics of :meth:`evaluate` logged each epoch (as ``eval_<key>``)
+    held_out: ClassVar[tuple[str, ...]]
+    #: the models take token ids (else images in [0, 1])
+    takes_tokens: ClassVar[bool] = False
+    #: the models predict per pixel (their encoder is not separated from the decoder)
+    dense: ClassVar[bool] = False
+    #: the suites class of this task's studies
+    suites_type: ClassVar[type]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def owns(self, model: nn.Module) -> bool:
+        """Whether ``model`` (possibly inside a ``NormalizedModel``) is one of this task's models."""
+        return False
+
+    # --- configs ----------------------------------------------------------------------------------
+    def check_config(self, cfg: Any) -> None:  # noqa: B027 - a hook: most tasks accept every config
+        """Raise a ``ValueError`` naming the field for settings this task cannot train with."""
+
+    def data_info(self, cfg: Any) -> Any:
+        """What the model is built from besides ``cfg`` (image tasks: the dataset's
+        :class:`~kpca_attention.data.images.ImageDatasetInfo`: classes, channels, size, statistics)."""
+        return None
+
+    # --- data -------------------------------------------------------------------------------------
+    @abstractmethod
+    def datasets(self, cfg: Any, *, with_eval: bool = True) -> Splits:
+        """The training split and the held-out split of ``cfg`` (see :class:`Splits`)."""
+
+    @abstractmethod
+    def test_set(self, cfg: Any) -> Any:
+        """The test data the suites evaluate at the end (a dataset, or a corpus)."""
+
+    # --- the model --------------------------------------------------------------------------------
+    @abstractmethod
+    def build_model(self, cfg: Any, info: Mapping[str, Any] | None = None) -> nn.Module:
+        """The model of ``cfg`` (random init); ``info``: :attr:`Splits.info` (default: derived)."""
+
+    def checkpoint_files(self, info: Mapping[str, Any]) -> dict[str, Callable[[Path], None]]:
+        """Files a checkpoint holds besides the weights: ``{name: writer(path)}``."""
+        return {}
+
+    def checkpoint_info(self, cfg: Any, ckpt: Path) -> dict[str, Any]:
+        """The :attr:`Splits.info` a checkpoint's model is rebuilt with, read from the files of
+        :meth:`checkpoint_files` (``ValueError`` / ``FileNotFoundError`` when one is missing or bad)."""
+        return {}
+
+    # --- training ---------------------------------------------------------------------------------
+    @abstractmethod
+    def objective(self, cfg: Any, info: Mapping[str, Any]) -> Objective:
+        """The training loss (and batch transform) of ``cfg``."""
+
+    def count(self, y: Tensor) -> int:
+        """How many throughput units a batch with targets ``y`` holds (examples; tokens for LMs)."""
+        return int(y.shape[0])
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module, loader: Any, device: torch.device | str, *, cfg: Any,
+                 amp: bool = False, progress: bool = False, desc: str = "eval") -> dict[str, float]:
+        """The held-out metrics of ``model`` over ``loader`` (under DDP summed over ranks); at least the
+        keys of :attr:`held_out`."""
+
+    @abstractmethod
+    def evaluate_split(self, model: nn.Module, cfg: Any, split: str, *, subset: int | None,
+                       batch_size: int, device: torch.device, progress: bool,
+                       stride: int = 1) -> dict[str, float]:
+        """The metrics of a trained ``model`` on ``split`` of its dataset (``kpca-attention evaluate``)."""
+
+    # --- studies ----------------------------------------------------------------------------------
+    def check_suites(self, suites: Any) -> None:
+        """Refuse suites of another task (a study's suites must measure what its models do)."""
+        if not isinstance(suites, self.suites_type):
+            raise ValueError(f"task {self.name!r} ({self.title}) is evaluated with "
+                             f"{self.suites_type.__name__}, got {type(suites).__name__}")
+
+    def has_pap(self, cfg: Any) -> bool:
+        """Whether the model of ``cfg`` runs Principal Attention Pursuit: built untrained (cheap; the
+        global random generators are left as they were), not loaded."""
+        with torch.random.fork_rng(devices=[]):
+            return has_pap_layers(self.build_model(cfg))
+
+    @abstractmethod
+    def evaluate_suites(self, suites: Any, model: nn.Module | Callable[[], nn.Module], cfg: Any,
+                        store: Any, base_key: Mapping[str, Any], *, has_pap: bool = False,
+                        cache_dir: str | Path | None = None, seed: int | None = None,
+                        log: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:
+        """Every item of ``suites`` for one trained model on the test data of ``cfg``, reusing the items of
+        ``store`` (a :class:`~kpca_attention.robustness.store.ResultStore`) whose key (``base_key`` + the
+        item's parameters) matches.
+
+        Args:
+            model: the model, or a function returning it (called only if some item must be computed).
+            has_pap: the model runs PAP (:meth:`has_pap`): suites may measure PAP's inner quantities.
+            cache_dir: where expensive inputs (corrupted images) may be cached.
+            seed: the training seed of this model (some suites run on some seeds only).
+        """
+
+    @abstractmethod
+    def trace_batches(self, suites: Any, cfg: Any, n: int) -> Any:
+        """``n`` fixed test inputs in batches, for the PAP trace of a trained model."""
+
+    @abstractmethod
+    def sections(self, settings: Mapping[str, Any]) -> StudySections:
+        """What this task adds to the report of a study folder with ``settings``."""
+
+
+Runs = dict[str, dict[int, dict[str, Any]]]
+
+
+class StudySections(ABC):
+    """A task's part of the one study report (:func:`kpca_attention.report.study.write_study_report`
+    lays out the frame: header, training and evaluation settings, the regenerate line, the main table with
+    throughput, paired differences, the PAP trace, study-wide checks, training curves and plots; a task
+    gives the metrics and the sections between them).
+
+    The writer calls, in this order: :meth:`keep` for every run read, :meth:`select` once, :meth:`prepare`
+    (``self.res``, ``self.slugs``, ``self.label``, ``self.base`` set; it sets ``self.met``), :meth:`keys`
+    (kept as ``self.keys_``), :meth:`summary_extra`, the header, table and paired hooks,
+    :meth:`sections_before_trace`, :meth:`sections_after_trace`, :meth:`plots`. The paired hooks draw
+    from one generator shared in that order (the bootstrap intervals depend on it)."""
+
+    #: the heading of the main table
+    table_title: str = "## Metrics (mean ± std over seeds)"
+    #: appended to the training sentence (what pairing the runs of one seed share)
+    training_note: str = ""
+    #: appended to the paired-differences heading (its unit)
+    paired_unit: str = ""
+    #: the header of the throughput column
+    throughput_title: str = "train img/s"
+    #: the PAP-trace section: heading, paragraph, and whether one sentence per traced run follows
+    trace_heading: str = "## PAP trace of the RPC layers on test inputs"
+    trace_note: str = ("Is the sparse component S of Principal Attention Pursuit ever non-zero? tau / max|K| "
+                       "above 1 means the first step shrinks nothing; s_density is the fraction of non-zero "
+                       "entries of S.")
+    trace_statements: bool = False
+    #: ``summary.json`` holds the mean of each metric per variant (``means``)
+    summary_means: bool = True
+    #: the held-out metric of ``epochs.csv`` drawn as training curves: (key, y label, scale, log axis)
+    curve: tuple[str, str, float, bool] = ("eval_top1", "held-out top-1 during training (%)", 100, False)
+    #: the last line of the report: where the per-run results are
+    footer: str = "Per-run results: `results/<variant>-s<seed>.json`; paired statistics: `summary.json`."
+
+    def __init__(self, settings: Mapping[str, Any], throughput_key: str) -> None:
+        self.settings = dict(settings)
+        self.throughput_key = throughput_key
+        self.res: Runs = {}
+        self.met: dict[str, dict[int, dict[str, Any]]] = {}
+        self.keys_: list[str] = []
+        self.slugs: list[str] = []
+        self.label: dict[str, str] = {}
+        self.base: str = str(settings.get("baseline", ""))
+
+    # --- reading ------------------------------------------------------------------------------------
+    def keep(self, r: dict[str, Any]) -> dict[str, Any] | None:
+        """One run's structured items as the report reads them, or None to leave the run out (default:
+        runs with a training summary and a ``clean`` item)."""
+        return r if "run" in r and "clean" in r else None
+
+    def select(self, res: Runs) -> Runs:
+        """All runs read; may drop runs (e.g. still in evaluation, named in ``settings["incomplete"]``)."""
+        return res
+
+    # --- numbers ------------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Compute ``self.met``: ``{slug: {seed: metrics}}`` (``summary.json``'s ``metrics``)."""
+        self.met = {s: {sd: self.metrics(r) for sd, r in self.res[s].items()} for s in self.slugs}
+
+    @abstractmethod
+    def metrics(self, r: Mapping[str, Any]) -> dict[str, Any]:
+        """The metrics of one run."""
+
+    def summary_extra(self) -> dict[str, Any]:
+        """Entries ``summary.json`` always holds besides ``study``, ``baseline``, ``metrics``, ``paired``."""
+        return {}
+
+    @abstractmethod
+    def keys(self) -> list[str]:
+        """The metric keys of the main and paired tables, in column order."""
+
+    @abstractmethod
+    def title(self, key: str) -> str:
+        """The column title of a metric key."""
+
+    def cell(self, values: Sequence[float | None]) -> str:
+        """A metric's cell of the main table from its per-seed values."""
+        from ..tables import fmt_pm
+
+        return fmt_pm(values)
+
+    def evaluation(self) -> str:
+        """The sentence saying what was evaluated and how."""
+        return "Evaluation: see the suites in settings.json."
+
+    def row_extras(self, s: str, seeds: list[int], summary: dict[str, Any]) -> dict[str, str]:
+        """Extra cells of the main table's row of variant ``s`` (after the metrics)."""
+        return {}
+
+    def extra_columns(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+        """``{key: header}`` of the extra cells shown."""
+        return {}
+
+    def table_notes(self, columns: Mapping[str, str]) -> list[str]:
+        """Lines under the main table."""
+        return []
+
+    # --- paired differences -------------------------------------------------------------------------
+    def paired_note(self) -> str:
+        """The paragraph under the paired-differences heading: what each cell holds."""
+        return ""
+
+    @abstractmethod
+    def seed_noise(self, b0: int, b1: int, rng: np.random.Generator,
+                   summary: dict[str, Any]) -> dict[str, str]:
+        """The cells of the baseline's seed ``b1`` against its seed ``b0`` (training noise)."""
+
+    @abstractmethod
+    def paired(self, s: str, rng: np.random.Generator, summary: dict[str, Any]) -> dict[str, str] | None:
+        """The cells of variant ``s`` against the baseline (and its ``summary["paired"]`` entries); None
+        leaves the row out."""
+
+    # --- sections and plots -------------------------------------------------------------------------
+    def sections_before_trace(self, out: Path, summary: dict[str, Any]) -> list[str]:
+        return []
+
+    def sections_after_trace(self, out: Path, summary: dict[str, Any]) -> list[str]:
+        return []
+
+    def plots(self, out: Path, summary: dict[str, Any]) -> tuple[list[Path], list[Path]]:
+        """``(plots before the training curves, plots after them)``."""
+        return [], []
+
+
+def bar_plot(ax: Any, values: Mapping[str, Sequence[float]], slugs: Sequence[str], label: Mapping[str, str],
+             rotation: int) -> None:
+    """One bar per variant (mean) with its seeds as dots, on matplotlib axes ``ax``."""
+    for i, s in enumerate(slugs):
+        vals = list(values.get(s, ()))
+        if vals:
+            ax.bar(i, np.mean(vals), color=f"C{i}", alpha=0.6)
+            ax.scatter([i] * len(vals), vals, color="k", s=10, zorder=3)
+    ax.set_xticks(range(len(slugs)), [label[s] for s in slugs], rotation=rotation, ha="right", fontsize=7)
+
+
+def subset_of(dataset: Dataset, indices: Sequence[int]) -> Dataset:
+    """``Subset(dataset, indices)``, or ``dataset`` itself when ``indices`` are all of it in order."""
+    n = len(dataset)  # type: ignore[arg-type]
+    if len(indices) == n and list(indices) == list(range(n)):
+        return dataset
+    return Subset(dataset, list(indices))

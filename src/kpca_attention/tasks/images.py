@@ -1,0 +1,91 @@
+"""What the two image tasks share: models wrapped in ``NormalizedModel`` (they take images in [0, 1]),
+the training / validation / test splits of an image dataset, evaluation batches under autocast."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from .base import Splits, Task, seeded_sample, validation_split
+
+__all__ = ["ImageTask", "autocast"]
+
+
+def autocast(device: torch.device, amp: bool) -> Any:
+    """bfloat16 autocast on the CPU, float16 on CUDA, when ``amp``; else nothing."""
+    return torch.autocast(device.type, dtype=torch.bfloat16 if device.type == "cpu" else torch.float16) \
+        if amp else nullcontext()
+
+
+#: ``build(split, augment, subset) -> Dataset``: one split of an image dataset of a run
+Builder = Callable[[str, bool, "int | None"], Dataset]
+
+
+class ImageTask(Task):
+    """The part of an image task that does not depend on what is predicted (see the subclasses)."""
+
+    unit = "images"
+    throughput_key = "images_per_s"
+
+    def builder(self, cfg: Any) -> Builder:
+        """How this task builds one split of ``cfg``'s dataset."""
+        raise NotImplementedError
+
+    def build_model(self, cfg: Any, info: Mapping[str, Any] | None = None) -> nn.Module:
+        """``create_model(cfg.model, ...)`` with the dataset's classes, channels and size, wrapped in
+        :class:`~kpca_attention.models.NormalizedModel` with the dataset's statistics."""
+        from ..models import NormalizedModel, create_model
+
+        data = self.data_info(cfg)
+        net = create_model(cfg.model, num_classes=data.num_classes, in_chans=data.in_chans,
+                           img_size=cfg.img_size or data.img_size, drop_path_rate=cfg.drop_path,
+                           **cfg.model_kwargs)
+        return NormalizedModel(net, data.mean, data.std)
+
+    def datasets(self, cfg: Any, *, with_eval: bool = True) -> Splits:
+        """The training split (augmented when ``cfg.augment``) and the held-out one: with ``cfg.val_size``
+        the validation split carved from the training data (:func:`~.base.validation_split`, not
+        augmented; ``eval_subset`` of it when given), else - the legacy setting - ``eval_subset`` test
+        images. ``train_subset`` samples the training split (seed 0)."""
+        build = self.builder(cfg)
+        data = self.data_info(cfg)
+        info = {"num_classes": data.num_classes, "in_chans": data.in_chans}
+        if cfg.val_size is None:
+            held = build("val", False, cfg.eval_subset) if with_eval else None
+            return Splits(build("train", cfg.augment, cfg.train_subset), held, info)
+        full = build("train", cfg.augment, None)
+        train_idx, val_idx = validation_split(len(full), cfg.val_size, cfg.val_seed)  # type: ignore[arg-type]
+        train = Subset(full, seeded_sample(train_idx, cfg.train_subset))
+        held = None
+        if with_eval:
+            held = Subset(build("train", False, None), seeded_sample(val_idx, cfg.eval_subset))
+        return Splits(train, held, info)
+
+    def validation_set(self, cfg: Any, subset: int | None = None) -> Dataset:
+        """The validation split of ``cfg`` (``subset`` of it, seeded), as the training loop measures it."""
+        if cfg.val_size is None:
+            raise ValueError(f"{cfg.model}: this run has no validation split (val_size is None: held-out "
+                             "numbers were measured on the test split)")
+        full = self.builder(cfg)("train", False, None)
+        _, val_idx = validation_split(len(full), cfg.val_size, cfg.val_seed)  # type: ignore[arg-type]
+        return Subset(full, seeded_sample(val_idx, subset))
+
+    def split_set(self, cfg: Any, split: str, subset: int | None) -> Dataset:
+        """``split`` of ``cfg``'s dataset for ``kpca-attention evaluate``: ``val`` of a run with a
+        validation split is that split; otherwise the dataset's own split (``subset``: seeded sample)."""
+        if split == "val" and cfg.val_size is not None:
+            return self.validation_set(cfg, subset)
+        return self.builder(cfg)(split, False, subset)
+
+    def test_set(self, cfg: Any) -> Dataset:
+        """The test split of the dataset a run was trained on (``cfg``: its TrainConfig)."""
+        return self.builder(cfg)("test", False, None)
+
+    @staticmethod
+    def loader(data: Dataset, batch_size: int, cfg: Any) -> DataLoader:
+        return DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=cfg.num_workers)
