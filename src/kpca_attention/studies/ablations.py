@@ -125,7 +125,7 @@ def ablation_study(*, seeds: tuple[int, ...] = (0, 1), variants: tuple[str, ...]
         chosen = all_v
     recipe: dict[str, Any] = {"epochs": epochs, "train_subset": train_subset, "batch_size": 128,
                               "warmup_epochs": min(0.5, 0.2 * epochs), "log_every_steps": 10,
-                              "eval_subset": 1000, "checkpoint_every_steps": 50, "device": "cpu"}
+                              "val_size": 1000, "checkpoint_every_steps": 50, "device": "cpu"}
     corr = Corruptions(DEMO_CORRUPTIONS, (1, 2, 3, 4, 5), corrupt_images)
     eps = (2 / 255, 4 / 255)
     trace = 512
@@ -133,7 +133,7 @@ def ablation_study(*, seeds: tuple[int, ...] = (0, 1), variants: tuple[str, ...]
                                  Check("swaps", "Trained weights with an ablation switched on at inference",
                                        swap_checks))
     if quick:
-        recipe.update(epochs=1, train_subset=train_subset if train_subset != 15000 else 256, eval_subset=128,
+        recipe.update(epochs=1, train_subset=train_subset if train_subset != 15000 else 256, val_size=128,
                       batch_size=64, log_every_steps=2, warmup_epochs=0.2)
         clean_images = clean_images or 128
         corr = Corruptions(("gaussian_noise", "contrast"), (1, 5), 16)

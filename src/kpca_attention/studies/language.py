@@ -30,7 +30,9 @@ LM_RPC: dict[str, Any] = {"rpc_layers": [0], "rpc_iters": 4, "rpc_lambda": 4.0}
 #: The recipe (overrides of the ``lm`` preset). Sized from a pilot on the loaded 2-core machine
 #: (docs/results.md, Language): about 4,000 training tokens per CPU-second, so 6 epochs (5.1 M tokens)
 #: take about 21 minutes of a core per run and the 9 runs, evaluation included, about 1 h 50 min as
-#: two single-thread runs in parallel on otherwise idle cores.
+#: two single-thread runs in parallel on otherwise idle cores. The per-epoch held-out perplexity is measured
+#: on the corpus's own valid split (whole chapters, disjoint from train and test: the language task's
+#: validation split, so ``val_size`` stays None); the suites score valid and test at the end.
 LANGUAGE_RECIPE: dict[str, Any] = dict(
     dataset="bible-kjv", vocab="word", context=128, batch_size=16, eval_batch_size=32, eval_subset=None,
     lr=1e-3, warmup_steps=200, epochs=6, log_every_steps=50, checkpoint_every_steps=200,
