@@ -166,12 +166,6 @@ class SegmentationAccumulator:
         self.confusion += conf.to(self.confusion.device)
         return conf
 
-    def merge(self, other: SegmentationAccumulator) -> SegmentationAccumulator:
-        if other.num_classes != self.num_classes:
-            raise ValueError(f"cannot merge {other.num_classes} classes into {self.num_classes}")
-        self.confusion += other.confusion.to(self.confusion.device)
-        return self
-
     def reset(self) -> None:
         self.confusion.zero_()
 
