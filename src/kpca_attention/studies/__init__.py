@@ -4,7 +4,7 @@
 :mod:`kpca_attention.report.study`.
 
 Registered studies (``kpca-attention study NAME``): ``demo``, ``ablations``, ``vision``,
-``vision-large``, ``language``, ``segmentation``.
+``vision-large``, ``rpc-seeds``, ``rpc-depth12``, ``language``, ``segmentation``.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from .ablations import ablation_study
 from .demo import demo_study, quick_demo_study
 from .engine import run_one, run_study
 from .language import language_study
+from .rpc_seeds import rpc_depth12_study, rpc_seeds_study
 from .segmentation import segmentation_study
 from .spec import Check, Study, Variant
 from .vision import vision_large_study, vision_study
 
 __all__ = ["Study", "Variant", "Check", "run_study", "run_one", "STUDIES", "get_study", "demo_study",
            "quick_demo_study", "ablation_study", "vision_study",
-           "vision_large_study"]
+           "vision_large_study", "rpc_seeds_study", "rpc_depth12_study"]
 
 #: name -> function building the study from keyword options
 STUDIES: dict[str, Callable[..., Study]] = {
@@ -30,6 +31,8 @@ STUDIES: dict[str, Callable[..., Study]] = {
     "ablations": ablation_study,
     "vision": vision_study,
     "vision-large": vision_large_study,
+    "rpc-seeds": rpc_seeds_study,
+    "rpc-depth12": rpc_depth12_study,
     "language": language_study,
     "segmentation": segmentation_study,
 }
