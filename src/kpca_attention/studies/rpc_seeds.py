@@ -65,7 +65,8 @@ def rpc_seeds_study(*, seeds: tuple[int, ...] = MAIN_SEEDS, corrupt_images: int 
         Variant("rpc_paper_tau", "RPC paper tau", rpc,
                 {**RPC_OFFICIAL, "rpc_lambda": PAPER_LAMBDA, "rpc_threshold": "lambda_over_mu",
                  "rpc_mu_dim": _head_dim()},
-                "the paper's convention: tau = lambda / mu, lambda 4, mu = N D / (4 ||K||_1), D the head width",
+                "the paper's convention: tau = lambda / mu, lambda 4, mu = N D / (4 ||K||_1), D the head "
+                "width",
                 seeds=few),
     )
     return Study(
