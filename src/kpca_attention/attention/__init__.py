@@ -18,7 +18,10 @@ RPC layers add PAP's inner states (``hook_mu``, ``hook_tau``, ``hook_L.t``, ``ho
 
 Modules: :mod:`.hooks` (``HookPoint``, ``run_with_cache``), :mod:`.base` (``HeadsAttention``, the options
 table), one module per mechanism (:mod:`.symmetric`, :mod:`.rpc`, :mod:`.scaled`), :mod:`.replace`
-(``configure``, ``replace_attention``, ``resolve_blocks``). A new mechanism is one more module.
+(``configure``, ``replace_attention``, ``resolve_blocks``), :mod:`.registry` (``register_mechanism``,
+``get_mechanism``, ``mechanisms``: one name gives every model, see :mod:`kpca_attention.models.family`) and
+:mod:`.stateful` (state carried across layers, passed explicitly through the blocks). A new mechanism
+is one more module that registers itself.
 
 timm calls ``issubclass(attn_layer, ...)``, so options cannot be bound with ``functools.partial``:
 :func:`configure` makes a subclass with new constructor defaults instead.
@@ -35,9 +38,11 @@ mode on the CPU by default. TorchScript is not supported: PAP's fused update is 
 
 from .base import HeadsAttention, Option
 from .hooks import HookPoint, run_with_cache
+from .registry import Mechanism, get_mechanism, mechanisms, register_mechanism
 from .replace import configure, replace_attention, resolve_blocks
 from .rpc import RPCAttention
 from .scaled import ScaledAttention
+from .stateful import StatefulAttention, StatefulBlock, StatefulBlocks, run_blocks
 from .symmetric import SymmetricAttention
 
 __all__ = [
@@ -51,4 +56,12 @@ __all__ = [
     "run_with_cache",
     "HeadsAttention",
     "Option",
+    "Mechanism",
+    "register_mechanism",
+    "get_mechanism",
+    "mechanisms",
+    "StatefulAttention",
+    "StatefulBlock",
+    "StatefulBlocks",
+    "run_blocks",
 ]

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from ..pap import pap
 from .base import HeadsAttention, Option, is_proxy
 from .hooks import HookPoint
+from .registry import register_mechanism
 
 __all__ = ["RPCAttention"]
 
@@ -100,3 +101,10 @@ class RPCAttention(HeadsAttention):
         ablations = "".join(f", {name}=False" for name in ("sparse", "dual") if not getattr(self, name))
         return (f"n_iter={self.n_iter}, lam={self.lam}, threshold={self.threshold!r}, "
                 f"mu_dim={self.mu_dim}, symmetric={self.symmetric}{ablations}")
+
+
+register_mechanism(
+    "rpc", RPCAttention, dict(n_iter=4, lam=4.0, threshold="lambda_mu"),
+    layers={"vision": "first", "lm": lambda depth: list(range(min(4, depth)))},
+    description="RPC-Attention: PAP on (K, V) in the first block (paper: layers 1-4 of the LM)",
+)

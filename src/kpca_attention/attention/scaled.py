@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from ..pap import visible
 from .base import HeadsAttention, Option, is_proxy
+from .registry import register_mechanism
 
 __all__ = ["ScaledAttention"]
 
@@ -91,3 +92,7 @@ class ScaledAttention(HeadsAttention):
 
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, num_tokens={self.num_tokens}"
+
+
+register_mechanism("scaled", ScaledAttention, dict(mode="scalar"), symmetric_ok=False,
+                   description="Scaled Attention A (I - S) V, S = alpha A_sym (mode='scalar')")

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .base import HeadsAttention
+from .registry import register_mechanism
 
 __all__ = ["SymmetricAttention"]
 
@@ -20,3 +21,7 @@ class SymmetricAttention(HeadsAttention):
         return F.scaled_dot_product_attention(
             k, k, qkv["v"], attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.dropout_p
         )
+
+
+register_mechanism("symmetric", SymmetricAttention, symmetric_ok=True, asymmetric_ok=False,
+                   description="symmetric softmax attention softmax(K K^T / sqrt(D)) V (SymViT)")

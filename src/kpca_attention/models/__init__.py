@@ -12,8 +12,9 @@ from typing import Any
 import timm
 from torch import nn
 
-from . import lm, segmenter, vit
-from .lm import LM_MODELS, LM_PRESETS, CausalLM, LMConfig, create_lm, perplexity
+from . import family, lm, segmenter, vit
+from .family import FAMILY_SEGMENTATION_MODELS, FAMILY_VISION_MODELS
+from .lm import FAMILY_LM_MODELS, LM_MODELS, LM_PRESETS, CausalLM, LMConfig, create_lm, perplexity
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizedModel
 from .segmenter import SEGMENTATION_MODELS, Segmenter
 from .vit import RPC_DEFAULTS, VISION_MODELS
@@ -37,12 +38,18 @@ __all__ = [
     "segmenter",
     "Segmenter",
     "SEGMENTATION_MODELS",
+    "family",
+    "FAMILY_VISION_MODELS",
+    "FAMILY_SEGMENTATION_MODELS",
+    "FAMILY_LM_MODELS",
 ]
 
 
 def list_models(kind: str | None = None) -> list[str]:
-    """This package's model names: ``kind="vision"`` (timm-registered), ``"lm"``, or None for both."""
-    table = {"vision": list(VISION_MODELS), "lm": list(LM_MODELS)}
+    """This package's model names: ``kind="vision"`` (timm-registered), ``"lm"``, ``"family"`` (the
+    robust-attention family's ViTs and LMs, :mod:`.family`), or None for all of them."""
+    table = {"vision": list(VISION_MODELS), "lm": list(LM_MODELS),
+             "family": [*FAMILY_VISION_MODELS, *FAMILY_LM_MODELS]}
     if kind is None:
         return [n for names in table.values() for n in names]
     if kind not in table:
@@ -57,11 +64,11 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
     :func:`~kpca_attention.models.lm.create_lm` (``vocab_size=`` required, ``preset="paper" | "small"``
     and LMConfig fields as keywords).
     """
-    if name in LM_MODELS:
+    if name in LM_MODELS or name in FAMILY_LM_MODELS:
         if "vocab_size" not in kwargs:
             raise TypeError(f"{name}: vocab_size= is required for a language model")
         return create_lm(name, **kwargs)
-    if name in VISION_MODELS or timm.is_model(name):
+    if name in VISION_MODELS or name in FAMILY_VISION_MODELS or timm.is_model(name):
         return timm.create_model(name, **kwargs)
     raise ValueError(
         f"unknown model {name!r}; valid names of this package: {', '.join(list_models())} "

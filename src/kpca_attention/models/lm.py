@@ -29,17 +29,33 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from timm.layers import Attention
-from timm.models.vision_transformer import Block, init_weights_vit_timm
+from timm.models.vision_transformer import init_weights_vit_timm
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..attention import RPCAttention, SymmetricAttention, configure, resolve_blocks
+from ..attention import (
+    RPCAttention,
+    StatefulBlock,
+    SymmetricAttention,
+    configure,
+    get_mechanism,
+    resolve_blocks,
+    run_blocks,
+)
+from .family import FAMILY_MECHANISMS
 from .vit import check_rpc_options
 
-__all__ = ["LMConfig", "CausalLM", "LM_MODELS", "LM_PRESETS", "create_lm", "perplexity"]
+__all__ = ["LMConfig", "CausalLM", "LM_MODELS", "FAMILY_LM_MODELS", "LM_PRESETS", "create_lm", "perplexity"]
 
 #: model name -> attention family
 LM_MODELS: dict[str, str] = {"lm": "softmax", "symlm": "symmetric", "rpc_symlm": "rpc"}
+
+#: the robust-attention family's LMs (:mod:`.family`): ``<m>_lm`` / ``<m>_symlm`` -> (mechanism, symmetric)
+FAMILY_LM_MODELS: dict[str, tuple[str, bool]] = {
+    f"{name}_{'symlm' if sym else 'lm'}": (name, sym)
+    for name, sym_too in FAMILY_MECHANISMS.items() if "lm" in get_mechanism(name).applies_to
+    for sym in ((False, True) if sym_too else (False,))
+}
 
 
 @dataclass
@@ -71,6 +87,8 @@ class LMConfig:
     rpc_lambda: float = 4.0
     rpc_threshold: str = "lambda_mu"
     rpc_mu_dim: int | None = None
+    attn_kwargs: dict[str, Any] | None = None
+    attn_layers: Any = None
 
     def __post_init__(self) -> None:
         if self.vocab_size < 2:
@@ -108,7 +126,16 @@ LM_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _attn_layer(family: str, cfg: LMConfig, layer: int) -> type[nn.Module]:
+def _attn_layer(family: str, cfg: LMConfig, layer: int, symmetric: bool = False) -> type[nn.Module]:
+    if family not in ("softmax", "symmetric", "rpc"):  # a registered mechanism (models/family.py)
+        mech = get_mechanism(family)
+        applied = layer in mech.applied_blocks("lm", cfg.n_layer, cfg.attn_layers)
+        opts = dict(cfg.attn_kwargs or {})
+        if mech.stateful:  # outside attn_layers it still records its state (apply=False)
+            return mech.layer_class("lm", symmetric, **opts, apply=applied)
+        if applied:
+            return mech.layer_class("lm", symmetric, **opts)
+        return SymmetricAttention if symmetric else Attention
     if family == "softmax":
         return Attention
     if family == "rpc" and layer in cfg.rpc_layers:
@@ -127,19 +154,21 @@ class CausalLM(nn.Module):
       are costly for a 267k vocabulary); without -> ``(log_probs (B, T, vocab), None)``.
     """
 
-    def __init__(self, cfg: LMConfig, attention: str = "symmetric") -> None:
+    def __init__(self, cfg: LMConfig, attention: str = "symmetric", symmetric: bool = False) -> None:
         super().__init__()
-        families = tuple(LM_MODELS.values())
+        families = (*LM_MODELS.values(), *sorted({m for m, _ in FAMILY_LM_MODELS.values()}))
         if attention not in families:
             raise ValueError(f"CausalLM: unknown attention {attention!r}; valid: {', '.join(families)}")
-        self.cfg, self.attention = cfg, attention
+        if symmetric and attention in LM_MODELS.values():
+            raise ValueError(f"CausalLM: symmetric= applies to the family's mechanisms, not {attention!r}")
+        self.cfg, self.attention, self.symmetric = cfg, attention, symmetric
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Parameter(torch.zeros(1, cfg.context, cfg.d_model))
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([
-            Block(cfg.d_model, cfg.n_head, mlp_ratio=cfg.d_ff / cfg.d_model, qkv_bias=True,
-                  proj_drop=cfg.dropout, attn_drop=cfg.attn_dropout,
-                  attn_layer=_attn_layer(attention, cfg, i))
+            StatefulBlock(cfg.d_model, cfg.n_head, mlp_ratio=cfg.d_ff / cfg.d_model, qkv_bias=True,
+                          proj_drop=cfg.dropout, attn_drop=cfg.attn_dropout,
+                          attn_layer=_attn_layer(attention, cfg, i, symmetric))
             for i in range(cfg.n_layer)
         ])
         self.norm = nn.LayerNorm(cfg.d_model)
@@ -175,8 +204,7 @@ class CausalLM(nn.Module):
         if not 1 <= t <= self.cfg.context:
             raise ValueError(f"sequence length {t} must be in [1, context={self.cfg.context}]")
         x = self.drop(self.tok_emb(idx) + self.pos_emb[:, :t])
-        for blk in self.blocks:
-            x = blk(x, is_causal=True)
+        x, _ = run_blocks(self.blocks, x, is_causal=True)  # one cross-layer state per forward
         return self.norm(x)
 
     def nll_from_hidden(self, h: Tensor, targets: Tensor) -> Tensor:
@@ -204,9 +232,12 @@ class CausalLM(nn.Module):
 
 
 def create_lm(name: str, vocab_size: int, preset: str = "paper", **overrides: Any) -> CausalLM:
-    """``lm``, ``symlm`` or ``rpc_symlm`` at a preset of :data:`LM_PRESETS` with LMConfig overrides."""
-    if name not in LM_MODELS:
-        raise ValueError(f"unknown language model {name!r}; valid: {', '.join(LM_MODELS)}")
+    """``lm``, ``symlm``, ``rpc_symlm`` or a family LM (``<m>_lm`` / ``<m>_symlm``, :data:`FAMILY_LM_MODELS`:
+    the mechanism's LM defaults, ``attn_kwargs=`` / ``attn_layers=`` override them) at a preset of
+    :data:`LM_PRESETS` with LMConfig overrides."""
+    if name not in LM_MODELS and name not in FAMILY_LM_MODELS:
+        valid = [*LM_MODELS, *FAMILY_LM_MODELS]
+        raise ValueError(f"unknown language model {name!r}; valid: {', '.join(valid)}")
     if preset not in LM_PRESETS:
         raise ValueError(f"unknown LM preset {preset!r}; valid: {', '.join(LM_PRESETS)}")
     fields = {f.name for f in dataclasses.fields(LMConfig)}
@@ -214,6 +245,9 @@ def create_lm(name: str, vocab_size: int, preset: str = "paper", **overrides: An
     if bad:
         raise TypeError(f"unknown LMConfig field(s) {bad}; valid: {', '.join(sorted(fields))}")
     cfg = LMConfig(vocab_size=vocab_size, **{**LM_PRESETS[preset], **overrides})
+    if name in FAMILY_LM_MODELS:
+        mechanism, symmetric = FAMILY_LM_MODELS[name]
+        return CausalLM(cfg, mechanism, symmetric=symmetric)
     return CausalLM(cfg, LM_MODELS[name])
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "DECODERS",
     "create_segmenter",
     "load_encoder_weights",
+    "create_registered_segmenter",
 ]
 
 DECODERS: tuple[str, ...] = ("mask_transformer", "linear")
@@ -315,6 +316,10 @@ def _create(family: str, size: str, pretrained: bool, **kwargs: Any) -> Segmente
     num_classes = kwargs.pop("num_classes", 150)
     img_size = kwargs.pop("img_size", window)
     return create_segmenter(f"{family}_{enc_size}", num_classes, img_size, **kwargs)
+
+
+#: the builder of every registered Segmenter (public for :mod:`kpca_attention.models.family`)
+create_registered_segmenter = _create
 
 
 def _pairs() -> list[tuple[str, str]]:

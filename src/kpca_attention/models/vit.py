@@ -55,7 +55,8 @@ from ..attention import RPCAttention, ScaledAttention, SymmetricAttention, confi
 from ..pap import check_options
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
 
-__all__ = ["VISION_MODELS", "ARCHS", "RPC_DEFAULTS", "RPC_OPTION_ARGS", "check_rpc_options"]
+__all__ = ["VISION_MODELS", "ARCHS", "RPC_DEFAULTS", "RPC_OPTION_ARGS", "check_rpc_options", "create_vit",
+           "vit_cfg"]
 
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -144,6 +145,11 @@ def _cfg(**kwargs: Any) -> dict[str, Any]:
                 first_conv="patch_embed.proj", classifier="head", **kwargs)
 
 
+def vit_cfg(name: str) -> dict[str, Any]:
+    """The complete pretrained cfg of a model named ``<family>_<size>`` (size a key of :data:`ARCHS`)."""
+    return _cfg(**ARCHS[_size_of(name)]["cfg"])
+
+
 def _build_default_cfgs() -> Any:
     return generate_default_cfgs({name: _cfg(**ARCHS[_size_of(name)]["cfg"]) for name in VISION_MODELS})
 
@@ -158,10 +164,12 @@ def _create(
     pretrained: bool,
     attn_layer: type,
     post: Callable[[VisionTransformer], VisionTransformer] | None = None,
+    model_cls: type[VisionTransformer] = VisionTransformer,
     **kwargs: Any,
 ) -> VisionTransformer:
     """Build through timm's ``build_model_with_cfg``; ``post`` (e.g. the RPC swap) runs on the
-    VisionTransformer before timm wraps it for ``features_only``."""
+    VisionTransformer before timm wraps it for ``features_only``; ``model_cls`` a VisionTransformer
+    subclass (the family models with cross-layer state use one)."""
     if pretrained:
         raise ValueError(f"{variant}: no pretrained weights exist; train it (kpca-attention train) and load "
                          "the checkpoint instead")
@@ -170,7 +178,7 @@ def _create(
     out_indices = arch.pop("out_indices", 3)
 
     def make(**model_kwargs: Any) -> VisionTransformer:
-        model = VisionTransformer(**model_kwargs)
+        model = model_cls(**model_kwargs)
         return model if post is None else post(model)
 
     # features_only as timm's ViTs: forward_intermediates of the last out_indices blocks, as NCHW maps
@@ -178,6 +186,10 @@ def _create(
         make, variant, pretrained=False, attn_layer=attn_layer,
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"), **arch,
     )
+
+
+#: the builder of every registered ViT (public for :mod:`kpca_attention.models.family`)
+create_vit = _create
 
 
 #: rpc_* option -> the argument of :func:`~kpca_attention.pap.check_options` it is

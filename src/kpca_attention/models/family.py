@@ -1,0 +1,216 @@
+"""The robust-attention family as models: one registered mechanism name gives every model.
+
+For a mechanism ``<m>`` of :mod:`kpca_attention.attention.registry` this module registers in timm
+(one explicit ``@register_model`` function per name, as timm does; ``tests/test_family_models.py`` pins
+the names):
+
+* ``<m>_vit_<size>``: timm's ``VisionTransformer`` with the mechanism's layer (asymmetric, with queries);
+* ``<m>_symvit_<size>``: the same with W_Q = W_K (SymViT), where the paper allows it;
+* ``segmenter_<m>_vit_<size>`` / ``segmenter_<m>_symvit_<size>``: Segmenters on those encoders;
+
+at the sizes :data:`FAMILY_SIZES` (``mini_patch4_28`` and ``tiny_patch16_224`` as the issue asks, and
+``mini_patch4_32``, the encoder of the mini Segmenter). The causal LMs ``<m>_lm`` / ``<m>_symlm`` are
+built by :func:`kpca_attention.models.lm.create_lm`.
+
+Options of every entry point (besides timm's): ``attn_kwargs`` (a dict of the mechanism's options,
+overriding its vision defaults, e.g. ``attn_kwargs={"lam": 0.4}``) and ``attn_layers`` (the blocks that
+apply the mechanism: ``"all"``, ``"first"``, indices...; default the mechanism's). Blocks outside
+``attn_layers`` compute plain softmax attention (symmetric in a SymViT): stateless mechanisms get timm's
+``Attention`` / :class:`~kpca_attention.attention.SymmetricAttention` there (the mechanism is swapped into
+the chosen blocks after timm's init, carrying the weights over, as the RPC models), stateful ones keep
+their layer with ``apply=False`` so that it still records what later layers read.
+
+Mechanisms with cross-layer state (``Mechanism.stateful``) are built on :class:`StatefulVisionTransformer`:
+timm's ViT whose blocks are :class:`~kpca_attention.attention.StatefulBlocks` and whose
+``forward_features`` / ``forward_intermediates`` thread one state per forward pass.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from timm.layers import Attention
+from timm.models import generate_default_cfgs, register_model  # noqa: F401  (registrations below)
+from timm.models._features import feature_take_indices
+from timm.models.vision_transformer import VisionTransformer
+from torch import Tensor
+
+from ..attention import (
+    StatefulBlock,
+    StatefulBlocks,
+    SymmetricAttention,
+    get_mechanism,
+    replace_attention,
+    run_blocks,
+)
+from .segmenter import SEGMENTER_SIZES, Segmenter, create_registered_segmenter
+from .vit import ARCHS, create_vit, vit_cfg
+
+__all__ = [
+    "StatefulVisionTransformer",
+    "FAMILY_SIZES",
+    "FAMILY_MECHANISMS",
+    "FAMILY_VISION_MODELS",
+    "FAMILY_SEGMENTATION_MODELS",
+    "build_family_vit",
+    "family_names",
+]
+
+#: the ViT sizes every family mechanism is registered in (keys of :data:`~.vit.ARCHS`)
+FAMILY_SIZES: tuple[str, ...] = ("mini_patch4_28", "mini_patch4_32", "tiny_patch16_224")
+
+#: the mechanisms registered as models here -> whether the symmetric (SymViT) form is registered
+FAMILY_MECHANISMS: dict[str, bool] = {}
+
+
+class StatefulVisionTransformer(VisionTransformer):
+    """timm's ``VisionTransformer`` whose blocks thread the cross-layer state (:mod:`~..attention.stateful`).
+
+    The blocks are :class:`~kpca_attention.attention.StatefulBlock` (timm's ``Block``, same parameters) in a
+    :class:`~kpca_attention.attention.StatefulBlocks`; ``forward_features`` and ``forward_intermediates``
+    (hence ``features_only``) run them with one state per forward pass, also under gradient checkpointing.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("block_fn", StatefulBlock)
+        super().__init__(**kwargs)
+        self.blocks = StatefulBlocks(*self.blocks)
+
+    def forward_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        x = self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
+        x, _ = run_blocks(self.blocks, x, attn_mask=attn_mask, is_causal=is_causal,
+                          grad_checkpointing=self.grad_checkpointing)
+        return self.norm(x)
+
+    def forward_intermediates(  # noqa: C901  (timm's signature and output forms)
+        self,
+        x: Tensor,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+        output_dict: bool = False,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Any:
+        """timm's ``forward_intermediates`` (same arguments and output forms), the blocks run with state."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError("Output format must be one of NCHW or NLC.")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        b, _, height, width = x.shape
+        x = self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
+        blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
+        x, intermediates = run_blocks(blocks, x, attn_mask=attn_mask, is_causal=is_causal, take=take_indices,
+                                      grad_checkpointing=self.grad_checkpointing)
+        if norm:
+            intermediates = [self.norm(y) for y in intermediates]
+        prefix_tokens = None
+        if self.num_prefix_tokens:
+            prefix_tokens = [y[:, : self.num_prefix_tokens] for y in intermediates]
+            intermediates = [y[:, self.num_prefix_tokens :] for y in intermediates]
+        if output_fmt == "NCHW":
+            h, w = self.patch_embed.dynamic_feat_size((height, width))
+            intermediates = [y.reshape(b, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+        if output_dict:
+            out: dict[str, Any] = {"image_intermediates": intermediates}
+            if prefix_tokens is not None and return_prefix_tokens:
+                out["image_intermediates_prefix"] = prefix_tokens
+            if not intermediates_only:
+                out["image_features"] = self.norm(x)
+            return out
+        if return_prefix_tokens and prefix_tokens is not None:
+            intermediates = list(zip(intermediates, prefix_tokens, strict=True))
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+
+# ----------------------------------------------------------------------------- builders
+
+def _family(name: str, symmetric: bool) -> str:
+    return f"{name}_{'symvit' if symmetric else 'vit'}"
+
+
+def family_names(name: str, symmetric: bool | None = None) -> list[str]:
+    """The ViT names of mechanism ``name`` (both forms its registration allows, or one of them)."""
+    mech = get_mechanism(name)
+    forms = [s for s, ok in ((False, mech.asymmetric_ok), (True, mech.symmetric_ok)) if ok]
+    if symmetric is not None:
+        forms = [s for s in forms if s is symmetric]
+    return [f"{_family(name, s)}_{size}" for s in forms for size in FAMILY_SIZES]
+
+
+def _plain_layer(symmetric: bool) -> type:
+    return SymmetricAttention if symmetric else Attention
+
+
+def _swap_in(model: VisionTransformer, layer: type, blocks: list[int], name: str) -> VisionTransformer:
+    replace_attention(model, layer, blocks)
+    model.attn_mechanism, model.attn_blocks = name, blocks  # recorded for reports and checkpoints
+    return model
+
+
+def _mark_applied(model: VisionTransformer, blocks: list[int], name: str) -> VisionTransformer:
+    for i, blk in enumerate(model.blocks):
+        blk.attn.apply = i in blocks
+    model.attn_mechanism, model.attn_blocks = name, blocks
+    return model
+
+
+def build_family_vit(
+    name: str,
+    variant: str,
+    pretrained: bool = False,
+    symmetric: bool = False,
+    attn_kwargs: dict[str, Any] | None = None,
+    attn_layers: Any = None,
+    **kwargs: Any,
+) -> VisionTransformer:
+    """The ViT ``variant`` (``<name>_[sym]vit_<size>``) with mechanism ``name`` in ``attn_layers``."""
+    mech = get_mechanism(name)
+    layer = mech.layer_class("vision", symmetric, **(attn_kwargs or {}))
+    size = variant.rsplit("_vit_", 1)[-1] if "_vit_" in variant else variant.rsplit("_symvit_", 1)[-1]
+    depth = kwargs.get("depth", ARCHS[size]["arch"]["depth"])
+    applied = mech.applied_blocks("vision", depth, attn_layers)
+    if mech.stateful:
+        post = functools.partial(_mark_applied, blocks=applied, name=name)
+        return create_vit(variant, pretrained, layer, post, model_cls=StatefulVisionTransformer, **kwargs)
+    post = functools.partial(_swap_in, layer=layer, blocks=applied, name=name)
+    return create_vit(variant, pretrained, _plain_layer(symmetric), post, **kwargs)
+
+
+def _vit(name: str, symmetric: bool, size: str, pretrained: bool, **kwargs: Any) -> VisionTransformer:
+    return build_family_vit(name, f"{_family(name, symmetric)}_{size}", pretrained, symmetric, **kwargs)
+
+
+def _seg(name: str, symmetric: bool, size: str, pretrained: bool, **kwargs: Any) -> Segmenter:
+    return create_registered_segmenter(_family(name, symmetric), size, pretrained, **kwargs)
+
+
+def _segmenter_sizes() -> list[str]:
+    return [s for s, (enc, _) in SEGMENTER_SIZES.items() if enc in FAMILY_SIZES]
+
+
+def _all_names() -> tuple[list[str], list[str]]:
+    vision, seg = [], []
+    for name, sym_too in FAMILY_MECHANISMS.items():
+        for symmetric in (False, True) if sym_too else (False,):
+            vision += [f"{_family(name, symmetric)}_{size}" for size in FAMILY_SIZES]
+            seg += [f"segmenter_{_family(name, symmetric)}_{size}" for size in _segmenter_sizes()]
+    return vision, seg
+
+
+_VISION, _SEGMENTATION = _all_names()
+FAMILY_VISION_MODELS: tuple[str, ...] = tuple(_VISION)
+FAMILY_SEGMENTATION_MODELS: tuple[str, ...] = tuple(_SEGMENTATION)
+
+default_cfgs = generate_default_cfgs({n: vit_cfg(n) for n in FAMILY_VISION_MODELS})
+
+
+# ----------------------------------------------------------------------------- registrations
+# One function per registered name, as timm does (a name is found by searching for ``def <name>``);
+# tests/test_family_models.py checks that the registered set equals FAMILY_VISION_MODELS +
+# FAMILY_SEGMENTATION_MODELS and that each is a function of that name.
