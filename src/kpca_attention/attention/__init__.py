@@ -9,6 +9,9 @@ is_causal=False)`` with ``x`` of shape ``(B, N, C)``, so each can be given to
 * :class:`RPCAttention` - Principal Attention Pursuit (:func:`kpca_attention.pap.pap`) on K, V;
   ``symmetric=False`` adds queries (the paper's appendix E.9).
 * :class:`ScaledAttention` - Q, K, V with output A (I - S) V (paper Remark 3 / E.1).
+* The robust-attention family (issue 25), with state across layers (:mod:`.stateful`):
+  :class:`NeuTRENOAttention` (A V + lambda (V^0 - V)), :class:`PIDAttention` (PID feedback toward V^0),
+  :class:`EllipticalAttention` (a Mahalanobis metric on the queries from the change of the values).
 
 Named hook points (TransformerLens style, :mod:`.hooks`): ``hook_q``, ``hook_k``, ``hook_v`` are identity
 modules that see the per-head ``(B, H, N, D)`` tensors (bias included, after qk-norm); register a
@@ -37,7 +40,10 @@ mode on the CPU by default. TorchScript is not supported: PAP's fused update is 
 """
 
 from .base import HeadsAttention, Option
+from .elliptical import EllipticalAttention
 from .hooks import HookPoint, run_with_cache
+from .neutreno import NeuTRENOAttention
+from .pid import PIDAttention
 from .registry import Mechanism, get_mechanism, mechanisms, register_mechanism
 from .replace import configure, replace_attention, resolve_blocks
 from .rpc import RPCAttention
@@ -64,4 +70,7 @@ __all__ = [
     "StatefulBlock",
     "StatefulBlocks",
     "run_blocks",
+    "NeuTRENOAttention",
+    "PIDAttention",
+    "EllipticalAttention",
 ]

@@ -33,7 +33,8 @@ def is_proxy(x: object) -> bool:
 class Option:
     """The constraint on one constructor option: one row of a mechanism's ``parameter_constraints``.
 
-    ``kind``: ``"int"`` (an integer >= ``min``, bool excluded), ``"bool"``, ``"bool_or_none"``,
+    ``kind``: ``"int"`` (an integer >= ``min``, bool excluded), ``"float"`` / ``"float_or_none"`` (a real
+    number >= ``min``, NaN and bool excluded), ``"bool"``, ``"bool_or_none"``,
     ``"choice"`` (one of ``choices``) or ``"pap"`` (one of PAP's scalar options, checked by
     :func:`kpca_attention.pap.check_options`, the check :func:`~kpca_attention.pap.pap` itself runs).
     The message names the class, the option, the value and what is valid.
@@ -54,6 +55,14 @@ class Option:
         elif self.kind in ("bool", "bool_or_none"):
             if not (isinstance(value, bool) or (value is None and self.kind == "bool_or_none")):
                 valid = "True or False" if self.kind == "bool" else "None, True or False"
+                raise ValueError(f"{where}: {name} must be {valid}, got {value!r}")
+        elif self.kind in ("float", "float_or_none"):
+            real = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+            if not (real or (value is None and self.kind == "float_or_none")) or (
+                real and self.min is not None and value < self.min
+            ):
+                valid = "a real number" + (f" >= {self.min}" if self.min is not None else "")
+                valid = valid if self.kind == "float" else f"None or {valid}"
                 raise ValueError(f"{where}: {name} must be {valid}, got {value!r}")
         elif self.kind == "choice":
             if not isinstance(value, str) or value not in self.choices:

@@ -31,7 +31,7 @@ import functools
 from typing import Any
 
 from timm.layers import Attention
-from timm.models import generate_default_cfgs, register_model  # noqa: F401  (registrations below)
+from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor
@@ -61,7 +61,11 @@ __all__ = [
 FAMILY_SIZES: tuple[str, ...] = ("mini_patch4_28", "mini_patch4_32", "tiny_patch16_224")
 
 #: the mechanisms registered as models here -> whether the symmetric (SymViT) form is registered
-FAMILY_MECHANISMS: dict[str, bool] = {}
+FAMILY_MECHANISMS: dict[str, bool] = {
+    "neutreno": True,
+    "pid": True,
+    "elliptical": True,
+}
 
 
 class StatefulVisionTransformer(VisionTransformer):
@@ -214,3 +218,183 @@ default_cfgs = generate_default_cfgs({n: vit_cfg(n) for n in FAMILY_VISION_MODEL
 # One function per registered name, as timm does (a name is found by searching for ``def <name>``);
 # tests/test_family_models.py checks that the registered set equals FAMILY_VISION_MODELS +
 # FAMILY_SEGMENTATION_MODELS and that each is a function of that name.
+
+
+@register_model
+def neutreno_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """NeuTRENO, size mini_patch4_28."""
+    return _vit("neutreno", False, "mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def neutreno_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """NeuTRENO, size mini_patch4_32."""
+    return _vit("neutreno", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def neutreno_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """NeuTRENO, size tiny_patch16_224."""
+    return _vit("neutreno", False, "tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_neutreno_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on neutreno_vit_mini_patch4_32."""
+    return _seg("neutreno", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_neutreno_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on neutreno_vit_tiny_patch16_224."""
+    return _seg("neutreno", False, "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def neutreno_symvit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """NeuTRENO (symmetric, W_Q = W_K), size mini_patch4_28."""
+    return _vit("neutreno", True, "mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def neutreno_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """NeuTRENO (symmetric, W_Q = W_K), size mini_patch4_32."""
+    return _vit("neutreno", True, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def neutreno_symvit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """NeuTRENO (symmetric, W_Q = W_K), size tiny_patch16_224."""
+    return _vit("neutreno", True, "tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_neutreno_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on neutreno_symvit_mini_patch4_32."""
+    return _seg("neutreno", True, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_neutreno_symvit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on neutreno_symvit_tiny_patch16_224."""
+    return _seg("neutreno", True, "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def pid_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """PIDformer (PID-controlled attention), size mini_patch4_28."""
+    return _vit("pid", False, "mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def pid_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """PIDformer (PID-controlled attention), size mini_patch4_32."""
+    return _vit("pid", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def pid_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """PIDformer (PID-controlled attention), size tiny_patch16_224."""
+    return _vit("pid", False, "tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_pid_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on pid_vit_mini_patch4_32."""
+    return _seg("pid", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_pid_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on pid_vit_tiny_patch16_224."""
+    return _seg("pid", False, "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def pid_symvit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """PIDformer (PID-controlled attention) (symmetric, W_Q = W_K), size mini_patch4_28."""
+    return _vit("pid", True, "mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def pid_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """PIDformer (PID-controlled attention) (symmetric, W_Q = W_K), size mini_patch4_32."""
+    return _vit("pid", True, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def pid_symvit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """PIDformer (PID-controlled attention) (symmetric, W_Q = W_K), size tiny_patch16_224."""
+    return _vit("pid", True, "tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_pid_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on pid_symvit_mini_patch4_32."""
+    return _seg("pid", True, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_pid_symvit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on pid_symvit_tiny_patch16_224."""
+    return _seg("pid", True, "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def elliptical_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Elliptical attention, size mini_patch4_28."""
+    return _vit("elliptical", False, "mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def elliptical_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Elliptical attention, size mini_patch4_32."""
+    return _vit("elliptical", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def elliptical_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Elliptical attention, size tiny_patch16_224."""
+    return _vit("elliptical", False, "tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_elliptical_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on elliptical_vit_mini_patch4_32."""
+    return _seg("elliptical", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_elliptical_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on elliptical_vit_tiny_patch16_224."""
+    return _seg("elliptical", False, "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def elliptical_symvit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Elliptical attention (symmetric, W_Q = W_K), size mini_patch4_28."""
+    return _vit("elliptical", True, "mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def elliptical_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Elliptical attention (symmetric, W_Q = W_K), size mini_patch4_32."""
+    return _vit("elliptical", True, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def elliptical_symvit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Elliptical attention (symmetric, W_Q = W_K), size tiny_patch16_224."""
+    return _vit("elliptical", True, "tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_elliptical_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on elliptical_symvit_mini_patch4_32."""
+    return _seg("elliptical", True, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_elliptical_symvit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on elliptical_symvit_tiny_patch16_224."""
+    return _seg("elliptical", True, "tiny_patch16_512", pretrained, **kwargs)

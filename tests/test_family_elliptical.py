@@ -1,0 +1,159 @@
+"""Elliptical attention (issue 25): softmax((Q diag(m)) K^T / sqrt D) V with m from the change of the
+values between layers, against a float64 transcription of the official ``W_over_layers`` (mean, median,
+the delta=None quotient), no gradient through m by default, gradcheck of the differentiable version,
+masks (m per query over the keys it may see) and the causal LM's no-leak property."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from family_reference import heads, merge, softmax_attention, visible_matrix
+
+import kpca_attention  # noqa: F401  (registers the models)
+from kpca_attention.attention import EllipticalAttention, get_mechanism
+from kpca_attention.models import create_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def stack(n_layers=3, dim=12, heads_=3, **opts):
+    torch.manual_seed(0)
+    return [EllipticalAttention(dim, heads_, qkv_bias=True, **opts).double() for _ in range(n_layers)]
+
+
+def official_metric(q, q_last, v, v_last, delta=5.0, attenuation=1e-3, median=False):
+    """``W_over_layers``: column-wise mean (or median) of |difference quotients|, max-scaled per (b, h)."""
+    quot = (v - v_last) / delta if delta is not None else (v - v_last) / ((q - q_last).abs() + attenuation)
+    if median:
+        w = quot.abs().median(dim=-2).values
+    else:
+        w = quot.abs().sum(dim=-2) / v.shape[-2]  # torch.norm(p=1, dim=-2) / seqlen
+    return (w / w.max(dim=-1, keepdim=True).values)[..., None, :]  # (B, H, 1, D)
+
+
+def masked_metric(v, v_last, vis, delta=5.0):
+    """Per query i: the mean over the keys j it may see of |v_j - v_last_j| / delta, max-scaled."""
+    d = (v - v_last).abs() / delta  # (B, H, N, D)
+    b, h, n, dd = d.shape
+    m = torch.zeros(b, h, n, dd, dtype=d.dtype)
+    for i in range(n):
+        sel = vis[..., i, :]  # (B, H, N)
+        m[:, :, i] = (d * sel[..., None]).sum(-2) / sel.sum(-1, keepdim=True).clamp_min(1)
+    return m / m.amax(-1, keepdim=True)
+
+
+def reference(layers, xs, attn_mask=None, causal=False, **opts):
+    outs, prev = [], None
+    for layer, x in zip(layers, xs, strict=True):
+        p = heads(layer, x)
+        vis = visible_matrix(x.shape[1], attn_mask, causal, p["v"].shape)
+        q = p["q"]
+        if prev is not None:
+            if attn_mask is None and not causal:
+                q = q * official_metric(p["q"], prev["q"], p["v"], prev["v"], **opts)
+            else:
+                q = q * masked_metric(p["v"], prev["v"], vis)
+        outs.append(merge(layer, softmax_attention(q, p["k"], p["v"], vis)))
+        prev = p
+    return outs
+
+
+def run(layers, xs, **kw):
+    state, outs = {}, []
+    for layer, x in zip(layers, xs, strict=True):
+        o, state = layer(x, state=state, **kw)
+        outs.append(o)
+    return outs
+
+
+def inputs(layers, n=7, seed=1, grad=False):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, n, 12, dtype=torch.float64, generator=g).requires_grad_(grad) for _ in layers]
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("opts", [{}, {"median": True}, {"delta": None}, {"delta": 2.0}],
+                         ids=["official", "median", "quotient", "delta2"])
+def test_matches_the_official_code(symmetric: bool, opts: dict) -> None:
+    layers = stack(symmetric=symmetric, **opts)
+    xs = inputs(layers)
+    for got, want in zip(run(layers, xs), reference(layers, xs, **opts), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("case", ["causal", "padding"])
+def test_masks_average_over_the_visible_keys(case: str) -> None:
+    layers = stack(symmetric=False)
+    xs = inputs(layers)
+    mask = None
+    if "padding" in case:
+        mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+        mask[1, ..., 4:] = False
+    causal = "causal" in case
+    got = run(layers, xs, attn_mask=mask, is_causal=causal)
+    for g, w in zip(got, reference(layers, xs, mask, causal), strict=True):
+        torch.testing.assert_close(g, w)
+    with pytest.raises(ValueError, match="median"):
+        run(stack(median=True), xs, is_causal=True)
+
+
+def test_no_gradient_through_the_metric_by_default() -> None:
+    """The default's input gradient is the reference's with m computed from detached tensors."""
+    for differentiable in (False, True):
+        layers = stack(2, differentiable=differentiable)
+        xs = inputs(layers, grad=True)
+        run(layers, xs)[1].sum().backward()
+        got = [torch.zeros_like(x) if x.grad is None else x.grad.clone() for x in xs]
+        xs2 = inputs(layers, grad=True)
+        p0, p1 = heads(layers[0], xs2[0]), heads(layers[1], xs2[1])
+        m = official_metric(p1["q"], p0["q"], p1["v"], p0["v"])
+        if not differentiable:
+            m = m.detach()
+        vis = visible_matrix(7, None, False, p1["v"].shape)
+        merge(layers[1], softmax_attention(p1["q"] * m, p1["k"], p1["v"], vis)).sum().backward()
+        want = [torch.zeros_like(x) if x.grad is None else x.grad for x in xs2]
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
+        # the first layer's input reaches layer 1's output only through m
+        assert bool(got[0].abs().sum() > 0) is differentiable
+
+
+def test_gradcheck_differentiable_and_default() -> None:
+    for differentiable in (True, False):
+        layers = stack(2, dim=6, heads_=2, differentiable=differentiable)
+        xs = [torch.randn(1, 4, 6, dtype=torch.float64, requires_grad=True) for _ in layers]
+
+        def f(*xs, layers=layers):
+            return torch.cat([o.flatten() for o in run(layers, list(xs), is_causal=True)])
+
+        if differentiable:
+            assert torch.autograd.gradcheck(f, tuple(xs))
+        else:  # m constant: the analytic gradient is not the numerical one through m
+            assert not torch.autograd.gradcheck(f, tuple(xs), raise_exception=False)
+
+
+def test_first_layer_plain_and_defaults() -> None:
+    mech = get_mechanism("elliptical")
+    assert mech.options("vision") == dict(delta=5.0, attenuation=1e-3, median=False, differentiable=False)
+    layers = stack(1)
+    x = inputs(layers)[0]
+    p = heads(layers[0], x)
+    vis = visible_matrix(7, None, False, p["v"].shape)
+    want = merge(layers[0], softmax_attention(p["q"], p["k"], p["v"], vis))
+    torch.testing.assert_close(layers[0](x), want)
+    with pytest.raises(ValueError, match="delta"):
+        EllipticalAttention(8, 2, delta=0.0)
+
+
+@pytest.mark.parametrize("name", ["elliptical_lm", "elliptical_symlm"])
+def test_causal_lm_has_no_leak_from_the_future(name: str) -> None:
+    torch.manual_seed(0)
+    lm = create_model(name, vocab_size=30, preset="small", n_layer=3).eval()
+    idx = torch.randint(0, 30, (2, 12))
+    t = 5
+    changed = idx.clone()
+    changed[:, t + 1 :] = torch.randint(0, 30, (2, 12 - t - 1))
+    with torch.no_grad():
+        a, b = lm(idx)[0], lm(changed)[0]
+    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1])
+    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])

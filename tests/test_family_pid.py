@@ -1,0 +1,111 @@
+"""PIDformer (issue 25): the discrete PID on the layer error e^l = V^0 - V^l against a float64
+transcription, its P-only case equal to NeuTRENO, gradcheck, masks, the causal LM's no-leak property."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from family_reference import heads, merge, softmax_attention, visible_matrix
+
+import kpca_attention  # noqa: F401  (registers the models)
+from kpca_attention.attention import NeuTRENOAttention, PIDAttention, get_mechanism
+from kpca_attention.models import create_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def stack(n_layers=4, dim=12, heads_=3, symmetric=False, applied=None, **gains):
+    torch.manual_seed(0)
+    return [PIDAttention(dim, heads_, qkv_bias=True, symmetric=symmetric,
+                         apply=applied is None or i in applied, **gains).double()
+            for i in range(n_layers)]
+
+
+def reference(layers, xs, attn_mask=None, causal=False):
+    """u^l = A V + kp e^l + ki sum_{m<=l} e^m + kd (e^l - e^{l-1}), e^l = V^0 - V^l, e^0 = 0."""
+    outs, errors, v0 = [], [], None
+    for i, (layer, x) in enumerate(zip(layers, xs, strict=True)):
+        p = heads(layer, x)
+        vis = visible_matrix(x.shape[1], attn_mask, causal, p["v"].shape)
+        o = softmax_attention(p["q"], p["k"], p["v"], vis)
+        if i == 0:
+            v0 = p["v"]
+            errors.append(torch.zeros_like(v0))
+        else:
+            e = v0 - p["v"]
+            errors.append(e)
+            if layer.apply:
+                o = o + layer.kp * e + layer.ki * sum(errors[1:]) + layer.kd * (e - errors[-2])
+        outs.append(merge(layer, o))
+    return outs
+
+
+def run(layers, xs, **kw):
+    state, outs = {}, []
+    for layer, x in zip(layers, xs, strict=True):
+        o, state = layer(x, state=state, **kw)
+        outs.append(o)
+    return outs
+
+
+def inputs(layers, n=7, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, n, 12, dtype=torch.float64, generator=g) for _ in layers]
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("case", ["plain", "causal", "padding", "skip-layer"])
+def test_matches_the_equation(symmetric: bool, case: str) -> None:
+    layers = stack(symmetric=symmetric, applied=[0, 1, 3] if case == "skip-layer" else None,
+                   kp=0.7, ki=0.3, kd=0.2)
+    xs = inputs(layers)
+    mask = None
+    if case == "padding":
+        mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+        mask[1, ..., 5:] = False
+    kw = dict(attn_mask=mask, is_causal=case == "causal")
+    for got, want in zip(run(layers, xs, **kw), reference(layers, xs, mask, case == "causal"), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_p_only_is_neutreno() -> None:
+    pid = stack(3, kp=0.6, ki=0.0, kd=0.0)
+    torch.manual_seed(0)
+    neu = [NeuTRENOAttention(12, 3, qkv_bias=True, lam=0.6).double() for _ in range(3)]
+    for a, b in zip(pid, neu, strict=True):
+        b.load_state_dict(a.state_dict())
+    xs = inputs(pid)
+    for got, want in zip(run(pid, xs, is_causal=True), run(neu, xs, is_causal=True), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_gradcheck() -> None:
+    layers = stack(3, dim=6, heads_=2)
+    xs = [torch.randn(1, 4, 6, dtype=torch.float64, requires_grad=True) for _ in layers]
+
+    def f(*xs):
+        return torch.cat([o.flatten() for o in run(layers, list(xs), is_causal=True)])
+
+    assert torch.autograd.gradcheck(f, tuple(xs))
+
+
+def test_defaults() -> None:
+    mech = get_mechanism("pid")
+    assert mech.options("vision") == {"kp": 0.6, "ki": 0.1, "kd": 0.1}
+    assert mech.options("lm") == {"kp": 0.4, "ki": 0.1, "kd": 0.1}
+    with pytest.raises(ValueError, match="ki"):
+        PIDAttention(8, 2, ki=float("nan"))
+
+
+@pytest.mark.parametrize("name", ["pid_lm", "pid_symlm"])
+def test_causal_lm_has_no_leak_from_the_future(name: str) -> None:
+    torch.manual_seed(0)
+    lm = create_model(name, vocab_size=30, preset="small", n_layer=4).eval()
+    idx = torch.randint(0, 30, (2, 12))
+    t = 4
+    changed = idx.clone()
+    changed[:, t + 1 :] = torch.randint(0, 30, (2, 12 - t - 1))
+    with torch.no_grad():
+        a, b = lm(idx)[0], lm(changed)[0]
+    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1])
+    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])
