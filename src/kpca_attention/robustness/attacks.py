@@ -23,6 +23,9 @@ sld         L1      sparse L1 descent (Tramer & Boneh 2019), written here: neith
 ==========  ======  ===============================================================================
 
 The model is put in eval mode for the attack and every submodule's mode is restored afterwards.
+
+``protocol="lab"`` (fgsm, pgd) runs the papers' protocol instead - the attack on the normalised tensor,
+eps in normalised units, no clamp - so that numbers can be read next to theirs (:mod:`.protocol`).
 """
 
 from __future__ import annotations
@@ -61,6 +64,15 @@ DEFAULT_EPS: dict[str, tuple[float, ...]] = {
 #: AutoAttack's versions and the attacks a custom one may run (pyautoattack's names).
 AUTOATTACK_VERSIONS: tuple[str, ...] = ("standard", "plus", "rand")
 AUTOATTACK_ATTACKS: tuple[str, ...] = ("apgd-ce", "apgd-dlr", "apgd-t", "fab", "fab-t", "square")
+#: the threat models AutoAttack runs here (``norm=`` option; RobustBench's Linf and L2)
+AUTOATTACK_NORMS: tuple[str, ...] = ("Linf", "L2")
+
+
+def attack_norm(method: str, options: Mapping[str, Any] | None = None) -> str:
+    """The norm of ``method``'s budget: :data:`NORMS`, or AutoAttack's ``norm`` option."""
+    if method == "autoattack" and options and "norm" in options:
+        return str(options["norm"])
+    return NORMS[method]
 
 
 def _steps(v: Any, name: str) -> int | None:
@@ -102,7 +114,8 @@ OPTION_CHECKS: dict[str, dict[str, Callable[[Any, str], Any]]] = {
             "sparsity": lambda v, n: check_real(v, n, min=0, max=1, max_open=True)},
     "square": {"n_queries": _steps, "p_init": lambda v, n: check_real(v, n, min=0, max=1, min_open=True)},
     "autoattack": {"version": lambda v, n: check_choice(v, n, AUTOATTACK_VERSIONS),
-                   "attacks": _aa_attacks, "batch_size": _steps},
+                   "attacks": _aa_attacks, "batch_size": _steps,
+                   "norm": lambda v, n: check_choice(v, n, AUTOATTACK_NORMS)},
 }
 OPTIONS: dict[str, tuple[str, ...]] = {m: tuple(checks) for m, checks in OPTION_CHECKS.items()}
 
@@ -237,8 +250,10 @@ def build_autoattack(
     attacks: Sequence[str] | None = None,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    norm: str = "Linf",
 ) -> Any:
-    """A ``pyautoattack.AutoAttack`` (Linf) with the number of target classes fitted to the model.
+    """A ``pyautoattack.AutoAttack`` (``norm`` Linf or L2) with the number of target classes fitted to
+    the model.
 
     ``version="standard"`` runs APGD-CE, APGD-T, FAB-T and Square (5000 queries), as in Croce & Hein
     2020; ``attacks=[...]`` picks a subset (version "custom"), e.g. ``["apgd-ce", "apgd-t"]``.
@@ -247,14 +262,14 @@ def build_autoattack(
 
     if n_classes < 2:
         raise ValueError(f"AutoAttack needs at least 2 classes, got {n_classes}")
-    opts: dict[str, Any] = {"seed": seed}
+    opts: dict[str, Any] = {"seed": seed, "norm": norm}
     opts.update({"attacks": attacks} if attacks is not None else {"version": version})
     check_attack_options("autoattack", eps, opts)
     if attacks is not None:
-        aa = AutoAttack(model, eps=eps, norm="Linf", version="custom", attacks=list(attacks),
+        aa = AutoAttack(model, eps=eps, norm=norm, version="custom", attacks=list(attacks),
                         device=device, seed=seed)
     else:
-        aa = AutoAttack(model, eps=eps, norm="Linf", version=version, device=device, seed=seed)
+        aa = AutoAttack(model, eps=eps, norm=norm, version=version, device=device, seed=seed)
     # pyautoattack sets 9 target classes (right for CIFAR-10 and ImageNet); with fewer classes its
     # targeted attacks would ask for targets that do not exist.
     aa.apgd_targeted.n_target_classes = min(9, n_classes - 1)
@@ -267,7 +282,8 @@ def _autoattack(model: nn.Module, x: Tensor, y: Tensor, eps: float, opts: dict[s
     with torch.no_grad():
         n_classes = int(model(x[:1]).shape[1])
     aa = build_autoattack(model, eps, n_classes, version=opts.pop("version", "standard"),
-                          attacks=opts.pop("attacks", None), seed=opts.pop("seed", 0), device=x.device)
+                          attacks=opts.pop("attacks", None), seed=opts.pop("seed", 0), device=x.device,
+                          norm=opts.pop("norm", "Linf"))
     x_adv, _ = aa.run_standard_evaluation(x, y, batch_size=opts.pop("batch_size", len(x)))
     return x_adv
 
@@ -278,6 +294,7 @@ def attack(
     labels: Tensor,
     method: str,
     eps: float,
+    protocol: str = "pixel",
     **options: Any,
 ) -> Tensor:
     """Adversarial images for ``model`` (which takes [0, 1] images, normalisation inside).
@@ -293,17 +310,25 @@ def attack(
             cw: ``c=1``, ``kappa=0``, ``steps=50``, ``lr=0.01``;
             spsa: ``nb_iter=40``, ``delta=0.01``, ``lr=0.01``, ``nb_sample=128``, ``max_batch_size=64``;
             square: ``n_queries=5000``, ``p_init=0.8``; sld: ``steps=20``, ``step_size``, ``sparsity=0.95``;
-            autoattack: ``version="standard"`` or ``attacks=[...]``;
+            autoattack: ``version="standard"`` or ``attacks=[...]``, ``norm="Linf"`` or ``"L2"``;
             all: ``seed=0`` (the global torch RNG is left untouched).
+        protocol: ``"pixel"`` (the default: the above) or ``"lab"`` - the papers' protocol for fgsm and
+            pgd (:mod:`.protocol`): ``eps`` and ``alpha`` in *normalised* units, the attack on the
+            normalised tensor of a ``NormalizedModel``, the clean prediction as the attacked label, and
+            no clamp.
 
     Returns:
-        adversarial images ``(B, C, H, W)`` in [0, 1], on the images' device.
+        adversarial images ``(B, C, H, W)`` on the images' device: in [0, 1] (``pixel``), or not clamped
+        (``lab``; their Linf distance to ``images`` is ``eps * std`` per channel).
 
     Raises:
         ValueError: before any work, for an unknown method or option, an option out of its range
             (see :func:`check_attack_options`), an empty batch, images that are not finite floats in
             [0, 1], or labels that are not integer class indices.
     """
+    from .protocol import check_protocol, lab_attack
+
+    check_protocol(protocol, method)
     _check_inputs(images, labels, method, eps, options)
     opts = dict(options)
     seed = int(opts.pop("seed", 0))
@@ -317,6 +342,8 @@ def attack(
 
     with eval_mode(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
+        if protocol == "lab":
+            return lab_attack(model, x, method, eps, **opts).to(images.device)
         if method == "fgsm":
             adv = ta.FGSM(model, eps=eps)(x, y)
         elif method == "pgd":
@@ -368,6 +395,7 @@ def attack_logits(
     n: int | None = None,
     batch_size: int = 64,
     progress: bool = True,
+    protocol: str = "pixel",
     **options: Any,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Logits ``(N, K)`` on the adversarial versions of the first ``n`` examples of ``data`` (a
@@ -375,7 +403,11 @@ def attack_logits(
     perturbation norms ``(N,)`` in the method's norm (CPU tensors). Per-example results come from here.
 
     ``n`` (an integer >= 1, or None for all), ``batch_size`` (an integer >= 1), the method, ``eps`` and
-    the options are checked before any example is loaded."""
+    the options are checked before any example is loaded. ``protocol``: see :func:`attack`; the norms are
+    measured in pixel units under either protocol."""
+    from .protocol import check_protocol
+
+    check_protocol(protocol, method)
     check_attack_options(method, eps, options)
     check_int(n, "n", min=1, allow_none=True)
     check_int(batch_size, "batch_size", min=1)
@@ -384,8 +416,8 @@ def attack_logits(
     batches = list(_batches(data, n, batch_size))
     bar = tqdm(batches, desc=f"{method} eps={eps:.4g}", disable=None if progress else True, leave=False)
     for x, y in bar:
-        adv = attack(model, x, y, method, eps, **options)
-        norms.append(perturbation_norm(adv - x, NORMS[method]).cpu())
+        adv = attack(model, x, y, method, eps, protocol=protocol, **options)
+        norms.append(perturbation_norm(adv - x.to(adv.device), attack_norm(method, options)).cpu())
         with eval_mode(model), torch.no_grad():
             logits.append(model(adv.to(device)).float().cpu())
         labels.append(y.cpu().long())
@@ -402,13 +434,14 @@ def evaluate_attack(
     n: int | None = None,
     batch_size: int = 64,
     progress: bool = True,
+    protocol: str = "pixel",
     **options: Any,
 ) -> dict[str, float]:
     """Top-1/top-5 accuracy (fractions) of ``model`` on adversarial versions of the first ``n``
     examples of ``data`` (a dataset of ``(image in [0, 1], label)`` or a pair of tensors), with the
     mean and max perturbation norm in the method's norm (measured, so the budget can be checked)."""
-    lg, lb, nm = attack_logits(model, data, method, eps, n, batch_size, progress, **options)
-    return {**topk_accuracy(lg, lb), "n": len(lb), "norm": NORMS[method],
+    lg, lb, nm = attack_logits(model, data, method, eps, n, batch_size, progress, protocol, **options)
+    return {**topk_accuracy(lg, lb), "n": len(lb), "norm": attack_norm(method, options), "protocol": protocol,
             "mean_norm": nm.mean().item(), "max_norm": nm.max().item()}
 
 
@@ -420,6 +453,7 @@ def eps_sweep(
     n: int | None = None,
     batch_size: int = 64,
     progress: bool = True,
+    protocol: str = "pixel",
     **options: Any,
 ) -> list[dict[str, float]]:
     """:func:`evaluate_attack` at each eps (default :data:`DEFAULT_EPS`), plus eps = 0 (clean).
@@ -430,7 +464,8 @@ def eps_sweep(
         check_attack_options(method, e, options)
     check_int(n, "n", min=1, allow_none=True)
     check_int(batch_size, "batch_size", min=1)
-    return [{"eps": float(e), **evaluate_attack(model, data, method, e, n, batch_size, progress, **options)}
+    return [{"eps": float(e), **evaluate_attack(model, data, method, e, n, batch_size, progress, protocol,
+                                                **options)}
             for e in dict.fromkeys(eps_values)]
 
 

@@ -126,7 +126,8 @@ class ImageClassification(ImageTask):
     def evaluate_suites(self, suites: ImageSuites, model: Any, cfg: Any, store: Any,
                         base_key: Mapping[str, Any], *, has_pap: bool = False, **kw: Any) -> dict[str, Any]:
         """:func:`~.suites.evaluate_image_suites` on the test split of ``cfg``'s dataset."""
-        return evaluate_image_suites(model, self.test_set(cfg), suites, store, base_key, **kw)
+        return evaluate_image_suites(model, self.test_set(cfg), suites, store, base_key, dataset=cfg.dataset,
+                                     **kw)
 
     def trace_batches(self, suites: ImageSuites, cfg: Any, n: int) -> DataLoader:
         data = fixed_subset(self.test_set(cfg), n, suites.data_seed + 2)

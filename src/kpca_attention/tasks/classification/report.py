@@ -24,12 +24,9 @@ FULL_SEVERITIES = (1, 2, 3, 4, 5)
 
 
 def _attack_name(a: Mapping[str, Any]) -> str:
-    if a.get("label"):
-        return a["label"]
-    opts = a.get("options") or {}
-    if not opts:
-        return a["method"]
-    return a["method"] + "-" + "-".join(f"{k}{v}" for k, v in sorted(opts.items()))
+    from .suites import attack_name
+
+    return attack_name(a)
 
 
 def per_example(r: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -92,11 +89,12 @@ def _metric_title(k: str, norms: Mapping[str, str] | None = None) -> str:
     if k == "corrupted":
         return "corrupted"
     a, e = k.split("@")
-    name = a.upper() if "-" not in a else a
+    base, lab = (a[:-4], " (lab)") if a.endswith("-lab") else (a, "")  # lab protocol: normalised units
+    name = base.upper() if "-" not in base else base
     norm = (norms or {}).get(a, "Linf")
     if norm != "Linf":  # budgets are named in units of 1/255 (eps_label); L2 / L1 budgets read as they are
-        return f"{name} {norm} {float(e) / 255:.3g}"
-    return f"{name} {e}/255"
+        return f"{name} {norm} {float(e) / 255:.3g}{lab}"
+    return f"{name} {e}/255{lab}"
 
 
 

@@ -8,8 +8,17 @@ results into a :class:`~kpca_attention.robustness.store.ResultStore`.
   (:func:`fixed_subset` with ``data_seed``), corrupted once per image with ``imagecorruptions`` and
   cached on disk (:func:`~kpca_attention.robustness.corruptions.corrupted_views`), plus the clean
   accuracy of the same images (so robustness can be read as a drop from clean);
-* ``attacks`` - each method at each eps on ``n`` fixed test images (``data_seed + 1``), in pixel
-  units, through :func:`~kpca_attention.robustness.attacks.attack_logits`, plus clean on those images.
+* ``attacks`` - each method at each eps on ``n`` fixed test images (``data_seed + 1``), through
+  :func:`~kpca_attention.robustness.attacks.attack_logits`, plus clean on those images; under the
+  attack's ``protocol``: ``pixel`` (eps in pixel units) or ``lab`` (the papers' protocol, eps in
+  normalised units, no clamp; such an attack is named ``<name>-lab``);
+* ``autoattack`` - AutoAttack (``standard`` or ``rand``, Linf or L2) at each eps on the first ``n``
+  images of the test-image list committed with the package
+  (:mod:`~kpca_attention.robustness.image_ids`), plus clean on those images.
+
+The attack protocol is part of every attack item's key (pixel items made before the protocol existed
+carry none: they are pixel by construction and are read as such), so pixel and lab results are never
+mixed or reused for each other.
 
 Every model evaluated with the same suites sees the same images, so per-example results pair up.
 """
@@ -28,8 +37,8 @@ from torch.utils.data import Dataset, Subset
 
 from ...robustness.store import ResultStore, example_result
 
-__all__ = ["Corruptions", "Attack", "ImageSuites", "fixed_subset", "evaluate_image_suites", "eps_label",
-           "structure_items"]
+__all__ = ["Corruptions", "Attack", "AutoAttackSuite", "ImageSuites", "fixed_subset", "evaluate_image_suites",
+           "eps_label", "structure_items", "evaluate_autoattack", "attack_key"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +65,8 @@ class Attack:
     """One attack method at the budgets ``eps`` (pixel units) on ``n`` fixed test images;
     ``options`` go to :func:`~kpca_attention.robustness.attacks.attack`; ``seeds``: only the runs of
     these training seeds are attacked (``None``: all) - for expensive attacks on one seed; ``label``
-    names it in results (default: :attr:`name`)."""
+    names it in results (default: :attr:`name`); ``protocol``: ``"pixel"`` or ``"lab"``
+    (:mod:`~kpca_attention.robustness.protocol`; lab budgets are in normalised units)."""
 
     method: str
     eps: tuple[float, ...]
@@ -64,12 +74,15 @@ class Attack:
     options: Mapping[str, Any] = field(default_factory=dict)
     seeds: tuple[int, ...] | None = None
     label: str | None = None
+    protocol: str = "pixel"
 
     def __post_init__(self) -> None:
         from ...robustness.attacks import METHODS, check_attack_options
+        from ...robustness.protocol import check_protocol
 
         if self.method not in METHODS:
             raise ValueError(f"unknown attack {self.method!r}; valid: {', '.join(METHODS)}")
+        check_protocol(self.protocol, self.method)
         if "seed" in self.options:
             raise ValueError(f"{self.method}: the attack seed is fixed (0) so that every model sees the same "
                              "attack; remove 'seed' from the options")
@@ -81,12 +94,46 @@ class Attack:
 
     @property
     def name(self) -> str:
-        """The attack's label in results: ``label``, else ``pgd``, or ``pgd-steps50`` with options."""
-        if self.label:
-            return self.label
-        if not self.options:
-            return self.method
-        return self.method + "-" + "-".join(f"{k}{v}" for k, v in sorted(self.options.items()))
+        """The attack's label in results: ``label``, else ``pgd``, or ``pgd-steps50`` with options;
+        ``-lab`` appended under the lab protocol (``pgd-lab``)."""
+        return attack_name(asdict(self))
+
+
+def attack_name(a: Mapping[str, Any]) -> str:
+    """The name of an attack in results from its fields (an :class:`Attack` as ``settings.json`` records
+    it): ``label``, else the method with its options; ``-lab`` appended under the lab protocol."""
+    opts = a.get("options") or {}
+    base = a.get("label") or (a["method"] + "".join(f"-{k}{v}" for k, v in sorted(opts.items())))
+    return base + ("-lab" if a.get("protocol", "pixel") == "lab" else "")
+
+
+@dataclass(frozen=True)
+class AutoAttackSuite:
+    """AutoAttack (``pyautoattack``) as RobustBench runs it: ``version`` ``standard`` (APGD-CE, APGD-T,
+    FAB-T, Square) or ``rand`` (APGD-CE, APGD-DLR with EOT, for randomised defences), threat model
+    ``norm`` (Linf, L2) at each budget ``eps`` (pixel units), on the first ``n`` indices of the
+    dataset's committed test-image list; ``seeds``: the training seeds whose runs are attacked
+    (``None``: all)."""
+
+    eps: tuple[float, ...] = (4 / 255, 8 / 255)
+    norm: str = "Linf"
+    version: str = "standard"
+    n: int = 1000
+    seeds: tuple[int, ...] | None = (0,)
+
+    def __post_init__(self) -> None:
+        from ...checks import check_choice
+
+        check_choice(self.version, "autoattack version", ("standard", "rand"))
+        check_choice(self.norm, "autoattack norm", ("Linf", "L2"))
+        if not self.eps or any(not (e > 0) for e in self.eps):
+            raise ValueError(f"autoattack: eps must be a non-empty list of budgets > 0, got {self.eps}")
+        _positive("autoattack images", self.n)
+
+    @property
+    def name(self) -> str:
+        """``standard-Linf``: how its items are named (``autoattack/standard-Linf/4``)."""
+        return f"{self.version}-{self.norm}"
 
 
 @dataclass(frozen=True)
@@ -99,6 +146,7 @@ class ImageSuites:
     data_seed: int = 0
     batch_size: int = 500
     attack_batch_size: int = 100
+    autoattack: AutoAttackSuite | None = None
 
     def __post_init__(self) -> None:
         if self.clean is not None:
@@ -114,7 +162,16 @@ class ImageSuites:
 
     def to_dict(self) -> dict[str, Any]:
         """The suites as ``settings.json`` records them (what a study folder is checked against)."""
-        return asdict(self)
+        d = asdict(self)
+        # fields at their defaults that older folders did not record are left out, so that a study
+        # written before them reads back equal
+        for a in d["attacks"]:
+            if a.get("protocol") == "pixel":
+                del a["protocol"]
+        if d["autoattack"] is None:
+            del d["autoattack"]
+        return d
+
 
 def _positive(what: str, n: Any) -> None:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -153,7 +210,9 @@ def structure_items(items: Mapping[str, Any]) -> dict[str, Any]:
             out["clean_corrupt_subset"] = r
         elif name == "attacks/clean":
             out["clean_attack_subset"] = r
-        elif parts[0] in ("corruptions", "attacks") and len(parts) == 3:
+        elif name == "autoattack/clean":
+            out["clean_autoattack_subset"] = r
+        elif parts[0] in ("corruptions", "attacks", "autoattack") and len(parts) == 3:
             out.setdefault(parts[0], {}).setdefault(parts[1], {})[parts[2]] = r
         else:
             out[name] = r
@@ -171,6 +230,7 @@ def evaluate_image_suites(
     seed: int | None = None,
     log: Callable[[str], None] = print,
     progress: bool = True,
+    dataset: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` (images in [0, 1]) on every item of ``suites``, reusing the items of
     ``store`` whose key (``base_key`` + the item's parameters) matches.
@@ -178,6 +238,7 @@ def evaluate_image_suites(
     Args:
         model: the model, or a function returning it (called only if some item must be computed).
         seed: the training seed of this model (decides which :attr:`Attack.seeds` attacks run).
+        dataset: the name of ``test_set``'s dataset (AutoAttack reads its committed test-image list).
     Returns:
         ``{"clean": r, "corruptions": {name: {severity: r}}, "clean_corrupt_subset": r,
         "attacks": {attack name: {eps label: r}}, "clean_attack_subset": r, "timing": {...}}`` where
@@ -199,7 +260,13 @@ def evaluate_image_suites(
         return loaded[0]
 
     def item(name: str, params: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
-        return store.get_or_compute(name, {**base_key, **params}, compute)[0]
+        key = {**base_key, **params}
+        if params.get("protocol") == "pixel":  # a pixel item stored before keys named the protocol
+            legacy = store.get(name, {k: v for k, v in key.items() if k != "protocol"})
+            if legacy is not None:
+                store.put(name, key, legacy)
+                return legacy
+        return store.get_or_compute(name, key, compute)[0]
 
     n_clean = suites.clean
     clean_set = test_set if n_clean is None else Subset(test_set, range(n_clean))
@@ -240,19 +307,81 @@ def evaluate_image_suites(
                 def compute(a: Attack = a, eps: float = eps) -> dict[str, Any]:
                     lg, lb, nm = attack_logits(net(), (x_all[: a.n], y_all[: a.n]), a.method, eps,
                                                batch_size=suites.attack_batch_size, progress=progress,
-                                               seed=0, **dict(a.options))
-                    return {**example_result(lg, lb), "norm": NORMS[a.method],
+                                               protocol=a.protocol, seed=0, **dict(a.options))
+                    return {**example_result(lg, lb), "norm": NORMS[a.method], "protocol": a.protocol,
                             "mean_norm": nm.mean().item(), "max_norm": nm.max().item()}
 
                 t_a = time.perf_counter()
                 res.setdefault(a.name, {})[eps_label(eps)] = item(
-                    f"attacks/{a.name}/{eps_label(eps)}",
-                    {"n": a.n, "data_seed": suites.data_seed + 1, "method": a.method, "eps": eps,
-                     "options": dict(a.options)}, compute)
+                    f"attacks/{a.name}/{eps_label(eps)}", attack_key(a, eps, suites.data_seed + 1), compute)
                 r = res[a.name][eps_label(eps)]
-                log(f"  {a.name} eps {eps_label(eps)}/255: top-1 {100 * r['top1']:.1f}% "
+                log(f"  {a.name} eps {eps_label(eps)}/255 ({a.protocol}): top-1 {100 * r['top1']:.1f}% "
                     f"({time.perf_counter() - t_a:.0f} s)")
         out["attacks"] = res
+    aa = suites.autoattack
+    if aa is not None and (aa.seeds is None or seed is None or seed in aa.seeds):
+        out.update(evaluate_autoattack(net, test_set, aa, store, base_key, dataset=dataset,
+                                       batch_size=suites.attack_batch_size, log=log))
     out["timing"] = {"clean_s": t_clean - t0, "corruptions_s": t_corr - t_clean,
                      "attacks_s": time.perf_counter() - t_corr}
+    return out
+
+
+def attack_key(a: Attack, eps: float, data_seed: int) -> dict[str, Any]:
+    """The parameters of one attack item (added to the model's key): images, method, budget, options and
+    the protocol."""
+    return {"n": a.n, "data_seed": data_seed, "method": a.method, "eps": eps, "options": dict(a.options),
+            "protocol": a.protocol}
+
+
+def evaluate_autoattack(
+    model: nn.Module | Callable[[], nn.Module],
+    test_set: Dataset,
+    suite: AutoAttackSuite,
+    store: ResultStore,
+    base_key: Mapping[str, Any],
+    *,
+    dataset: str | None,
+    batch_size: int = 100,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """AutoAttack (``suite``) on the first ``suite.n`` images of ``dataset``'s committed test-image list
+    (``test_set`` is that dataset's test split), items ``autoattack/clean`` and
+    ``autoattack/<version>-<norm>/<eps label>`` of ``store``, per example.
+
+    Returns ``{"clean_autoattack_subset": r, "autoattack": {suite.name: {eps label: r}}}``; each robust
+    ``r`` also holds the perturbation norms (pixel units) and the protocol (``pixel``)."""
+    from ...robustness.attacks import attack_logits
+    from ...robustness.image_ids import ids_path, image_ids_sha256, load_image_ids
+
+    if dataset is None:
+        raise ValueError("autoattack needs the dataset's name to find its committed test-image list")
+    ids = load_image_ids(dataset, suite.n)
+    net = model if not isinstance(model, nn.Module) else (lambda: model)
+    subset = Subset(test_set, ids)
+    xs, ys = zip(*(subset[i] for i in range(len(ids))), strict=True)
+    x_all, y_all = torch.stack(xs), torch.as_tensor(ys)
+    params = {"n": suite.n, "ids": ids_path(dataset).name, "ids_sha256": image_ids_sha256(dataset)}
+
+    def get(name: str, extra: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
+        return store.get_or_compute(name, {**base_key, **params, **extra}, compute)[0]
+
+    out: dict[str, Any] = {"clean_autoattack_subset": get(
+        "autoattack/clean", {}, lambda: _clean(net(), subset, batch_size))}
+    res: dict[str, Any] = {}
+    for eps in suite.eps:
+        def compute(eps: float = eps) -> dict[str, Any]:
+            # chunks of batch_size images, each one AutoAttack run (its attacks are per example)
+            lg, lb, nm = attack_logits(net(), (x_all, y_all), "autoattack", eps, batch_size=batch_size,
+                                       progress=False, seed=0, version=suite.version, norm=suite.norm)
+            return {**example_result(lg, lb), "norm": suite.norm, "protocol": "pixel",
+                    "mean_norm": nm.mean().item(), "max_norm": nm.max().item()}
+
+        t_a = time.perf_counter()
+        r = res[eps_label(eps)] = get(f"autoattack/{suite.name}/{eps_label(eps)}",
+                                      {"version": suite.version, "norm": suite.norm, "eps": eps,
+                                       "protocol": "pixel", "attack_seed": 0}, compute)
+        log(f"  AutoAttack {suite.name} eps {eps_label(eps)}/255 on {suite.n} images: top-1 "
+            f"{100 * r['top1']:.1f}% ({time.perf_counter() - t_a:.0f} s)")
+    out["autoattack"] = {suite.name: res}
     return out
