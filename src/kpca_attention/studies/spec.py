@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,7 @@ from ..tasks import Task
 from ..tasks import get as get_task
 from ..train import TrainConfig, get_preset
 
-__all__ = ["Variant", "Study", "Check"]
+__all__ = ["Variant", "Study", "Check", "Margin"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,28 @@ class Variant:
     def __post_init__(self) -> None:
         if not self.slug or not all(ch.isalnum() or ch in "_." for ch in self.slug):
             raise ValueError(f"variant slug {self.slug!r}: use letters, digits, '_' and '.' only")
+
+
+@dataclass(frozen=True)
+class Margin:
+    """An equivalence margin declared before a study's runs: ``value`` (> 0, in the metric's report unit:
+    percentage points for accuracies and mIoU, perplexity for language models) and ``source``, where it
+    comes from (e.g. ``"paper Table 1, clean top-1, RPC-SymViT (4iter/layer1) 70.94 - SymViT 70.44"``).
+    A verdict calls a comparison ``equivalent`` only when its 90 % interval lies inside ``+-value``
+    (``docs/verdicts.md``)."""
+
+    value: float
+    source: str
+
+    def __post_init__(self) -> None:
+        if isinstance(self.value, bool) or not isinstance(self.value, (int, float)) \
+                or not math.isfinite(self.value) or self.value <= 0:
+            raise ValueError(f"margin value must be a finite number > 0, got {self.value!r}")
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise ValueError("a margin must say where it comes from (source)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": float(self.value), "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -68,6 +91,10 @@ class Study:
         trace: test inputs for the PAP trace of every model with RPC layers (0: none).
         baseline: the slug every variant is compared with (paired statistics, mCE).
         checks: extra study-wide measurements.
+        margins: ``{metric key: Margin}``, the equivalence margins declared before the runs (the
+            keys are the report's metric keys: ``clean``, ``corrupted``, ``fgsm@8``, ``ppl/test``,
+            ``clean:miou``, ...; :mod:`kpca_attention.studies.margins` holds the paper's). A metric
+            without one can be ``better``, ``worse`` or ``inconclusive``, never ``equivalent``.
     """
 
     name: str
@@ -81,8 +108,12 @@ class Study:
     description: str = ""
     trace: int = 0
     checks: tuple[Check, ...] = ()
+    margins: Mapping[str, Margin] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for k, m in dict(self.margins).items():
+            if not isinstance(k, str) or not k or not isinstance(m, Margin):
+                raise ValueError(f"margins map metric keys to Margin(value, source); got {k!r}: {m!r}")
         slugs = [v.slug for v in self.variants]
         if len(set(slugs)) != len(slugs):
             raise ValueError(f"variant slugs must be distinct, got {slugs}")
@@ -137,5 +168,6 @@ class Study:
             "variants": [{**dataclasses.asdict(v), "kwargs": dict(v.kwargs), "recipe": dict(v.recipe)}
                          for v in self.variants],
             "checks": [c.name for c in self.checks],
+            "margins": {k: m.to_dict() for k, m in self.margins.items()},
         }
         return json.loads(json.dumps(d, default=list))
