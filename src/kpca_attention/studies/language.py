@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..tasks.language.suites import LMSuites
+from .margins import language_margins
 from .spec import Study, Variant
 
 __all__ = ["language_study", "quick_language_study", "LANGUAGE_RECIPE", "LM_RPC"]
@@ -61,7 +62,7 @@ def language_study(*, seeds: tuple[int, ...] = (0, 1, 2), epochs: int = 6, token
         variants=language_variants({"preset": "small"}), seeds=tuple(seeds), preset="lm",
         recipe={**LANGUAGE_RECIPE, "epochs": epochs},
         suites=LMSuites(tokens=tokens, positions=positions),
-        baseline="symlm", trace=positions,
+        baseline="symlm", trace=positions, margins=language_margins(),
     )
 
 

@@ -24,6 +24,7 @@ only, as the report says.
 from __future__ import annotations
 
 from .demo import RPC_OFFICIAL
+from .margins import image_margins
 from .spec import Study, Variant
 from .vision import SIZE, VISION_RECIPE, image_suites
 
@@ -78,7 +79,7 @@ def rpc_seeds_study(*, seeds: tuple[int, ...] = MAIN_SEEDS, corrupt_images: int 
                     "seed starts from the same weights and sees the same batches.",
         variants=variants, seeds=seeds, preset="fmnist-cpu", recipe=VISION_RECIPE,
         suites=image_suites(seeds, corrupt_images, attack_images),
-        baseline="symvit", trace=512,
+        baseline="symvit", trace=512, margins=image_margins(),
     )
 
 
@@ -98,5 +99,5 @@ def rpc_depth12_study(*, seeds: tuple[int, ...] = (0, 1, 2), corrupt_images: int
                     "rpc-seeds recipe and evaluation, validation split of 2,000 training images.",
         variants=variants, seeds=seeds, preset="fmnist-cpu", recipe=VISION_RECIPE,
         suites=image_suites(seeds, corrupt_images, attack_images),
-        baseline="symvit12", trace=512,
+        baseline="symvit12", trace=512, margins=image_margins(),
     )

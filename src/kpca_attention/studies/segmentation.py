@@ -23,6 +23,7 @@ from ..robustness.corruptions import COMMON_CORRUPTIONS
 from ..tasks.classification.suites import Corruptions
 from ..tasks.segmentation.suites import SegmentationSuites
 from .demo import RPC_OFFICIAL
+from .margins import segmentation_margins
 from .spec import Study, Variant
 
 __all__ = ["segmentation_study", "quick_segmentation_study", "SEGMENTATION_RECIPE", "SEGMENTATION_VARIANTS"]
@@ -63,7 +64,7 @@ def segmentation_study(*, seeds: tuple[int, ...] = (0, 1, 2), epochs: int = 4, c
         recipe={**SEGMENTATION_RECIPE, "epochs": epochs},
         suites=SegmentationSuites(
             clean=clean_images, corruptions=Corruptions(COMMON_CORRUPTIONS, (1, 2, 3, 4, 5), corrupt_images)),
-        baseline="symvit", trace=256,
+        baseline="symvit", trace=256, margins=segmentation_margins(),
     )
 
 

@@ -18,6 +18,7 @@ from ..tasks.classification.suites import Attack, Corruptions, ImageSuites
 from .ablations import candes_lambda
 from .checks import throughput_check
 from .demo import DEMO_RECIPE, RPC_OFFICIAL
+from .margins import image_margins
 from .spec import Study, Variant
 
 __all__ = ["vision_study", "vision_large_study", "image_suites", "VISION_RECIPE", "LEGACY_VISION_RECIPE",
@@ -109,7 +110,7 @@ def vision_study(*, seeds: tuple[int, ...] = (0, 1, 2), corrupt_images: int = 50
         variants=vision_variants(tuple(seeds)), seeds=tuple(seeds), preset="fmnist-cpu",
         recipe=LEGACY_VISION_RECIPE,
         suites=image_suites(tuple(seeds), corrupt_images, attack_images),
-        baseline="symvit", trace=512, checks=(throughput_check(7),),
+        baseline="symvit", trace=512, checks=(throughput_check(7),), margins=image_margins(),
     )
 
 
@@ -130,5 +131,5 @@ def vision_large_study(*, seeds: tuple[int, ...] = (0, 1, 2, 3, 4), corrupt_imag
                     "same batches.",
         variants=variants, seeds=tuple(seeds), preset="fmnist-cpu", recipe=LARGE_RECIPE,
         suites=image_suites(tuple(seeds), corrupt_images, attack_images),
-        baseline="symvit", trace=512,
+        baseline="symvit", trace=512, margins=image_margins(),
     )
