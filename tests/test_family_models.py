@@ -58,6 +58,8 @@ def test_registry() -> None:
     with pytest.raises(ValueError, match="symmetric"):
         get_mechanism("scaled").layer_class("vision", symmetric=True)
     assert get_mechanism("rpc").applied_blocks("lm", 16) == [0, 1, 2, 3]
+    assert get_mechanism("rpc").applied_blocks("segmentation", 12) == [0]  # a Segmenter's encoder is a ViT
+    assert get_mechanism("neutreno").options("segmentation") == {"lam": 0.6}
 
 
 def test_names_pinned_and_each_one_function() -> None:

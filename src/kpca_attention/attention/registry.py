@@ -28,6 +28,9 @@ __all__ = ["Mechanism", "register_mechanism", "get_mechanism", "mechanisms", "TA
 #: the model kinds a mechanism may apply to
 TASKS: tuple[str, ...] = ("vision", "lm", "segmentation")
 
+#: a kind without its own defaults or layers takes those of this one (a Segmenter's encoder is a ViT)
+_FALLBACK: dict[str, str] = {"segmentation": "vision"}
+
 #: a layer spec: what :func:`~.replace.resolve_blocks` takes, or a function of the depth
 LayerSpec = str | int | list[int] | tuple[int, ...] | Callable[[int], list[int]]
 
@@ -71,9 +74,7 @@ class Mechanism:
 
         An option the layer does not take is a TypeError naming the valid ones."""
         self._check_task(task)
-        per_task = self.task_defaults.get(task)
-        if per_task is None and task == "segmentation":
-            per_task = self.task_defaults.get("vision")
+        per_task = self.task_defaults.get(task, self.task_defaults.get(_FALLBACK.get(task, task)))
         opts = {**self.defaults, **(per_task or {}), **overrides}
         valid = self.option_names()
         bad = sorted(set(opts) - valid)
@@ -94,8 +95,7 @@ class Mechanism:
         """The block indices that apply the mechanism: ``spec`` if given, else the task's default."""
         self._check_task(task)
         if spec is None:
-            fallback = self.layers.get("vision", "all") if task == "segmentation" else "all"
-            spec = self.layers.get(task, fallback)
+            spec = self.layers.get(task, self.layers.get(_FALLBACK.get(task, task), "all"))
         if callable(spec):
             spec = spec(depth)
         return resolve_blocks(spec if isinstance(spec, (str, int)) else list(spec), depth)
