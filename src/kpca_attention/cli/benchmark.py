@@ -1,0 +1,44 @@
+"""``kpca-attention benchmark MODEL --threat-model Linf|L2|corruptions`` and ``kpca-attention leaderboard``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def benchmark_cmd(
+    model: str = typer.Argument(..., help="A run directory of this project, or a timm name with local weights NAME@FILE."),
+    threat_model: str = typer.Option("Linf", "--threat-model", help="Linf | L2 (AutoAttack) | corruptions."),
+    eps: str | None = typer.Option(None, help="Budget in pixel units, e.g. 4/255 (default: Linf 4/255, L2 0.5)."),
+    n: int = typer.Option(1000, help="Number of images: the first N of the dataset's committed test-image list."),
+    version: str = typer.Option("standard", help="AutoAttack version: standard | rand (randomised defences)."),
+    dataset: str | None = typer.Option(None, help="Dataset (default: the run's); its test split is used."),
+    data_root: Path | None = typer.Option(None, help="Dataset folder."),
+    name: str | None = typer.Option(None, help="Name of the model in the JSON (default: from MODEL)."),
+    out: Path = typer.Option(Path("runs/benchmark"), "--out", "-o", help="Output folder: <dataset>/<threat_model>/<name>.json and results/<name>.json."),
+    device: str = typer.Option("auto", help="cpu | cuda | auto."),
+    batch_size: int = typer.Option(100, help="Images per AutoAttack / evaluation batch."),
+) -> None:
+    """Clean and robust accuracy with 95% intervals, RobustBench's way (AutoAttack on a fixed, committed
+    list of test images, normalisation inside the model, images in [0, 1]); writes a RobustBench-format JSON.
+    A model in training mode, randomised without --version rand, or with missing / doubled normalisation
+    is refused with one line."""
+    from ..studies.benchmark import benchmark
+
+    benchmark(model, dataset=dataset, threat_model=threat_model, eps=eps, n=n, version=version, name=name,
+              data_root=None if data_root is None else str(data_root), out=out, device=device,
+              batch_size=batch_size, log=typer.echo)
+
+
+def leaderboard_cmd(
+    results: Path = typer.Option(Path("results"), help="Folder of committed studies (one sub-folder each)."),
+    out: Path = typer.Option(Path("results/leaderboard"), "--out", "-o", help="Folder for the leaderboard JSON files."),
+    markdown: Path = typer.Option(Path("docs/leaderboard.md"), help="The leaderboard page."),
+) -> None:
+    """Regenerate the leaderboard (docs/leaderboard.md and results/leaderboard/*.json) from every committed
+    study under RESULTS."""
+    from ..studies.leaderboard import write_leaderboard
+
+    paths = write_leaderboard(results, out, markdown)
+    typer.echo(f"wrote {len(paths)} files: {markdown} and {out}/")

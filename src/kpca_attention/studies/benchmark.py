@@ -1,0 +1,330 @@
+"""Benchmark any image classifier the RobustBench way: ``benchmark(model, dataset=..., threat_model=...)``.
+
+RobustBench's conventions (github RobustBench/robustbench): the model takes images in [0, 1] and
+normalises inside; threat models ``Linf``, ``L2`` (AutoAttack ``standard`` - APGD-CE, APGD-T, FAB-T,
+Square - or ``rand`` for randomised defences) and ``corruptions`` (the 15 common corruptions at
+severities 1-5); a fixed, published subset of test images; one JSON per model with ``clean_acc``,
+``autoattack_acc`` or ``corruptions_acc`` / ``corruptions_mce``, ``eps``, ``threat_model``, ``dataset`` and
+``reported`` (false: measured here). The images here are the first ``n`` of the dataset's committed list
+(:mod:`~kpca_attention.robustness.image_ids`), whose SHA-256 the JSON records; every number comes with a
+95 % interval (Wilson over images for accuracies, a bootstrap over images for the corruption mean).
+
+Before any attack the model is checked on a known batch (the first 200 images of the list), and a
+mistake is one ``ValueError`` line:
+
+* in training mode (any submodule): RobustBench evaluates in eval mode;
+* images outside [0, 1] (a dataset that normalises already);
+* randomised - two forward passes on the same batch differ - unless ``version="rand"``;
+* normalisation doubled: two normalisation modules (``NormalizedModel``, torchvision's ``Normalize``)
+  in the model - wrapping a model of this project, which normalises already, is the usual way;
+* normalisation missing or doubled in a way the module tree does not show. The check: top-1 on the
+  batch as given (``x`` in [0, 1]), on the normalised batch ``(x - mean) / std`` (what a model without
+  normalisation inside would need) and on ``x * std + mean`` (what undoes a second normalisation), with
+  the dataset's mean / std. If either alternative beats the given input by 20 points or more, the model
+  expects other inputs than it gets and benchmarking it would attack the wrong space. (200 images: the
+  standard error of a difference is at most ~5 points, so a correct model is not refused by chance;
+  a model whose accuracy does not depend on normalisation is not refused, and then its numbers are
+  those of the function it computes.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset, Subset
+
+__all__ = ["benchmark", "check_model", "parse_eps", "wilson_interval", "THREAT_MODELS", "DEFAULT_EPS",
+           "CHECK_IMAGES", "NORMALISATION_MARGIN"]
+
+THREAT_MODELS: tuple[str, ...] = ("Linf", "L2", "corruptions")
+#: RobustBench's ImageNet Linf budget and its L2 budget
+DEFAULT_EPS: dict[str, str] = {"Linf": "4/255", "L2": "0.5"}
+#: images of the known batch the checks run on
+CHECK_IMAGES = 200
+#: top-1 gain (fraction) of normalised / de-normalised inputs over the given ones that refuses a model
+NORMALISATION_MARGIN = 0.2
+
+
+def parse_eps(eps: Any) -> tuple[float, str]:
+    """``(value, text)`` of a budget: ``"4/255"``, ``"0.5"``, ``0.0157`` -> (float, as written / k/255)."""
+    if isinstance(eps, str):
+        try:
+            value = float(Fraction(eps.strip()))
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(f"eps must be a number or a fraction such as 4/255, got {eps!r}") from None
+        text = eps.strip()
+    elif isinstance(eps, (int, float)) and not isinstance(eps, bool):
+        value = float(eps)
+        k = value * 255
+        text = f"{round(k)}/255" if abs(k - round(k)) < 1e-6 and k >= 1 else f"{value:g}"
+    else:
+        raise ValueError(f"eps must be a number or a fraction such as 4/255, got {eps!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"eps must be a finite budget > 0, got {eps!r}")
+    return value, text
+
+
+def wilson_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``k / n`` (fractions)."""
+    from scipy.stats import norm
+
+    if n <= 0:
+        raise ValueError(f"n must be >= 1, got {n}")
+    z = float(norm.ppf(0.5 + level / 2))
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _top1(model: nn.Module, x: Tensor, y: Tensor, batch_size: int) -> float:
+    with torch.no_grad():
+        pred = torch.cat([model(x[i:i + batch_size]).argmax(1) for i in range(0, len(x), batch_size)])
+    return float((pred.cpu() == y).float().mean())
+
+
+def check_model(model: nn.Module, x: Tensor, y: Tensor, mean: Any, std: Any, *, version: str = "standard",
+                batch_size: int = 100) -> dict[str, float]:
+    """The checks of the module docstring on the known batch ``(x, y)`` (``x`` on the model's device).
+    Returns the top-1 of the given / normalised / de-normalised inputs; raises one-line ValueErrors."""
+    training = [n or type(model).__name__ for n, m in model.named_modules() if m.training]
+    if training:
+        raise ValueError(f"the model is in training mode ({training[0]}): call model.eval() first "
+                         "(RobustBench evaluates in eval mode)")
+    norms = _normalisations(model)
+    if len(norms) > 1:
+        raise ValueError(f"the model normalises its inputs twice ({' and '.join(norms)}): remove one "
+                         "normalisation (a model of this project already normalises inside)")
+    if not x.is_floating_point() or bool(x.min() < 0) or bool(x.max() > 1):
+        lo, hi = (float(x.min()), float(x.max())) if x.numel() else (0.0, 0.0)
+        raise ValueError(f"inputs must be images in [0, 1] (the model normalises inside), got values in "
+                         f"[{lo:.3g}, {hi:.3g}]: give the dataset without normalisation")
+    probe = x[:min(len(x), 64)]
+    with torch.no_grad():
+        a, b = model(probe), model(probe)
+    if not torch.allclose(a, b, rtol=1e-4, atol=1e-5) and version != "rand":
+        raise ValueError(f"the model is randomised (two forward passes on the same batch differ by up to "
+                         f"{float((a - b).abs().max()):.3g}): use version 'rand' (--version rand)")
+    m = torch.as_tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    s = torch.as_tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    acc = {"given": _top1(model, x, y, batch_size), "normalised": _top1(model, (x - m) / s, y, batch_size),
+           "denormalised": _top1(model, x * s + m, y, batch_size)}
+    if acc["normalised"] - acc["given"] >= NORMALISATION_MARGIN:
+        raise ValueError(f"the model expects normalised inputs but gets images in [0, 1] (top-1 "
+                         f"{100 * acc['given']:.0f}% as given, {100 * acc['normalised']:.0f}% normalised): "
+                         "wrap it in NormalizedModel(model, mean, std)")
+    if acc["denormalised"] - acc["given"] >= NORMALISATION_MARGIN:
+        raise ValueError(f"the model normalises its inputs twice (top-1 {100 * acc['given']:.0f}% on images "
+                         f"in [0, 1], {100 * acc['denormalised']:.0f}% with one normalisation undone): "
+                         "remove one normalisation")
+    return acc
+
+
+def _normalisations(model: nn.Module) -> list[str]:
+    """The normalisation modules in ``model``: ``NormalizedModel`` and torchvision's ``Normalize``."""
+    from ..models.normalize import NormalizedModel
+
+    found = []
+    for n, m in model.named_modules():
+        if isinstance(m, NormalizedModel) or type(m).__name__ == "Normalize" and hasattr(m, "std"):
+            found.append(f"{type(m).__name__} at {n or 'the top'}")
+    return found
+
+
+def _weights_hash(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _resolve(model: Any, dataset: str | Dataset | None, device: torch.device
+             ) -> tuple[nn.Module, str, dict[str, Any]]:
+    """``(model taking [0, 1] images, dataset name or the given Dataset, info)``."""
+    from ..models.normalize import NormalizedModel
+    from ..train.resolve import resolve_model
+
+    info: dict[str, Any] = {}
+    if isinstance(model, nn.Module):
+        info.update(name=type(model).__name__, architecture=type(model).__name__)
+        net = model
+    elif isinstance(model, (str, Path)):
+        loaded = resolve_model(str(model), pretrained=False, device=str(device))
+        if loaded.takes_text:
+            raise ValueError(f"{model}: benchmark evaluates image classifiers, this is a text model")
+        net = loaded.model
+        if loaded.normalize is not None:  # a timm model: normalisation goes inside, as RobustBench does
+            net = NormalizedModel(net, *loaded.normalize)
+            net.training = False  # the wrapper's own flag only: the loaded model's modes are checked
+        cfg_ds = getattr(loaded.config, "dataset", None)
+        dataset = dataset if dataset is not None else cfg_ds
+        base = str(model).partition("@")[0].rstrip("/")
+        info.update(name=Path(base).name, architecture=getattr(loaded.config, "model", None) or base,
+                    img_size=(loaded.input_size or (None, None))[1],
+                    data_root=getattr(loaded.config, "data_root", None))
+    else:
+        raise ValueError(f"model must be an nn.Module or a model specifier (run directory, timm NAME or "
+                         f"NAME@FILE), got {type(model).__name__}")
+    if dataset is None:
+        raise ValueError("give the dataset (dataset='fashion-mnist', --dataset): the model does not name one")
+    return net.to(device), dataset, info
+
+
+def benchmark(
+    model: nn.Module | str,
+    dataset: str | None = None,
+    threat_model: str = "Linf",
+    eps: float | str | None = None,
+    n: int = 1000,
+    version: str = "standard",
+    *,
+    name: str | None = None,
+    data_root: str | None = None,
+    out: str | Path | None = None,
+    device: str = "cpu",
+    batch_size: int = 100,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Clean and robust accuracy of ``model`` on the first ``n`` images of ``dataset``'s committed test
+    list, as RobustBench reports them (see the module docstring).
+
+    Args:
+        model: an ``nn.Module`` taking images in [0, 1] (eval mode), or a model specifier: a run directory
+            of this project, a timm name with local weights ``NAME@FILE`` (normalisation is put inside).
+        dataset: a dataset name (default: the run's); its test split is evaluated.
+        threat_model: ``Linf``, ``L2`` (AutoAttack) or ``corruptions``.
+        eps: the budget in pixel units, a number or ``"4/255"`` (default Linf 4/255, L2 0.5).
+        version: AutoAttack ``standard`` or ``rand`` (randomised defences).
+        out: folder for ``<dataset>/<threat_model>/<name>.json`` (RobustBench's model_info layout) and the
+            per-example results ``results/<name>.json`` (reused when run again); None: nothing written.
+    Returns:
+        the RobustBench-format record (accuracies as percent strings, as RobustBench writes them), with
+        ``n``, ``protocol`` (``pixel``), the image list and its SHA-256, intervals and the checks' numbers.
+    """
+    import tempfile
+
+    from ..data.images import build_image_dataset, dataset_info
+    from ..io import write_json_atomic
+    from ..robustness.image_ids import ids_path, image_ids_sha256, load_image_ids
+    from ..robustness.store import ResultStore
+    from ..tasks.classification.suites import AutoAttackSuite, evaluate_autoattack
+    from ..train.distributed import resolve_device
+
+    if threat_model not in THREAT_MODELS:
+        raise ValueError(f"unknown threat model {threat_model!r}; valid: {', '.join(THREAT_MODELS)}")
+    if version not in ("standard", "rand"):
+        raise ValueError(f"unknown AutoAttack version {version!r}; valid: standard, rand")
+    eps_value, eps_text = (None, None) if threat_model == "corruptions" else parse_eps(
+        DEFAULT_EPS[threat_model] if eps is None else eps)
+    dev = resolve_device(device)
+    net, ds_name, info = _resolve(model, dataset, dev)
+    if not isinstance(ds_name, str):
+        raise ValueError("dataset must be a dataset name (its committed test-image list is used)")
+    ids = load_image_ids(ds_name, n)
+    meta = dataset_info(ds_name)
+    test_set = build_image_dataset(ds_name, "test", root=data_root or info.get("data_root"),
+                                   img_size=info.get("img_size"))
+    name = name or re.sub(r"[^A-Za-z0-9_.+-]+", "_", str(info["name"]))
+
+    known = Subset(test_set, load_image_ids(ds_name)[:CHECK_IMAGES])
+    xs, ys = zip(*(known[i] for i in range(len(known))), strict=True)
+    checks = check_model(net, torch.stack(xs).to(dev), torch.as_tensor(ys), meta.mean, meta.std,
+                         version=version, batch_size=batch_size)
+
+    tmp = None if out is not None else tempfile.TemporaryDirectory()
+    root = Path(out) if out is not None else Path(tmp.name)  # type: ignore[union-attr]
+    store = ResultStore(root / "results" / f"{name}.json")
+    base_key = {"weights": _weights_hash(net), "dataset": ds_name, "img_size": info.get("img_size"),
+                "split": "test"}
+    record: dict[str, Any] = {
+        "name": name, "link": "", "authors": "", "additional_data": False, "number_forward_passes": 1,
+        "dataset": ds_name, "venue": "", "architecture": info["architecture"], "eps": eps_text,
+        "reported": False, "threat_model": threat_model, "n": n, "protocol": "pixel",
+        "image_ids": ids_path(ds_name).name, "image_ids_sha256": image_ids_sha256(ds_name),
+        "interval": "95% (Wilson over images; corruptions: bootstrap over images)",
+        "checks": {f"top1_{k}": round(100 * v, 2) for k, v in checks.items()},
+    }
+    try:
+        if threat_model == "corruptions":
+            record.update(_corruptions(net, Subset(test_set, ids), store, base_key, ds_name, batch_size,
+                                       root))
+        else:
+            suite = AutoAttackSuite(eps=(eps_value,), norm=threat_model, version=version, n=n, seeds=None)
+            res = evaluate_autoattack(net, test_set, suite, store, base_key, dataset=ds_name,
+                                      batch_size=batch_size, log=log)
+            clean = res["clean_autoattack_subset"]
+            robust = next(iter(res["autoattack"][suite.name].values()))
+            record.update(_acc("clean_acc", clean), **_acc("autoattack_acc", robust), version=version)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    _print(record, log)
+    if out is not None:
+        path = Path(out) / ds_name / threat_model / f"{name}.json"
+        write_json_atomic(path, record)
+        log(f"wrote {path}")
+    return record
+
+
+def _acc(field: str, r: dict[str, Any]) -> dict[str, Any]:
+    from ..robustness.store import decode_bits
+
+    bits = decode_bits(r["correct"])
+    lo, hi = wilson_interval(int(bits.sum()), len(bits))
+    return {field: f"{100 * bits.mean():.2f}", f"{field}_interval": [round(100 * lo, 2), round(100 * hi, 2)]}
+
+
+def _corruptions(net: nn.Module, base: Dataset, store: Any, base_key: dict[str, Any], ds_name: str,
+                 batch_size: int, root: Path) -> dict[str, Any]:
+    from ..robustness.common import collect_logits
+    from ..robustness.corruptions import COMMON_CORRUPTIONS, SEVERITIES, corrupted_views
+    from ..robustness.metrics import mce
+    from ..robustness.store import decode_bits, example_result
+
+    def clean_of(ds: Dataset) -> dict[str, Any]:
+        return example_result(*collect_logits(net, ds, batch_size=batch_size, progress=False))
+
+    key = {**base_key, "n": len(base), "corruption_seed": 0}  # type: ignore[arg-type]
+    clean = store.get_or_compute("corruptions/clean", key, lambda: clean_of(base))[0]
+    views = corrupted_views(base, COMMON_CORRUPTIONS, SEVERITIES, seed=0, cache_dir=root / "cache")
+    bits, errors = [], {}
+    for (c, s), view in views.items():
+        r = store.get_or_compute(f"corruptions/{c}/{s}", {**key, "corruption": c, "severity": s},
+                                 lambda view=view: clean_of(view))[0]
+        bits.append(decode_bits(r["correct"]))
+        errors.setdefault(c, {})[s] = 1 - r["top1"]
+    per_image = np.stack(bits).mean(0)
+    rng = np.random.default_rng(0)
+    boot = [per_image[rng.integers(0, len(per_image), len(per_image))].mean() for _ in range(2000)]
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    out = {**_acc("clean_acc", clean), "corruptions_acc": f"{100 * per_image.mean():.2f}",
+           "corruptions_acc_interval": [round(100 * float(lo), 2), round(100 * float(hi), 2)],
+           # mCE is defined against AlexNet's ImageNet-C errors: on other data sets it means nothing
+           "corruptions_mce": f"{mce(errors):.2f}" if ds_name == "imagenet" else None}
+    return out
+
+
+def _print(r: dict[str, Any], log: Callable[[str], None]) -> None:
+    def line(label: str, field: str) -> str:
+        lo, hi = r[f"{field}_interval"]
+        return f"{label}: {r[field]}% [{lo:.2f}, {hi:.2f}] (95%, {r['n']} images)"
+
+    log(f"{r['name']} on {r['dataset']} ({r['image_ids']}, sha256 {r['image_ids_sha256'][:12]})")
+    log(line("clean accuracy", "clean_acc"))
+    if "autoattack_acc" in r:
+        log(line(f"AutoAttack {r['version']} {r['threat_model']} eps {r['eps']} (pixel) robust accuracy",
+                 "autoattack_acc"))
+    else:
+        log(line("corruptions accuracy (15 corruptions x 5 severities)", "corruptions_acc"))
+        if r["corruptions_mce"] is not None:
+            log(f"mCE (AlexNet = 100): {r['corruptions_mce']}")

@@ -1,0 +1,205 @@
+"""``benchmark``: RobustBench-format numbers for any image classifier, the committed test-image lists, the
+AutoAttack suite, and the one-line refusals of wrongly wired models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from typer.testing import CliRunner
+
+from kpca_attention.cli import app
+from kpca_attention.data.images import build_image_dataset, dataset_info
+from kpca_attention.models.normalize import NormalizedModel
+from kpca_attention.robustness.image_ids import (
+    ID_LISTS,
+    IDS_SEED,
+    draw_image_ids,
+    image_ids_sha256,
+    load_image_ids,
+)
+from kpca_attention.robustness.store import ResultStore
+from kpca_attention.studies.benchmark import benchmark, check_model, parse_eps, wilson_interval
+from kpca_attention.tasks.classification.suites import AutoAttackSuite, ImageSuites, evaluate_image_suites
+
+torch.set_num_threads(1)
+INFO = dataset_info("digits")
+QUIET = {"log": lambda m: None}
+
+
+@pytest.fixture(scope="module")
+def digits():
+    tr = build_image_dataset("digits", "train")
+    x = torch.stack([tr[i][0] for i in range(len(tr))])
+    y = torch.tensor([tr[i][1] for i in range(len(tr))])
+    return x, y
+
+
+@pytest.fixture(scope="module")
+def net(digits):
+    """An MLP trained on normalised digits (what a model without normalisation inside looks like)."""
+    x, y = digits
+    m, s = torch.tensor(INFO.mean).view(1, -1, 1, 1), torch.tensor(INFO.std).view(1, -1, 1, 1)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
+    opt = torch.optim.Adam(net.parameters(), 3e-3)
+    for _ in range(120):
+        loss = F.cross_entropy(net((x - m) / s), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return net.eval()
+
+
+def test_the_committed_lists_are_the_documented_draw():
+    for dataset, (size, count) in ID_LISTS.items():
+        ids = load_image_ids(dataset)
+        assert ids == draw_image_ids(size, count, IDS_SEED), dataset
+        assert len(set(ids)) == count and 0 <= min(ids) and max(ids) < size
+    assert load_image_ids("fashion_mnist", 3) == load_image_ids("fashion-mnist")[:3]
+    with pytest.raises(ValueError, match="no committed test-image list"):
+        load_image_ids("imagenet")
+    with pytest.raises(ValueError, match=r"n must be an integer in \[1, 360\]"):
+        load_image_ids("digits", 361)
+
+
+def test_eps_and_intervals():
+    assert parse_eps("4/255") == (pytest.approx(4 / 255), "4/255")
+    assert parse_eps(8 / 255) == (pytest.approx(8 / 255), "8/255")
+    assert parse_eps(0.5) == (0.5, "0.5")
+    for bad in ("four", "-1/255", "0", True):
+        with pytest.raises(ValueError, match="eps"):
+            parse_eps(bad)
+    lo, hi = wilson_interval(20, 20)
+    assert hi == 1.0 and lo == pytest.approx(0.8389, abs=1e-4)  # z^2 / (n + z^2) with z = 1.96
+    lo, hi = wilson_interval(50, 100)
+    assert (lo, hi) == (pytest.approx(0.4038, abs=1e-4), pytest.approx(0.5962, abs=1e-4))
+
+
+def test_benchmark_linf_writes_a_robustbench_json_and_reuses_its_items(net, tmp_path):
+    good = NormalizedModel(net, INFO.mean, INFO.std).eval()
+    rec = benchmark(good, dataset="digits", n=6, eps="64/255", out=tmp_path, name="mlp", **QUIET)
+    path = tmp_path / "digits" / "Linf" / "mlp.json"
+    on_disk = json.loads(path.read_text())
+    assert on_disk == json.loads(json.dumps(rec))
+    for field in ("name", "clean_acc", "autoattack_acc", "eps", "threat_model", "dataset", "reported"):
+        assert field in rec
+    assert (rec["eps"], rec["threat_model"], rec["protocol"]) == ("64/255", "Linf", "pixel")
+    assert rec["reported"] is False
+    assert rec["image_ids_sha256"] == image_ids_sha256("digits") and rec["n"] == 6
+    assert float(rec["autoattack_acc"]) <= float(rec["clean_acc"])
+    lo, hi = rec["clean_acc_interval"]
+    assert lo <= float(rec["clean_acc"]) <= hi
+    assert rec["checks"]["top1_given"] > 80  # the known batch: a trained model
+    store = ResultStore(tmp_path / "results" / "mlp.json")
+    items = store.items()
+    assert set(items) == {"autoattack/clean", "autoattack/standard-Linf/64"}
+    assert len(items["autoattack/standard-Linf/64"]["correct"]) == 6
+    again = benchmark(good, dataset="digits", n=6, eps=64 / 255, out=tmp_path, name="mlp", **QUIET)
+    assert again["autoattack_acc"] == rec["autoattack_acc"]
+
+
+def test_benchmark_corruptions(net, tmp_path):
+    good = NormalizedModel(net, INFO.mean, INFO.std).eval()
+    rec = benchmark(good, dataset="digits", threat_model="corruptions", n=2, out=tmp_path, name="mlp",
+                    **QUIET)
+    assert rec["eps"] is None and rec["corruptions_mce"] is None  # mCE is AlexNet's, ImageNet only
+    assert 0 <= float(rec["corruptions_acc"]) <= 100
+    assert (tmp_path / "digits" / "corruptions" / "mlp.json").exists()
+
+
+def test_wrong_models_are_refused_with_one_line(net, digits):
+    good = NormalizedModel(net, INFO.mean, INFO.std).eval()
+    cases = [
+        (net, "expects normalised inputs but gets images in [0, 1]"),  # normalisation missing
+        (NormalizedModel(good, INFO.mean, INFO.std).eval(), "normalises its inputs twice"),
+    ]
+    for model, says in cases:
+        with pytest.raises(ValueError) as e:
+            benchmark(model, dataset="digits", n=4, **QUIET)
+        assert says in str(e.value) and "\n" not in str(e.value)
+    good.train()
+    with pytest.raises(ValueError, match="training mode"):
+        benchmark(good, dataset="digits", n=4, **QUIET)
+    good.eval()
+
+    class Noisy(nn.Module):
+        def forward(self, x):
+            return good(F.dropout(x, 0.1, training=True))
+
+    with pytest.raises(ValueError, match="randomised .* use version 'rand'"):
+        benchmark(Noisy().eval(), dataset="digits", n=4, **QUIET)
+
+
+def test_check_model_sees_hidden_double_normalisation_and_normalised_inputs(net, digits):
+    x, y = digits[0][:200], digits[1][:200]
+    good = NormalizedModel(net, INFO.mean, INFO.std).eval()
+    acc = check_model(good, x, y, INFO.mean, INFO.std)
+    assert acc["given"] > 0.9
+
+    class Twice(nn.Module):  # a second normalisation written as arithmetic: no module shows it
+        def forward(self, x):
+            return good((x - 0.9) / 0.05)  # statistics strong enough to cost this MLP accuracy
+
+    with pytest.raises(ValueError, match="normalises its inputs twice .* one normalisation undone"):
+        check_model(Twice().eval(), x, y, (0.9,), (0.05,))
+    with pytest.raises(ValueError, match=r"inputs must be images in \[0, 1\]"):
+        check_model(good, (x - 0.3) / 0.37, y, INFO.mean, INFO.std)
+
+
+def _timm_weights(tmp_path):
+    import timm
+
+    import kpca_attention.models  # noqa: F401  (registers the *_mini_* names in timm)
+
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_mini_patch4_28")
+    path = tmp_path / "my_vit.pth"
+    torch.save(vit.state_dict(), path)
+    return f"vit_mini_patch4_28@{path}"
+
+
+def test_benchmark_a_users_timm_vit_from_a_weights_file(tmp_path):
+    spec = _timm_weights(tmp_path)
+    rec = benchmark(spec, dataset="digits", n=4, eps="16/255", out=tmp_path / "bm", **QUIET)
+    assert rec["name"] == "vit_mini_patch4_28" and rec["architecture"] == "vit_mini_patch4_28"
+    assert (tmp_path / "bm" / "digits" / "Linf" / "vit_mini_patch4_28.json").exists()
+    with pytest.raises(ValueError, match="give the dataset"):
+        benchmark(spec, n=4, **QUIET)
+
+
+def test_cli_benchmark_and_its_errors(tmp_path):
+    spec = _timm_weights(tmp_path)
+    res = CliRunner().invoke(app, ["benchmark", spec, "--dataset", "digits", "--n", "3", "--eps", "16/255",
+                                   "--device", "cpu", "-o", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert "clean accuracy" in res.output and "robust accuracy" in res.output
+    for argv, says in ((["--threat-model", "Linf2"], "unknown threat model"),
+                       (["--version", "plus"], "unknown AutoAttack version"),
+                       (["--eps", "four"], "eps must be"),
+                       (["--n", "400"], "n must be an integer in [1, 360]")):
+        res = CliRunner().invoke(app, ["benchmark", spec, "--dataset", "digits", *argv,
+                                       "-o", str(tmp_path / "o")])
+        lines = [line for line in res.output.splitlines() if line.strip()]
+        assert res.exit_code == 2 and len(lines) == 1 and says in lines[0], res.output
+
+
+def test_autoattack_suite_items_carry_the_list_and_protocol(net, tmp_path):
+    good = NormalizedModel(net, INFO.mean, INFO.std).eval()
+    test_set = build_image_dataset("digits", "test")
+    store = ResultStore(tmp_path / "m.json")
+    suites = ImageSuites(clean=10, autoattack=AutoAttackSuite(eps=(64 / 255,), n=4, seeds=(0,)))
+    assert suites.to_dict()["autoattack"]["version"] == "standard"
+    out = evaluate_image_suites(good, test_set, suites, store, {"w": 1}, seed=1, dataset="digits", **QUIET,
+                                progress=False)
+    assert "autoattack" not in out  # seed 1 is not attacked
+    out = evaluate_image_suites(good, test_set, suites, store, {"w": 1}, seed=0, dataset="digits", **QUIET,
+                                progress=False)
+    r = out["autoattack"]["standard-Linf"]["64"]
+    assert r["n"] == 4 and r["protocol"] == "pixel" and r["max_norm"] <= 64 / 255 + 1e-6
+    key = store._items["autoattack/standard-Linf/64"]["key"]
+    assert key["ids_sha256"] == image_ids_sha256("digits") and key["protocol"] == "pixel"
+    assert key["version"] == "standard" and key["n"] == 4
