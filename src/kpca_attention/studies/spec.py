@@ -18,16 +18,35 @@ from ..tasks import Task
 from ..tasks import get as get_task
 from ..train import TrainConfig, get_preset
 
-__all__ = ["Variant", "Study", "Check", "Margin"]
+__all__ = ["Variant", "Study", "Check", "Margin", "Source"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """An existing model a study evaluates instead of training one: ``path`` is the package's one model
+    specifier (:func:`kpca_attention.train.resolve.resolve_model`): a run or checkpoint directory of this
+    project, or an image classifier as a timm name with an optional local weights file (``NAME@FILE``).
+    A model that is not a project checkpoint does not record what it classifies: ``dataset`` (and
+    ``data_root``) say it. ``ema``: a project checkpoint's EMA weights."""
+
+    path: str
+    dataset: str | None = None
+    data_root: str | None = None
+    ema: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path.strip():
+            raise ValueError(f"a model source needs a path or a model name, got {self.path!r}")
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One model of a study: a registered model name and its kwargs.
+    """One model of a study: a registered model name and its kwargs, trained by the study - or, with
+    ``source``, an existing model that is evaluated only (``model`` then just names it).
 
-    ``slug`` names its files (``<slug>-s<seed>``), ``label`` its rows in tables, ``what`` says in
-    words what it is; ``seeds`` restricts it to some of the study's seeds (``None``: all of them);
-    ``recipe`` overrides training settings for this variant only."""
+    ``slug`` names its files (``<slug>-s<seed>``; ``<slug>`` for a source), ``label`` its rows in tables,
+    ``what`` says in words what it is; ``seeds`` restricts it to some of the study's seeds (``None``: all
+    of them); ``recipe`` overrides training settings for this variant only."""
 
     slug: str
     label: str
@@ -36,8 +55,11 @@ class Variant:
     what: str = ""
     seeds: tuple[int, ...] | None = None
     recipe: Mapping[str, Any] = field(default_factory=dict)
+    source: Source | None = None
 
     def __post_init__(self) -> None:
+        if self.source is not None and not isinstance(self.source, Source):
+            raise ValueError(f"variant {self.slug}: source must be a Source, got {self.source!r}")
         if not self.slug or not all(ch.isalnum() or ch in "_." for ch in self.slug):
             raise ValueError(f"variant slug {self.slug!r}: use letters, digits, '_' and '.' only")
 
@@ -95,6 +117,8 @@ class Study:
             keys are the report's metric keys: ``clean``, ``corrupted``, ``fgsm@8``, ``ppl/test``,
             ``clean:miou``, ...; :mod:`kpca_attention.studies.margins` holds the paper's). A metric
             without one can be ``better``, ``worse`` or ``inconclusive``, never ``equivalent``.
+        task_name: the task of a study whose variants are all existing models (``Variant.source``;
+            ``preset`` may then be empty): what the models do, since no preset says it.
     """
 
     name: str
@@ -109,6 +133,7 @@ class Study:
     trace: int = 0
     checks: tuple[Check, ...] = ()
     margins: Mapping[str, Margin] = field(default_factory=dict)
+    task_name: str | None = None
 
     def __post_init__(self) -> None:
         for k, m in dict(self.margins).items():
@@ -130,13 +155,26 @@ class Study:
             if extra:
                 raise ValueError(f"variant {v.slug}: seeds {sorted(extra)} are not among the study's "
                                  f"{self.seeds}")
-        self.train_config(self.variants[0], self.seeds[0], "runs/check")  # fail now on a bad recipe
+        trained = [v for v in self.variants if v.source is None]
+        if trained:
+            self.train_config(trained[0], self.seeds[0], "runs/check")  # fail now on a bad recipe
+        elif self.task_name is None:
+            raise ValueError("a study of existing models only (every variant has a source) needs task_name")
         self.task.check_suites(self.suites)
 
     @property
+    def evaluate_only(self) -> bool:
+        """Every variant is an existing model: nothing is trained."""
+        return all(v.source is not None for v in self.variants)
+
+    @property
     def task(self) -> Task:
-        """The task every run of the study trains (its preset's, :mod:`kpca_attention.tasks`)."""
-        return get_task(self.train_config(self.variants[0], self.seeds[0], "runs/check").task)
+        """The task every run of the study trains (its preset's, :mod:`kpca_attention.tasks`), or
+        ``task_name``'s."""
+        if self.task_name is not None:
+            return get_task(self.task_name)
+        trained = next(v for v in self.variants if v.source is None)
+        return get_task(self.train_config(trained, self.seeds[0], "runs/check").task)
 
     # --- what runs --------------------------------------------------------------------------------
     def variant(self, slug: str) -> Variant:
@@ -165,9 +203,17 @@ class Study:
             "name": self.name, "title": self.title, "preset": self.preset, "recipe": dict(self.recipe),
             "seeds": list(self.seeds), "baseline": self.baseline, "trace": self.trace,
             "task": self.task.name, "suites": self.suites.to_dict(),
-            "variants": [{**dataclasses.asdict(v), "kwargs": dict(v.kwargs), "recipe": dict(v.recipe)}
-                         for v in self.variants],
+            "variants": [_variant_dict(v) for v in self.variants],
             "checks": [c.name for c in self.checks],
             "margins": {k: m.to_dict() for k, m in self.margins.items()},
         }
         return json.loads(json.dumps(d, default=list))
+
+
+def _variant_dict(v: Variant) -> dict[str, Any]:
+    """A variant as ``settings.json`` records it (``source`` only when it has one, so that the settings
+    of trained studies read as before the field existed)."""
+    d = {**dataclasses.asdict(v), "kwargs": dict(v.kwargs), "recipe": dict(v.recipe)}
+    if d["source"] is None:
+        del d["source"]
+    return d
