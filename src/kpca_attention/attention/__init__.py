@@ -11,7 +11,9 @@ is_causal=False)`` with ``x`` of shape ``(B, N, C)``, so each can be given to
 * :class:`ScaledAttention` - Q, K, V with output A (I - S) V (paper Remark 3 / E.1).
 * The robust-attention family (issue 25), with state across layers (:mod:`.stateful`):
   :class:`NeuTRENOAttention` (A V + lambda (V^0 - V)), :class:`PIDAttention` (PID feedback toward V^0),
-  :class:`EllipticalAttention` (a Mahalanobis metric on the queries from the change of the values).
+  :class:`EllipticalAttention` (a Mahalanobis metric on the queries from the change of the values);
+  stateless: :class:`TwicingAttention` ((2A - A^2) V), :class:`KdeAttention` / :class:`RobustAttention`
+  (KDE and robust KDE attention), :class:`PositionAwareAttention` (RVT's learned N x N logit scaling).
 
 Named hook points (TransformerLens style, :mod:`.hooks`): ``hook_q``, ``hook_k``, ``hook_v`` are identity
 modules that see the per-head ``(B, H, N, D)`` tensors (bias included, after qk-norm); register a
@@ -50,6 +52,7 @@ from .rpc import RPCAttention
 from .scaled import ScaledAttention
 from .stateful import StatefulAttention, StatefulBlock, StatefulBlocks, run_blocks
 from .symmetric import SymmetricAttention
+from .twicing import TwicingAttention
 
 __all__ = [
     "SymmetricAttention",
@@ -73,4 +76,5 @@ __all__ = [
     "NeuTRENOAttention",
     "PIDAttention",
     "EllipticalAttention",
+    "TwicingAttention",
 ]

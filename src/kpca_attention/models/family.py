@@ -65,6 +65,7 @@ FAMILY_MECHANISMS: dict[str, bool] = {
     "neutreno": True,
     "pid": True,
     "elliptical": True,
+    "twicing": True,
 }
 
 
@@ -151,8 +152,12 @@ def _plain_layer(symmetric: bool) -> type:
     return SymmetricAttention if symmetric else Attention
 
 
-def _swap_in(model: VisionTransformer, layer: type, blocks: list[int], name: str) -> VisionTransformer:
-    replace_attention(model, layer, blocks)
+def _swap_in(model: VisionTransformer, layer: type, blocks: list[int], name: str,
+             tokens: bool = False) -> VisionTransformer:
+    # tokens: the layer has a per-token parameter (RVT's W_p), sized from the built model's sequence
+    extra = dict(num_tokens=model.patch_embed.num_patches + model.num_prefix_tokens,
+                 num_prefix_tokens=model.num_prefix_tokens) if tokens else {}
+    replace_attention(model, layer, blocks, **extra)
     model.attn_mechanism, model.attn_blocks = name, blocks  # recorded for reports and checkpoints
     return model
 
@@ -182,7 +187,8 @@ def build_family_vit(
     if mech.stateful:
         post = functools.partial(_mark_applied, blocks=applied, name=name)
         return create_vit(variant, pretrained, layer, post, model_cls=StatefulVisionTransformer, **kwargs)
-    post = functools.partial(_swap_in, layer=layer, blocks=applied, name=name)
+    tokens = "num_tokens" in mech.option_names() and "num_tokens" not in (attn_kwargs or {})
+    post = functools.partial(_swap_in, layer=layer, blocks=applied, name=name, tokens=tokens)
     return create_vit(variant, pretrained, _plain_layer(symmetric), post, **kwargs)
 
 
@@ -398,3 +404,63 @@ def segmenter_elliptical_symvit_mini_patch4_32(pretrained: bool = False, **kwarg
 def segmenter_elliptical_symvit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
     """Segmenter on elliptical_symvit_tiny_patch16_224."""
     return _seg("elliptical", True, "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def twicing_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Twicing attention, size mini_patch4_28."""
+    return _vit("twicing", False, "mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def twicing_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Twicing attention, size mini_patch4_32."""
+    return _vit("twicing", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def twicing_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Twicing attention, size tiny_patch16_224."""
+    return _vit("twicing", False, "tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_twicing_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on twicing_vit_mini_patch4_32."""
+    return _seg("twicing", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_twicing_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on twicing_vit_tiny_patch16_224."""
+    return _seg("twicing", False, "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def twicing_symvit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Twicing attention (symmetric, W_Q = W_K), size mini_patch4_28."""
+    return _vit("twicing", True, "mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def twicing_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Twicing attention (symmetric, W_Q = W_K), size mini_patch4_32."""
+    return _vit("twicing", True, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def twicing_symvit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Twicing attention (symmetric, W_Q = W_K), size tiny_patch16_224."""
+    return _vit("twicing", True, "tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_twicing_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on twicing_symvit_mini_patch4_32."""
+    return _seg("twicing", True, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_twicing_symvit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on twicing_symvit_tiny_patch16_224."""
+    return _seg("twicing", True, "tiny_patch16_512", pretrained, **kwargs)
