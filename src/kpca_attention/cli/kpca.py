@@ -233,7 +233,8 @@ def pap_trace_cmd(
     if max_samples < 1 or batch_size < 1:
         raise ValueError(f"--max-samples and --batch-size must be >= 1, got {max_samples} and {batch_size}")
     path = Path(model).expanduser()
-    if ("/" in model or model.startswith(".")) and not path.exists():
+    base = model.partition("@")[0] if not path.exists() else model  # NAME@/absolute/weights is a name
+    if ("/" in base or base.startswith(".")) and not path.exists():
         raise FileNotFoundError(f"no such checkpoint, run directory or model folder: {model} (a name without "
                                 "'/' is looked up as a registered model)")
     from ..kpca.load import load_for_analysis

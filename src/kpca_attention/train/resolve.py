@@ -10,7 +10,10 @@
    file: ``vit_small_patch16_224@/path/to/weights.safetensors`` (or ``.pth``; loaded strictly with
    timm's own ``timm.models.load_checkpoint``). Without a file, ``pretrained=True``
    needs the network (timm downloads from the Hugging Face hub); ``pretrained=False`` is a random init.
-4. Anything else: a Hugging Face hub name through ``AutoModel`` (needs the network unless cached).
+4. Anything else: a Hugging Face hub name, from the local cache only.
+
+Hugging Face folders are opened by :func:`kpca_attention.train.hf.load_hf_folder` only: offline, never
+with the folder's own code, with its tokenizer. Nothing is downloaded at run time.
 
 A name with a ``/`` that is not an existing path is refused with a clear error (it would otherwise be
 tried as a hub name and fail late).
@@ -86,19 +89,12 @@ def minilm_path() -> Path:
     return path
 
 
-def _load_hf(src: str | Path, name: str, offline: bool) -> LoadedModel:
-    from transformers import AutoModel, AutoTokenizer
+def _load_hf(src: str | Path, name: str) -> LoadedModel:
+    """A Hugging Face folder or cached hub name, through the one loader (:mod:`.hf`: offline, no custom
+    code, a tokenizer required)."""
+    from .hf import load_hf_folder
 
-    if offline:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
-        tok = AutoTokenizer.from_pretrained(str(src), local_files_only=offline)
-        model = AutoModel.from_pretrained(str(src), local_files_only=offline, attn_implementation="eager")
-    except OSError as e:
-        raise ValueError(
-            f"cannot load Hugging Face model {name!r} ({e}). Hub names need the network (or the HF cache); "
-            "give a local model directory, a timm name, or all-MiniLM-L6-v2 (bundled)"
-        ) from e
+    model, tok = load_hf_folder(src, name)
     causal = is_causal_hf(model)
     if causal:  # decoders often ship without a padding token; pad on the right, masked out
         if tok.pad_token is None:
@@ -155,28 +151,68 @@ def _load_project(path: Path, name: str, device: str) -> LoadedModel:
     )
 
 
+def _cached_timm_weights(name: str) -> str | None:
+    """The local file of timm's pretrained weights of ``name`` in the Hugging Face cache (None: not cached).
+    Looks only on the disk."""
+    import timm
+    from huggingface_hub import try_to_load_from_cache
+
+    cfg = timm.models.get_pretrained_cfg(name)
+    hub_id = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
+    if not hub_id:
+        return None
+    repo, _, revision = str(hub_id).partition("@")
+    for fname in ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin"):
+        hit = try_to_load_from_cache(repo, fname, revision=revision or None)
+        if isinstance(hit, str) and Path(hit).is_file():
+            return hit
+    return None
+
+
+def check_weights_file(weights: str) -> Path:
+    """``weights`` as an existing file that looks like a safetensors or torch file: a missing, empty or
+    text file is one clear error naming it (never a half-read "pop from empty list")."""
+    f = Path(weights).expanduser()
+    if not f.is_file():
+        raise FileNotFoundError(f"weights file {weights} does not exist")
+    size = f.stat().st_size
+    with open(f, "rb") as fh:
+        head = fh.read(16)
+    if size < 16:
+        raise ValueError(f"not a weights file: {f} ({size} bytes)")
+    zip_or_pickle = head.startswith((b"PK\x03\x04", b"\x80"))  # torch.save (zip) or legacy pickle
+    header_len = int.from_bytes(head[:8], "little")
+    safetensors_like = 2 <= header_len <= size - 8 and head[8:9] == b"{"
+    if not (zip_or_pickle or safetensors_like):
+        raise ValueError(f"not a weights file: {f} (neither safetensors nor a torch checkpoint)")
+    return f
+
+
 def _load_timm(name: str, pretrained: bool, weights: str | None = None) -> LoadedModel:
     import timm
 
     from ..models import list_models  # noqa: F401  (importing models registers them in timm)
+    from .hf import force_offline
 
-    try:
-        if weights is not None:
-            if not Path(weights).is_file():
-                raise FileNotFoundError(f"weights file {weights} does not exist")
-            model = timm.create_model(name, pretrained=False)
-            # timm's own loader: safetensors or torch files (weights_only), EMA / state_dict keys, strict
-            timm.models.load_checkpoint(model, str(weights), strict=True)
-        else:
-            model = timm.create_model(name, pretrained=pretrained)
-    except Exception as e:
-        if not pretrained or weights is not None:
-            raise
-        raise ValueError(
-            f"cannot create timm model {name!r} with pretrained weights ({type(e).__name__}: {e}). "
-            "Pretrained timm weights are downloaded from the Hugging Face hub and need the network; "
-            "pass --no-pretrained (pretrained=False) for a random init, or a checkpoint path"
-        ) from e
+    force_offline()  # timm resolves pretrained weights through the hub: never over the network
+    if weights is not None:
+        f = check_weights_file(weights)
+        model = timm.create_model(name, pretrained=False)
+        try:  # timm's own loader: safetensors or torch files (weights_only), EMA / state_dict keys, strict
+            timm.models.load_checkpoint(model, str(f), strict=True)
+        except (RuntimeError, ValueError, KeyError, EOFError, OSError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ValueError(f"not a weights file of {name}: {f} ({type(e).__name__}: {first[:200]})") from e
+    elif pretrained:
+        cached = _cached_timm_weights(name)
+        if cached is None:
+            raise ValueError(
+                f"timm model {name!r}: pretrained weights are never downloaded at run time and none are in "
+                f"the local Hugging Face cache; give local weights as {name}@FILE (.safetensors or .pth), "
+                "or --no-pretrained for a random init")
+        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": cached})
+    else:
+        model = timm.create_model(name, pretrained=False)
     size, crop, cfg = image_meta(model)
     mean = tuple(cfg.get("mean", (0.485, 0.456, 0.406)))
     std = tuple(cfg.get("std", (0.229, 0.224, 0.225)))
@@ -198,24 +234,27 @@ def resolve_model(spec: str, *, pretrained: bool = True, device: str = "cpu") ->
     if path.exists():
         project = any((path / f).exists() for f in ("COMPLETE", "checkpoints", "latest.json", "state.pt"))
         if not project and (path / "config.json").exists():
-            loaded = _load_hf(path, name, offline=True)
+            loaded = _load_hf(path, name)
         else:
             loaded = _load_project(path, name, device)
     elif name.lower() in MINILM_NAMES:
-        loaded = _load_hf(minilm_path(), name, offline=True)
+        loaded = _load_hf(minilm_path(), name)
     else:
         import timm
 
         from ..models import list_models  # noqa: F401  (registers this project's models)
 
-        base, _, weights = name.partition("@")
+        base, at, weights = name.partition("@")
+        if at and not weights.strip():
+            raise ValueError(f"{name}: empty weights file after '@' (an unset variable?); "
+                             "give NAME@FILE with a .safetensors or .pth file, or the name alone")
         if timm.is_model(base):
             loaded = _load_timm(base, pretrained, weights or None)
         elif weights or name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub(name):
             raise FileNotFoundError(f"no such checkpoint, run directory or model folder: {name} (a timm "
                                     "name may carry a local weights file as NAME@FILE)")
         else:
-            loaded = _load_hf(name, name, offline=os.environ.get("HF_HUB_OFFLINE") == "1")
+            loaded = _load_hf(name, name)
     loaded.model.to(device)
     return loaded
 
