@@ -44,6 +44,7 @@ mode on the CPU by default. TorchScript is not supported: PAP's fused update is 
 from .base import HeadsAttention, Option
 from .elliptical import EllipticalAttention
 from .hooks import HookPoint, run_with_cache
+from .kde import KdeAttention, RobustAttention
 from .neutreno import NeuTRENOAttention
 from .pid import PIDAttention
 from .registry import Mechanism, get_mechanism, mechanisms, register_mechanism
@@ -77,4 +78,6 @@ __all__ = [
     "PIDAttention",
     "EllipticalAttention",
     "TwicingAttention",
+    "KdeAttention",
+    "RobustAttention",
 ]

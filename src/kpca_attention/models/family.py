@@ -66,6 +66,8 @@ FAMILY_MECHANISMS: dict[str, bool] = {
     "pid": True,
     "elliptical": True,
     "twicing": True,
+    "kde": False,
+    "rkde": False,
 }
 
 
@@ -464,3 +466,63 @@ def segmenter_twicing_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: 
 def segmenter_twicing_symvit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
     """Segmenter on twicing_symvit_tiny_patch16_224."""
     return _seg("twicing", True, "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def kde_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """KDE attention (unit-norm keys), size mini_patch4_28."""
+    return _vit("kde", False, "mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def kde_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """KDE attention (unit-norm keys), size mini_patch4_32."""
+    return _vit("kde", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def kde_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """KDE attention (unit-norm keys), size tiny_patch16_224."""
+    return _vit("kde", False, "tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_kde_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on kde_vit_mini_patch4_32."""
+    return _seg("kde", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_kde_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on kde_vit_tiny_patch16_224."""
+    return _seg("kde", False, "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def rkde_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Robust KDE attention (Huber KIRWLS), size mini_patch4_28."""
+    return _vit("rkde", False, "mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def rkde_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Robust KDE attention (Huber KIRWLS), size mini_patch4_32."""
+    return _vit("rkde", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def rkde_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Robust KDE attention (Huber KIRWLS), size tiny_patch16_224."""
+    return _vit("rkde", False, "tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_rkde_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on rkde_vit_mini_patch4_32."""
+    return _seg("rkde", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_rkde_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on rkde_vit_tiny_patch16_224."""
+    return _seg("rkde", False, "tiny_patch16_512", pretrained, **kwargs)

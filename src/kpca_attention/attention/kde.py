@@ -1,0 +1,221 @@
+"""KDE attention and robust KDE attention (Han et al., NeurIPS 2023, "Designing Robust Transformers using
+Robust Kernel Density Estimation"; official code ``aaronhan223/robust_transformer``, ``imagenet/models.py``,
+BSD-3; read, not copied).
+
+**KDE attention** (``KdeAttention``): attention as a Nadaraya-Watson estimator with a Gaussian kernel on
+unit-norm keys khat_j = k_j / ||k_j||::
+
+    out_i = sum_j softmax_j(-||q_i - khat_j||^2 / sqrt(D)) v_j
+
+Since ||q_i||^2 and ||khat_j||^2 = 1 do not depend on j, this is softmax(2 q_i . khat_j / sqrt(D)): one
+fused attention call with scale 2 / sqrt(D) on the normalised keys.
+
+**Robust KDE attention** (``RobustAttention``): the kernel density estimates of the joint (k, v) and of the
+keys alone are replaced by robust ones, with weights from kernel iteratively re-weighted least squares
+(KIRWLS)::
+
+    out_i = sum_j wJ_j e^{s_ij} v_j / sum_j wM_j e^{s_ij},      s_ij = -||q_i - khat_j||^2 / sqrt(D)
+
+wJ from the joint points x_j = [khat_j, v_j], wM from the keys x_j = khat_j, each with the kernel
+K_jl = exp(-||x_j - x_l||^2 / sqrt(D)) (the official code's scale, D the head width, for both). One
+KIRWLS step from weights w (uniform at the start)::
+
+    r_j^2 = ||phi(x_j) - sum_l w_l phi(x_l)||^2 = K_jj - 2 sum_l w_l K_jl + w^T K w      (paper)
+    w_j  <- psi(r_j) / sum_l psi(r_l)
+
+with psi(r) = rho'(r) / r the weight of the robust loss: Huber ``1 if r <= a else a / r`` (a = 0.2), or
+Hampel (official: b = 2a, c = 3a; ``1`` below a, ``a / r`` below b, ``a (c - r) / ((c - b) r)`` below c,
+``0.01`` beyond). ``n_iter`` steps (official default 1).
+
+The official code's norm is ``1 + sum_l w_l K_jl + w^T K w`` (a sign error, and coefficient 1 where the
+paper has 2; the issue quotes it as ``1 + 2 sum w k + w^T K w``, the same error in kind). Then r_j >= 1 > a
+for every token, every Huber weight is ``a / r_j`` and a cancels in the normalisation: the threshold is
+inert (a = 0.2 / 0.4 / 1.0 give the same model), and every Hampel weight is 0.01, which is plain KDE
+attention. ``official_norm=True`` reproduces it; the default is the paper's norm. The layer records which
+it used in ``norm_used`` (also in ``extra_repr``, hence in printed models and reports).
+
+Other differences from the official code: for ``n_iter > 1`` the official code averages the weights over
+the batch and the heads between steps (``torch.mean(w_init, dim=(2, 3))``), coupling the samples of a
+batch; here each (sample, head) keeps its own weights. The official code computes the norm in float64
+before casting back; here it is computed in the input's dtype.
+
+Masks: the weights are those of the keys each query may see. Without a mask all queries share one weight
+vector per (sample, head) (O(N^2)); with ``attn_mask`` or ``is_causal`` each query gets its own weights over
+its visible keys (each causal prefix is its own sample, so the future never enters; O(N^3) per step for
+``n_iter`` steps). A query that sees no key gets NaN, as SDPA gives.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..pap import visible
+from .base import HeadsAttention, Option
+from .registry import register_mechanism
+
+__all__ = ["KdeAttention", "RobustAttention", "kirwls_weights", "robust_weight"]
+
+LOSSES = ("huber", "hampel")
+
+
+def robust_weight(r: Tensor, a: float, loss: str) -> Tensor:
+    """psi(r) = rho'(r) / r of the Huber or (official) Hampel loss at distances ``r`` >= 0."""
+    if loss == "huber":
+        return torch.where(r <= a, torch.ones_like(r), a / r)
+    b, c = 2 * a, 3 * a
+    mid = torch.where(r < b, a / r, a * (c - r) / ((c - b) * r))
+    return torch.where(r < a, torch.ones_like(r), torch.where(r < c, mid, torch.full_like(r, 0.01)))
+
+
+def _gram_kernel(x: Tensor, scale: float) -> Tensor:
+    """K_jl = exp(-scale ||x_j - x_l||^2), ``x (..., N, E)`` -> ``(..., N, N)``."""
+    sq = (x * x).sum(-1)
+    d2 = (sq.unsqueeze(-1) + sq.unsqueeze(-2) - 2 * (x @ x.transpose(-1, -2))).clamp_min(0)
+    return torch.exp(-scale * d2)
+
+
+def kirwls_weights(
+    x: Tensor, vis: Tensor | None, a: float, loss: str, n_iter: int, official_norm: bool, scale: float
+) -> Tensor:
+    """Robust KDE weights of the points ``x (B, H, N, E)``: ``(B, H, Q, N)``, Q = 1 without a mask (all
+    queries share them) or N (``vis (B|1, H|1, N, N)`` bool: the keys query i sees; zero weight elsewhere).
+    Each row sums to 1 over its visible keys."""
+    kern = _gram_kernel(x, scale)  # symmetric, K_jj = 1
+    n = x.shape[-2]
+    if vis is None:
+        w = torch.full((*x.shape[:-2], 1, n), 1.0 / n, dtype=x.dtype, device=x.device)
+    else:
+        visf = vis.to(x.dtype)
+        w = visf / visf.sum(-1, keepdim=True)  # uniform over the visible keys (NaN for a row with none)
+    for _ in range(n_iter):
+        t = w @ kern  # t_qj = sum_l w_ql K_lj
+        c = (w * t).sum(-1, keepdim=True)  # w_q^T K w_q
+        r2 = 1 + t + c if official_norm else 1 - 2 * t + c
+        r = torch.sqrt(r2.clamp_min(1e-12))
+        psi = robust_weight(r, a, loss)
+        if vis is not None:
+            psi = psi * visf
+        w = psi / psi.sum(-1, keepdim=True)
+    return w
+
+
+# FX: the weights branch on the mask (an input of a traced ViT); one leaf call.
+torch.fx.wrap("kirwls_weights")
+
+
+def _visible_keys(attn_mask: Tensor | None, is_causal: bool, n: int, device: Any) -> Tensor | None:
+    if attn_mask is None and not is_causal:
+        return None
+    vis = visible(attn_mask) if attn_mask is not None else torch.ones(n, n, dtype=torch.bool, device=device)
+    if vis.shape[-2] != n:  # a key-padding mask (..., 1, N): every query sees the same keys
+        vis = vis.expand(*vis.shape[:-2], n, n)
+    if is_causal:
+        vis = vis & torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    while vis.dim() < 4:
+        vis = vis.unsqueeze(0)
+    return vis
+
+
+torch.fx.wrap("_visible_keys")
+
+
+class _KdeBase(HeadsAttention):
+    parameter_constraints = {**HeadsAttention.parameter_constraints, "symmetric": Option("bool")}
+
+    def __init__(self, dim: int, num_heads: int = 8, *args: Any, symmetric: bool = False,
+                 **kwargs: Any) -> None:
+        self.validate_options(symmetric=symmetric)
+        self.projections = ("k", "v") if symmetric else ("q", "k", "v")
+        super().__init__(dim, num_heads, *args, **kwargs)
+        self.symmetric = symmetric
+
+
+class KdeAttention(_KdeBase):
+    """KDE attention: ``softmax_j(-||q_i - khat_j||^2 / sqrt D) V`` with unit-norm keys (one fused call).
+
+    Args (besides timm's):
+        symmetric: True: W_Q = W_K (the queries are the un-normalised keys).
+    """
+
+    def attend(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        q, khat = qkv["q"], F.normalize(qkv["k"], dim=-1)
+        return F.scaled_dot_product_attention(q, khat, qkv["v"], attn_mask=attn_mask, is_causal=is_causal,
+                                              dropout_p=self.dropout_p, scale=2.0 / math.sqrt(q.shape[-1]))
+
+    def extra_repr(self) -> str:
+        return f"symmetric={self.symmetric}"
+
+
+class RobustAttention(_KdeBase):
+    """Robust KDE attention (RKDE): joint and marginal KDEs re-weighted by KIRWLS (module docstring).
+
+    Args (besides timm's):
+        loss: ``"huber"`` (default) or ``"hampel"`` (official option, b = 2a, c = 3a, 0.01 beyond c).
+        a: the threshold of the loss (official ``huber_a`` 0.2).
+        n_iter: KIRWLS steps from uniform weights (official default 1).
+        official_norm: True reproduces the official code's norm ``1 + sum w K + w^T K w`` (the threshold
+            is then inert); False (default) the paper's ``1 - 2 sum w K + w^T K w``. ``norm_used`` says which.
+        symmetric: True: W_Q = W_K.
+    """
+
+    parameter_constraints = {**_KdeBase.parameter_constraints, "loss": Option("choice", choices=LOSSES),
+                             "a": Option("float", min=0), "n_iter": Option("int", min=1),
+                             "official_norm": Option("bool")}
+
+    def __init__(self, dim: int, num_heads: int = 8, *args: Any, loss: str = "huber", a: float = 0.2,
+                 n_iter: int = 1, official_norm: bool = False, **kwargs: Any) -> None:
+        self.validate_options(loss=loss, a=a, n_iter=n_iter, official_norm=official_norm)
+        if a <= 0:
+            raise ValueError(f"RobustAttention: a must be > 0, got {a!r}")
+        super().__init__(dim, num_heads, *args, **kwargs)
+        self.loss, self.a, self.n_iter, self.official_norm = loss, float(a), n_iter, official_norm
+
+    @property
+    def norm_used(self) -> str:
+        """Which norm the weights use: the paper's or the official code's (for reports and configs)."""
+        if self.official_norm:
+            return "official: 1 + sum_l w_l K_jl + w^T K w (sign error; the threshold is inert)"
+        return "paper: 1 - 2 sum_l w_l K_jl + w^T K w"
+
+    def attend(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        q, v = qkv["q"], qkv["v"]
+        khat = F.normalize(qkv["k"], dim=-1)
+        n, d = khat.shape[-2], khat.shape[-1]
+        scale = 1.0 / math.sqrt(d)
+        vis = _visible_keys(attn_mask, is_causal, n, q.device)
+        opts = (self.a, self.loss, self.n_iter, self.official_norm, scale)
+        w_m = kirwls_weights(khat, vis, *opts)
+        w_j = kirwls_weights(torch.cat([khat, v], dim=-1), vis, *opts)
+        # out_i = sum_j wM_ij e^{s_ij} (wJ_ij / wM_ij) v_j / sum_j wM_ij e^{s_ij}: one softmax with the log
+        # marginal weights added to the logits (2 q.khat / sqrt D, the rest of s_ij cancels)
+        if vis is None:  # shared weights: a fused call on the re-weighted values
+            return F.scaled_dot_product_attention(q, khat, v * (w_j / w_m).transpose(-1, -2),
+                                                  attn_mask=torch.log(w_m), dropout_p=self.dropout_p,
+                                                  scale=2 * scale)
+        # hidden keys have zero weights: keep 0/0 and log(0) out of the graph (their gradients would be NaN)
+        w_m = torch.where(vis, w_m, 1.0)
+        logits = (q @ khat.transpose(-1, -2)) * (2 * scale) + torch.log(w_m)
+        if attn_mask is not None and attn_mask.dtype != torch.bool:  # an additive mask's finite biases
+            logits = logits + torch.where(vis, attn_mask, 0.0)
+        attn = torch.softmax(logits.masked_fill(~vis, float("-inf")), dim=-1)
+        attn = attn * torch.where(vis, w_j / w_m, 0.0)
+        attn = self.attn_drop(attn)
+        return attn @ v
+
+    def extra_repr(self) -> str:
+        return (f"loss={self.loss!r}, a={self.a}, n_iter={self.n_iter}, official_norm={self.official_norm} "
+                f"({self.norm_used}), symmetric={self.symmetric}")
+
+
+register_mechanism("kde", KdeAttention,
+                   description="KDE attention: softmax(-||q - khat||^2 / sqrt D) V, unit-norm keys")
+register_mechanism(
+    "rkde", RobustAttention, dict(loss="huber", a=0.2, n_iter=1, official_norm=False),
+    description="robust KDE attention: Huber (a = 0.2) KIRWLS weights on the joint (k, v) and key KDEs, "
+                "the paper's norm (official_norm=True: the official code's)",
+)

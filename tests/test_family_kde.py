@@ -1,0 +1,185 @@
+"""KDE and robust KDE attention (issue 25) against float64 transcriptions written per query with explicit
+loops (the paper's KIRWLS and the official code's norm), the Huber threshold inert with the official norm
+and active with the paper's, gradcheck, masks, no leak from the future, timm models."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import timm
+import torch
+
+import kpca_attention  # noqa: F401  (registers the models)
+from kpca_attention.attention import KdeAttention, RobustAttention, get_mechanism
+from kpca_attention.models import create_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def project(layer, x):
+    b, n, c = x.shape
+    h, d = layer.num_heads, c // layer.num_heads
+    w, bias = layer.in_proj.weight.double(), layer.in_proj.bias.double()
+    parts = (x.double() @ w.T + bias).reshape(b, n, -1, h, d).permute(2, 0, 3, 1, 4)
+    k, v = parts[-2], parts[-1]
+    return (k if layer.symmetric else parts[0]), k, v
+
+
+def finish(layer, out):
+    b, h, n, d = out.shape
+    return out.transpose(1, 2).reshape(b, n, h * d) @ layer.proj.weight.double().T + layer.proj.bias.double()
+
+
+def psi(r: float, a: float, loss: str) -> float:
+    if loss == "huber":
+        return 1.0 if r <= a else a / r
+    b, c = 2 * a, 3 * a  # the official Hampel
+    if r < a:
+        return 1.0
+    if r < b:
+        return a / r
+    return a * (c - r) / ((c - b) * r) if r < c else 0.01
+
+
+def kirwls(x: torch.Tensor, a: float, loss: str, n_iter: int, official: bool, scale: float) -> torch.Tensor:
+    """Weights of the points x (M, E) by KIRWLS from uniform, written with explicit sums."""
+    x, m = x.detach(), x.shape[0]
+    kern = [[math.exp(-scale * float(((x[j] - x[l]) ** 2).sum())) for l in range(m)] for j in range(m)]
+    w = [1.0 / m] * m
+    for _ in range(n_iter):
+        wkw = sum(w[l] * w[p] * kern[l][p] for l in range(m) for p in range(m))
+        psis = []
+        for j in range(m):
+            t = sum(w[l] * kern[j][l] for l in range(m))
+            r2 = (1 + t + wkw) if official else (kern[j][j] - 2 * t + wkw)
+            psis.append(psi(math.sqrt(max(r2, 0.0)), a, loss))
+        w = [p / sum(psis) for p in psis]
+    return torch.tensor(w, dtype=torch.float64)
+
+
+def reference(layer, x, mask=None, causal=False, robust=True):
+    """Per (sample, head, query): the KDE / RKDE estimate over the keys the query sees."""
+    q, k, v = project(layer, x)
+    khat = k / k.norm(dim=-1, keepdim=True)
+    b, h, n, d = q.shape
+    out = torch.zeros_like(q)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(n):
+                keys = [j for j in range(n) if (mask is None or mask[bi, 0, 0, j]) and (not causal or j <= i)]
+                kk, vv = khat[bi, hi, keys], v[bi, hi, keys]
+                s = -((q[bi, hi, i] - kk) ** 2).sum(-1) / math.sqrt(d)
+                if robust:
+                    opts = (layer.a, layer.loss, layer.n_iter, layer.official_norm, 1 / math.sqrt(d))
+                    w_m = kirwls(kk, *opts)
+                    w_j = kirwls(torch.cat([kk, vv], -1), *opts)
+                else:
+                    w_m = w_j = torch.ones(len(keys), dtype=torch.float64)
+                e = torch.exp(s - s.max())
+                out[bi, hi, i] = (w_j * e) @ vv / (w_m * e).sum()
+    return finish(layer, out)
+
+
+def layers(cls, symmetric=False, **kw):
+    torch.manual_seed(0)
+    return cls(8, 2, qkv_bias=True, symmetric=symmetric, **kw).double()
+
+
+CASES = ["plain", "causal", "padding"]
+
+
+def case_inputs(case):
+    x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    mask = None
+    if case == "padding":
+        mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+        mask[1, ..., 3:] = False
+    return x, mask
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("case", CASES)
+def test_kde_matches_the_kernel_estimate(symmetric: bool, case: str) -> None:
+    layer = layers(KdeAttention, symmetric)
+    x, mask = case_inputs(case)
+    got = layer(x, attn_mask=mask, is_causal=case == "causal")
+    torch.testing.assert_close(got, reference(layer, x, mask, case == "causal", robust=False))
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(official_norm=True), dict(loss="hampel", a=0.3),
+                                  dict(n_iter=3, a=0.25), dict(symmetric=True)])
+@pytest.mark.parametrize("case", CASES)
+def test_rkde_matches_kirwls(opts: dict, case: str) -> None:
+    layer = layers(RobustAttention, **opts)
+    x, mask = case_inputs(case)
+    got = layer(x, attn_mask=mask, is_causal=case == "causal")
+    torch.testing.assert_close(got, reference(layer, x, mask, case == "causal"))
+
+
+def rkde_out(a: float, official: bool, loss: str = "huber") -> torch.Tensor:
+    layer = layers(RobustAttention, a=a, official_norm=official, loss=loss)
+    return layer(case_inputs("plain")[0])
+
+
+def test_huber_threshold_inert_with_the_official_norm_and_active_with_the_papers() -> None:
+    # official: r >= 1 > a for every token, all weights a / r, a cancels - the same model for any a < 1
+    off = [rkde_out(a, True) for a in (0.2, 0.4, 0.9)]
+    torch.testing.assert_close(off[0], off[1], rtol=0, atol=1e-12)
+    torch.testing.assert_close(off[0], off[2], rtol=0, atol=1e-12)
+    # the paper's norm: the threshold matters, and a large a (all weights 1) is plain KDE attention
+    paper = [rkde_out(a, False) for a in (0.2, 0.4)]
+    assert (paper[0] - paper[1]).abs().max() > 1e-4
+    assert (paper[0] - off[0]).abs().max() > 1e-4
+    kde = layers(KdeAttention)(case_inputs("plain")[0])
+    torch.testing.assert_close(rkde_out(100.0, False), kde)
+    # the official Hampel weights are all 0.01 (r >= 1 >= c = 3a): plain KDE attention again
+    torch.testing.assert_close(rkde_out(0.2, True, "hampel"), kde)
+
+
+def test_norm_used_is_recorded() -> None:
+    paper, official = layers(RobustAttention), layers(RobustAttention, official_norm=True)
+    assert paper.norm_used.startswith("paper") and official.norm_used.startswith("official")
+    assert "official_norm=True" in repr(official) and "sign error" in repr(official)
+    vit = create_model("rkde_vit_mini_patch4_28", attn_kwargs={"official_norm": True})
+    assert all(b.attn.norm_used.startswith("official") for b in vit.blocks)
+
+
+@pytest.mark.parametrize("cls", [KdeAttention, RobustAttention])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck(cls, causal: bool) -> None:
+    torch.manual_seed(0)
+    layer = cls(4, 2, qkv_bias=True).double()
+    x = torch.randn(1, 3, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: layer(t, is_causal=causal), (x,))
+
+
+def test_defaults_and_options() -> None:
+    rk = get_mechanism("rkde")
+    assert rk.options("vision") == dict(loss="huber", a=0.2, n_iter=1, official_norm=False)
+    assert not rk.stateful and get_mechanism("kde").applied_blocks("vision", 12) == list(range(12))
+    for bad in (dict(loss="tukey"), dict(a=-1.0), dict(n_iter=0), dict(official_norm=1)):
+        with pytest.raises(ValueError):
+            RobustAttention(8, 2, **bad)
+
+
+@pytest.mark.parametrize("name", ["kde_lm", "rkde_lm"])
+def test_causal_lm_has_no_leak_from_the_future(name: str) -> None:
+    torch.manual_seed(0)
+    lm = create_model(name, vocab_size=30, preset="small", n_layer=2).eval()
+    idx = torch.randint(0, 30, (2, 10))
+    t = 4
+    changed = idx.clone()
+    changed[:, t + 1:] = (idx[:, t + 1:] + 1) % 30
+    with torch.no_grad():
+        a, b = lm(idx)[0], lm(changed)[0]
+    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1])
+    assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])
+
+
+@pytest.mark.parametrize("name", ["kde_vit_mini_patch4_28", "rkde_vit_mini_patch4_28"])
+def test_timm_model_forward(name: str) -> None:
+    torch.manual_seed(0)
+    model = timm.create_model(name).eval()
+    out = model(torch.randn(2, 1, 28, 28))
+    assert out.shape == (2, 10) and torch.isfinite(out).all()
