@@ -50,6 +50,7 @@ from .pid import PIDAttention
 from .registry import Mechanism, get_mechanism, mechanisms, register_mechanism
 from .replace import configure, replace_attention, resolve_blocks
 from .rpc import RPCAttention
+from .rvt import PositionAwareAttention
 from .scaled import ScaledAttention
 from .stateful import StatefulAttention, StatefulBlock, StatefulBlocks, run_blocks
 from .symmetric import SymmetricAttention
@@ -80,4 +81,5 @@ __all__ = [
     "TwicingAttention",
     "KdeAttention",
     "RobustAttention",
+    "PositionAwareAttention",
 ]

@@ -68,6 +68,7 @@ FAMILY_MECHANISMS: dict[str, bool] = {
     "twicing": True,
     "kde": False,
     "rkde": False,
+    "rvt": False,
 }
 
 
@@ -526,3 +527,33 @@ def segmenter_rkde_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -
 def segmenter_rkde_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
     """Segmenter on rkde_vit_tiny_patch16_224."""
     return _seg("rkde", False, "tiny_patch16_512", pretrained, **kwargs)
+
+
+@register_model
+def rvt_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """RVT position-aware attention scaling, size mini_patch4_28."""
+    return _vit("rvt", False, "mini_patch4_28", pretrained, **kwargs)
+
+
+@register_model
+def rvt_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """RVT position-aware attention scaling, size mini_patch4_32."""
+    return _vit("rvt", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def rvt_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """RVT position-aware attention scaling, size tiny_patch16_224."""
+    return _vit("rvt", False, "tiny_patch16_224", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_rvt_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on rvt_vit_mini_patch4_32."""
+    return _seg("rvt", False, "mini_patch4_32", pretrained, **kwargs)
+
+
+@register_model
+def segmenter_rvt_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
+    """Segmenter on rvt_vit_tiny_patch16_224."""
+    return _seg("rvt", False, "tiny_patch16_512", pretrained, **kwargs)

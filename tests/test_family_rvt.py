@@ -1,0 +1,138 @@
+"""RVT's position-aware attention scaling (issue 25): softmax((Q K^T / sqrt D) * sigmoid(W_p)) V against a
+float64 transcription, the resize of W_p (bilinear over the patch grid, written as interpolation matrices;
+crop for the LM), gradcheck, masks, no leak from the future, the first-blocks default, timm models."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+
+import kpca_attention  # noqa: F401  (registers the models)
+from kpca_attention.attention import PositionAwareAttention, get_mechanism
+from kpca_attention.attention.rvt import first_five_twelfths, resize_position_scale
+from kpca_attention.models import create_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def make(n_tokens=5, symmetric=False, **kw):
+    torch.manual_seed(0)
+    layer = PositionAwareAttention(8, 2, qkv_bias=True, num_tokens=n_tokens, symmetric=symmetric, **kw)
+    layer = layer.double()
+    with torch.no_grad():
+        layer.position_scale.normal_(0, 2)  # away from the constant init, so the scaling is seen
+    return layer
+
+
+def reference(layer, x, w, mask=None, causal=False):
+    b, n, c = x.shape
+    h, d = layer.num_heads, c // layer.num_heads
+    parts = (x.double() @ layer.in_proj.weight.double().T + layer.in_proj.bias.double())
+    parts = parts.reshape(b, n, -1, h, d).permute(2, 0, 3, 1, 4)
+    k, v = parts[-2], parts[-1]
+    q = k if layer.symmetric else parts[0]
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(d) * torch.sigmoid(w.double())
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    if causal:
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    out = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(b, n, c)
+    return out @ layer.proj.weight.double().T + layer.proj.bias.double()
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("case", ["plain", "causal", "padding"])
+def test_matches_the_equation(symmetric: bool, case: str) -> None:
+    layer = make(symmetric=symmetric)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    mask = None
+    if case == "padding":
+        mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+        mask[1, ..., 3:] = False
+    got = layer(x, attn_mask=mask, is_causal=case == "causal")
+    torch.testing.assert_close(got, reference(layer, x, layer.position_scale, mask, case == "causal"))
+
+
+def interp_matrix(g0: int, g1: int) -> torch.Tensor:
+    """(g1^2, g0^2): column m is the bilinear resize of the m-th basis image (the resize is linear)."""
+    eye = torch.eye(g0 * g0, dtype=torch.float64).reshape(-1, 1, g0, g0)
+    out = F.interpolate(eye, size=(g1, g1), mode="bilinear", align_corners=False)
+    return out.reshape(g0 * g0, g1 * g1).T
+
+
+def test_resize_interpolates_the_patch_grid_and_keeps_the_prefix() -> None:
+    torch.manual_seed(0)
+    g0, g1, p = 3, 4, 1
+    w = torch.randn(2, p + g0 * g0, p + g0 * g0, dtype=torch.float64)
+    m = interp_matrix(g0, g1)
+    want = torch.empty(2, p + g1 * g1, p + g1 * g1, dtype=torch.float64)
+    want[:, :p, :p] = w[:, :p, :p]
+    want[:, :p, p:] = w[:, :p, p:] @ m.T
+    want[:, p:, :p] = m @ w[:, p:, :p]
+    want[:, p:, p:] = m @ w[:, p:, p:] @ m.T
+    torch.testing.assert_close(resize_position_scale(w, p + g1 * g1, p), want)
+    torch.testing.assert_close(resize_position_scale(w, p + g0 * g0, p), w)
+    torch.testing.assert_close(resize_position_scale(w, 4, p, "crop"), w[:, :4, :4])
+    with pytest.raises(ValueError, match="square"):
+        resize_position_scale(w, 1 + 7, p)
+    with pytest.raises(ValueError, match="crop"):
+        resize_position_scale(w, 20, p, "crop")
+    # the layer uses the resized W_p for another token count
+    layer = make(n_tokens=p + g0 * g0)
+    x = torch.randn(1, p + g1 * g1, 8, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), reference(layer, x, resize_position_scale(layer.position_scale,
+                                                                                       p + g1 * g1, p)))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck(causal: bool) -> None:
+    layer = make(n_tokens=4)
+    x = torch.randn(1, 4, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: layer(t, is_causal=causal), (x,))
+    layer(x.detach()).sum().backward()
+    assert layer.position_scale.grad.abs().sum() > 0
+
+
+def test_defaults_and_layers() -> None:
+    mech = get_mechanism("rvt")
+    assert first_five_twelfths(12) == [0, 1, 2, 3, 4] and first_five_twelfths(4) == [0, 1]
+    assert mech.applied_blocks("vision", 12) == [0, 1, 2, 3, 4]
+    assert mech.options("lm")["resize"] == "crop" and mech.options("vision")["resize"] == "interpolate"
+    assert PositionAwareAttention(8, 2, num_tokens=3).position_scale.abs().sum() == 0  # init 0
+    with pytest.raises(ValueError, match="resize"):
+        PositionAwareAttention(8, 2, resize="bicubic")
+    vit = timm.create_model("rvt_vit_tiny_patch16_224", device="meta")
+    assert [isinstance(b.attn, PositionAwareAttention) for b in vit.blocks] == [True] * 5 + [False] * 7
+    assert vit.blocks[0].attn.position_scale.shape == (3, 197, 197)
+    seg = create_model("segmenter_rvt_vit_mini_patch4_32")
+    assert seg.encoder.blocks[0].attn.position_scale.shape == (4, 65, 65)
+    assert seg(torch.randn(1, 3, 32, 32)).shape == (1, 150, 32, 32)
+
+
+def test_causal_lm_has_no_leak_from_the_future() -> None:
+    torch.manual_seed(0)
+    lm = create_model("rvt_lm", vocab_size=30, preset="small", n_layer=2).eval()
+    assert isinstance(lm.blocks[0].attn, PositionAwareAttention)
+    with torch.no_grad():
+        for blk in lm.blocks[:1]:
+            blk.attn.position_scale.normal_(0, 2)
+    idx = torch.randint(0, 30, (2, 10))
+    t = 4
+    changed = idx.clone()
+    changed[:, t + 1:] = (idx[:, t + 1:] + 1) % 30
+    with torch.no_grad():
+        a, b = lm(idx)[0], lm(changed)[0]
+    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1])
+    assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])
+
+
+def test_timm_model_forward() -> None:
+    torch.manual_seed(0)
+    model = timm.create_model("rvt_vit_mini_patch4_28").eval()
+    assert model.blocks[0].attn.position_scale.shape == (4, 50, 50)
+    out = model(torch.randn(2, 1, 28, 28))
+    assert out.shape == (2, 10) and torch.isfinite(out).all()
