@@ -55,7 +55,10 @@ gpu-check: setup
 # feature maps, and TorchScript is not supported); then with this package's families added to the two
 # name lists timm uses for its own ViTs (NON_STD_FILTERS, FEAT_INTER_FILTERS), which must pass.
 TIMM_COMPAT_DIR := build/timm-compat
-TIMM_COMPAT_K := (symvit or rpc_ or scaled_vit or vit_mini) and not small_ and not base_ and not segmenter
+# the robust-attention family's mechanisms (models/family.py): <m>_vit_* and <m>_symvit_* join the lists
+TIMM_COMPAT_FAMILY := neutreno pid elliptical
+TIMM_COMPAT_K := (symvit or rpc_ or scaled_vit or vit_mini$(foreach m,$(TIMM_COMPAT_FAMILY), or $(m)_)) \
+  and not small_ and not base_ and not segmenter
 timm-compat: setup
 	@set -e; py=$(abspath $(PY)); ver=$$($$py -c 'import timm; print(timm.__version__)'); \
 	dir=$(TIMM_COMPAT_DIR)/$$ver; mkdir -p $$dir; \
@@ -65,7 +68,7 @@ timm-compat: setup
 	  tar -xzf $$dir/timm-$$ver.tar.gz -C $$dir/$$run --strip-components=1 timm-$$ver/pyproject.toml \
 	    timm-$$ver/tests/__init__.py timm-$$ver/tests/conftest.py timm-$$ver/tests/test_models.py; \
 	done; \
-	sed -i -e "s/^NON_STD_FILTERS = \[/NON_STD_FILTERS = ['symvit_*', 'rpc_*', 'scaled_vit_*', /" \
+	sed -i -e "s/^NON_STD_FILTERS = \[/NON_STD_FILTERS = ['symvit_*', 'rpc_*', 'scaled_vit_*', $(foreach m,$(TIMM_COMPAT_FAMILY),'$(m)_*', )/" \
 	  -e "s/^FEAT_INTER_FILTERS = \[/FEAT_INTER_FILTERS = ['vit', /" $$dir/vit-lists/tests/test_models.py; \
 	[ $$(grep -c "^NON_STD_FILTERS = \['symvit_\*'\|^FEAT_INTER_FILTERS = \['vit'" \
 	  $$dir/vit-lists/tests/test_models.py) = 2 ] || { echo "timm $$ver: name lists not found"; exit 1; }; \
