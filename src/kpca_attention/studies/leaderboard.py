@@ -1,0 +1,234 @@
+"""The leaderboard: every committed image-classification study, one row per model and threat model.
+
+``write_leaderboard("results", "results/leaderboard", "docs/leaderboard.md")`` (``kpca-attention
+leaderboard``) reads each study folder ``results/<study>/`` (``settings.json`` and the per-run result
+stores ``results/<variant>-s<seed>.json``) and writes one table per threat model - dataset, norm,
+budget, protocol and evaluation - with one row per (study, variant), sorted by robust accuracy:
+
+* ``AutoAttack <version>``: the ``autoattack/<version>-<norm>/<eps>`` items (the committed image list);
+* ``worst case of <attacks>``: per image, robust only if every attack run at that budget on the
+  study's attacked images left it correct (the attacks run on fewer images - one seed's SPSA, say -
+  are left out of that row and named in the notes); uniform noise is not an attack and is left out;
+* ``corruptions``: mean top-1 over every corruption and severity the study ran.
+
+Numbers are means over the seeds present; the 95 % interval is a t interval over seeds when there are
+two or more, else a Wilson interval over the images of the one run (the table says which). Clean
+accuracy is on the same images. Everything is measured (``reported: false``); attacks under the
+``lab`` protocol get their own tables, never mixed with ``pixel`` ones. Studies of other tasks
+(segmentation, language) have no RobustBench threat model and are listed as skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["leaderboard_rows", "render_markdown", "write_leaderboard"]
+
+HEADER = """# Leaderboard
+
+Generated from every committed study under `results/` by `kpca-attention leaderboard` (do not edit by
+hand; `tests/test_leaderboard.py` checks that this page and `results/leaderboard/` are in sync with
+`results/`). One table per threat model, one row per model, sorted by robust accuracy; clean accuracy on
+the same images. Mean over the seeds listed; 95 % interval: t over seeds (2+ seeds) or Wilson over images
+(1 seed). All numbers are measured here (`reported: false`), attacks in pixel space (images in [0, 1],
+eps in pixel units) unless a table says `lab`. Models are small and trained on CPU budgets: read the
+rows as comparisons within a study, not as results next to RobustBench's.
+"""
+
+
+def _bits(r: Mapping[str, Any]) -> np.ndarray:
+    from ..robustness.store import decode_bits
+
+    return decode_bits(r["correct"])
+
+
+def _eps_text(norm: str, label: str) -> str:
+    if norm == "Linf":
+        return f"{label}/255"
+    return f"{float(label) / 255:.3g}"
+
+
+def _threats(settings: Mapping[str, Any], items: Mapping[str, Any]) -> dict[tuple, dict[str, Any]]:
+    """``{threat key: {"robust": bits, "clean": bits, "attacks": [...], "left_out": [...]}}`` of one run."""
+    from ..tasks.classification.suites import attack_name
+
+    methods = {attack_name(a): a["method"] for a in settings["suites"].get("attacks", [])}
+    out: dict[tuple, dict[str, Any]] = {}
+    groups: dict[tuple, list[tuple[str, np.ndarray]]] = {}
+    for item, r in items.items():
+        parts = item.split("/")
+        if len(parts) != 3 or not isinstance(r, dict) or "correct" not in r:
+            continue
+        if parts[0] == "attacks":
+            name, label = parts[1], parts[2]
+            if methods.get(name) in (None, "noise"):
+                continue
+            protocol = r.get("protocol", "pixel")
+            groups.setdefault((r.get("norm", "Linf"), label, protocol), []).append((name, _bits(r)))
+        elif parts[0] == "autoattack" and "clean_autoattack" not in item:
+            version, norm = parts[1].split("-", 1)
+            key = (norm, _eps_text(norm, parts[2]), "pixel", f"AutoAttack {version}")
+            out[key] = {"robust": _bits(r), "clean": _bits(items["autoattack/clean"]), "attacks": [parts[1]],
+                        "left_out": []}
+    for (norm, label, protocol), runs in groups.items():
+        n = max(len(b) for _, b in runs)
+        used = sorted(a for a, b in runs if len(b) == n)
+        robust = np.logical_and.reduce([b for _, b in runs if len(b) == n])
+        key = (norm, _eps_text(norm, label), protocol, "worst case of " + ", ".join(used))
+        out[key] = {"robust": robust, "clean": _bits(items["attacks/clean"])[:n], "attacks": used,
+                    "left_out": sorted(a for a, b in runs if len(b) != n)}
+    views = [_bits(r) for k, r in items.items() if k.startswith("corruptions/") and k.count("/") == 2]
+    if views:
+        out[("corruptions", None, "pixel", f"mean of {len(views)} corruption views")] = {
+            "robust": np.stack(views).mean(0), "clean": _bits(items["corruptions/clean"]), "attacks": [],
+            "left_out": []}
+    return out
+
+
+def _interval(per_seed: list[float], bits: np.ndarray | None) -> tuple[float, float, str]:
+    from scipy.stats import t
+
+    from .benchmark import wilson_interval
+
+    if len(per_seed) >= 2:
+        m, sd = float(np.mean(per_seed)), float(np.std(per_seed, ddof=1))
+        half = float(t.ppf(0.975, len(per_seed) - 1)) * sd / math.sqrt(len(per_seed))
+        return m - half, m + half, f"t, {len(per_seed)} seeds"
+    assert bits is not None
+    if bits.dtype == bool:
+        lo, hi = wilson_interval(int(bits.sum()), len(bits))
+        return lo, hi, f"Wilson, {len(bits)} images"
+    rng = np.random.default_rng(0)  # a mean over views per image: bootstrap over images
+    boot = [bits[rng.integers(0, len(bits), len(bits))].mean() for _ in range(2000)]
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(lo), float(hi), f"bootstrap, {len(bits)} images"
+
+
+def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[str, Any]]], list[str]]:
+    """``({(dataset, norm, eps, protocol, evaluation): [row, ...]}, notes)`` from every study folder."""
+    from ..io import read_json
+    from ..tasks import for_settings
+
+    tables: dict[tuple, list[dict[str, Any]]] = {}
+    notes: list[str] = []
+    for folder in sorted(p for p in Path(results).iterdir() if (p / "settings.json").is_file()):
+        settings = read_json(folder / "settings.json")
+        try:
+            task = for_settings(settings).name
+        except ValueError:
+            task = None
+        if task != "vision":
+            notes.append(f"`{folder.name}`: task {task}, no RobustBench threat model - not listed")
+            continue
+        found = False
+        for v in settings.get("variants", []):
+            runs: dict[tuple, dict[int, dict[str, Any]]] = {}
+            dataset = None
+            for path in sorted((folder / "results").glob(f"{v['slug']}-s*.json")):
+                m = re.fullmatch(re.escape(v["slug"]) + r"-s(\d+)\.json", path.name)
+                if not m:
+                    continue
+                raw = (read_json(path) or {}).get("items", {})
+                items = {k: x["result"] for k, x in raw.items() if isinstance(x, dict) and "result" in x}
+                keys = [x.get("key", {}) for x in raw.values() if isinstance(x, dict)]
+                dataset = dataset or next((k["train"]["dataset"] for k in keys if "train" in k), None)
+                for key, th in _threats(settings, items).items():
+                    runs.setdefault(key, {})[int(m.group(1))] = th
+            for key, per_seed in runs.items():
+                found = True
+                seeds = sorted(per_seed)
+                rob = [float(per_seed[s]["robust"].mean()) for s in seeds]
+                cln = [float(per_seed[s]["clean"].mean()) for s in seeds]
+                lo, hi, how = _interval(rob, per_seed[seeds[0]]["robust"] if len(seeds) == 1 else None)
+                first = per_seed[seeds[0]]
+                tables.setdefault((dataset, *key), []).append({
+                    "name": f"{settings['name']}/{v['slug']}", "label": v.get("label", v["slug"]),
+                    "model": v["model"], "kwargs": v.get("kwargs", {}), "seeds": seeds,
+                    "clean_acc": round(100 * float(np.mean(cln)), 2),
+                    "robust_acc": round(100 * float(np.mean(rob)), 2),
+                    "robust_acc_interval": [round(100 * lo, 2), round(100 * hi, 2)], "interval": how,
+                    "n": int(len(first["robust"])), "attacks": first["attacks"],
+                    "left_out": first["left_out"], "reported": False})
+        if not found:
+            notes.append(f"`{folder.name}`: no per-run results committed yet")
+    for rows in tables.values():
+        rows.sort(key=lambda r: (-r["robust_acc"], r["name"]))
+    return tables, notes
+
+
+def _title(key: tuple) -> str:
+    dataset, norm, eps, protocol, evaluation = key
+    budget = "" if eps is None else f" {eps}"
+    lab = " (lab protocol: eps in normalised units)" if protocol == "lab" else ""
+    return f"{dataset}, {norm}{budget}{lab} - {evaluation}"
+
+
+def _order(key: tuple) -> tuple:
+    dataset, norm, eps, protocol, evaluation = key
+    value = 0.0 if eps is None else float(Fraction(eps))
+    return (dataset or "", {"Linf": 0, "L2": 1}.get(norm, 2), protocol != "pixel", value, evaluation)
+
+
+def render_markdown(tables: Mapping[tuple, list[dict[str, Any]]], notes: list[str]) -> str:
+    from ..tables import markdown_table
+
+    parts = [HEADER]
+    for key in sorted(tables, key=_order):
+        rows = tables[key]
+        robust = "corrupted top-1 (%)" if key[1] == "corruptions" else "robust top-1 (%)"
+        parts.append(f"## {_title(key)}\n")
+        body = [{"rank": i + 1, "label": r["label"], "name": f"`{r['name']}`",
+                 "seeds": ",".join(map(str, r["seeds"])), "clean": f"{r['clean_acc']:.2f}",
+                 "robust": f"{r['robust_acc']:.2f}",
+                 "ci": "[{:.2f}, {:.2f}] ({})".format(*r["robust_acc_interval"], r["interval"]),
+                 "n": r["n"]} for i, r in enumerate(rows)]
+        parts.append(markdown_table(body, {"rank": "#", "label": "model", "name": "study/variant",
+                                           "seeds": "seeds", "clean": "clean top-1 (%)", "robust": robust,
+                                           "ci": "95% interval", "n": "images"},
+                                    formats={"rank": str, "n": str},
+                                    align_right=["rank", "clean", "robust", "n"]))
+        left = sorted({a for r in rows for a in r["left_out"]})
+        if left:
+            parts.append(f"\nRun on fewer images and left out of this row: {', '.join(left)}.")
+        parts.append("")
+    if notes:
+        parts += ["## Not listed", "", *[f"- {n}" for n in notes], ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _slug(key: tuple) -> Path:
+    dataset, norm, eps, protocol, evaluation = key
+    name = "-".join(x for x in ((eps or "").replace("/", "_"), protocol,
+                                re.sub(r"[^A-Za-z0-9]+", "_", evaluation).strip("_")) if x)
+    return Path(str(dataset)) / norm / f"{name}.json"
+
+
+def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike,
+                      markdown: str | os.PathLike) -> list[Path]:
+    """Write ``markdown`` and one JSON per table under ``out`` (``<dataset>/<threat>/<eps>-...json``);
+    JSON files of tables that no longer exist are removed. Returns the paths written."""
+    from ..io import write_json_atomic, write_text_atomic
+
+    tables, notes = leaderboard_rows(results)
+    out = Path(out)
+    written = [write_text_atomic(markdown, render_markdown(tables, notes))]
+    keep = set()
+    for key, rows in tables.items():
+        dataset, norm, eps, protocol, evaluation = key
+        path = out / _slug(key)
+        keep.add(path)
+        written.append(write_json_atomic(path, {
+            "dataset": dataset, "threat_model": norm, "eps": eps, "protocol": protocol,
+            "evaluation": evaluation, "rows": rows}))
+    for old in out.rglob("*.json") if out.is_dir() else []:
+        if old not in keep:
+            old.unlink()
+    return written

@@ -1,0 +1,90 @@
+"""The leaderboard: in sync with the committed studies, and its rows computed as documented."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kpca_attention.robustness.store import encode_bits
+from kpca_attention.studies.leaderboard import leaderboard_rows, write_leaderboard
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_committed_leaderboard_is_in_sync_with_results(tmp_path):
+    write_leaderboard(REPO / "results", tmp_path / "lb", tmp_path / "leaderboard.md")
+    assert (tmp_path / "leaderboard.md").read_text() == (REPO / "docs" / "leaderboard.md").read_text(), \
+        "docs/leaderboard.md is stale: run `kpca-attention leaderboard`"
+    new = {p.relative_to(tmp_path / "lb"): p.read_text() for p in (tmp_path / "lb").rglob("*.json")}
+    old = {p.relative_to(REPO / "results" / "leaderboard"): p.read_text()
+           for p in (REPO / "results" / "leaderboard").rglob("*.json")}
+    assert new == old, "results/leaderboard/ is stale: run `kpca-attention leaderboard`"
+
+
+def _item(bits: str, **extra) -> dict:
+    n = len(bits)
+    return {"key": {"train": {"dataset": "digits"}}, "result": {
+        "correct": encode_bits([b == "1" for b in bits]), "top1": bits.count("1") / n, "n": n, **extra}}
+
+
+def _study(root: Path, name: str = "toy") -> Path:
+    folder = root / name
+    (folder / "results").mkdir(parents=True)
+    attacks = [{"method": "fgsm", "eps": [4 / 255], "n": 4, "options": {}, "seeds": None, "label": None},
+               {"method": "pgd", "eps": [4 / 255], "n": 4, "options": {}, "seeds": None, "label": None},
+               {"method": "spsa", "eps": [4 / 255], "n": 2, "options": {}, "seeds": [0], "label": None},
+               {"method": "noise", "eps": [4 / 255], "n": 4, "options": {}, "seeds": None, "label": None},
+               {"method": "pgd", "eps": [4 / 255], "n": 4, "options": {}, "seeds": None, "label": None,
+                "protocol": "lab"}]
+    settings = {"name": name, "task": "vision", "suites": {"attacks": attacks},
+                "variants": [{"slug": "a", "label": "A", "model": "m_a", "kwargs": {}},
+                             {"slug": "b", "label": "B", "model": "m_b", "kwargs": {}}]}
+    (folder / "settings.json").write_text(json.dumps(settings))
+    runs = {  # (clean, fgsm, pgd, spsa, noise, pgd-lab)
+        "a-s0": ("1111", "1101", "1011", "00", "0000", "1111"),
+        "a-s1": ("1111", "1111", "1110", None, "0000", "1111"),
+        "b-s0": ("1110", "1100", "1100", "11", "1110", "0000"),
+    }
+    for run, (clean, fgsm, pgd, spsa, noise, lab) in runs.items():
+        items = {"attacks/clean": _item(clean), "attacks/fgsm/4": _item(fgsm, norm="Linf"),
+                 "attacks/pgd/4": _item(pgd, norm="Linf", protocol="pixel"),
+                 "attacks/noise/4": _item(noise, norm="Linf"),
+                 "attacks/pgd-lab/4": _item(lab, norm="Linf", protocol="lab")}
+        if spsa:
+            items["attacks/spsa/4"] = _item(spsa, norm="Linf")
+        (folder / "results" / f"{run}.json").write_text(json.dumps({"items": items}))
+    return folder
+
+
+def test_rows_are_worst_cases_over_attacks_sorted_with_seeds_and_intervals(tmp_path):
+    _study(tmp_path)
+    tables, notes = leaderboard_rows(tmp_path)
+    assert set(tables) == {("digits", "Linf", "4/255", "pixel", "worst case of fgsm, pgd"),
+                           ("digits", "Linf", "4/255", "lab", "worst case of pgd-lab")}
+    rows = tables[("digits", "Linf", "4/255", "pixel", "worst case of fgsm, pgd")]
+    assert [r["name"] for r in rows] == ["toy/a", "toy/b"]  # sorted by robust accuracy
+    a, b = rows
+    # a: seed 0 fgsm 1101 AND pgd 1011 -> 1001 (50 %); seed 1: 1111 AND 1110 -> 75 %; noise is no attack
+    assert a["robust_acc"] == pytest.approx(62.5) and a["seeds"] == [0, 1] and a["interval"] == "t, 2 seeds"
+    assert b["robust_acc"] == pytest.approx(50.0) and b["interval"] == "Wilson, 4 images"
+    assert b["clean_acc"] == pytest.approx(75.0)
+    assert a["left_out"] == ["spsa"]  # run on 2 of the 4 images
+    lab = tables[("digits", "Linf", "4/255", "lab", "worst case of pgd-lab")]
+    assert [r["robust_acc"] for r in lab] == [100.0, 0.0]  # never mixed with the pixel rows
+    assert notes == []
+
+
+def test_write_leaderboard_removes_tables_that_went_away(tmp_path):
+    folder = _study(tmp_path / "results")
+    paths = write_leaderboard(tmp_path / "results", tmp_path / "lb", tmp_path / "lb.md")
+    assert len(paths) == 3
+    text = (tmp_path / "lb.md").read_text()
+    assert "## digits, Linf 4/255 (lab protocol: eps in normalised units) - worst case of pgd-lab" in text
+    for run in folder.glob("results/*.json"):
+        data = json.loads(run.read_text())
+        del data["items"]["attacks/pgd-lab/4"]
+        run.write_text(json.dumps(data))
+    write_leaderboard(tmp_path / "results", tmp_path / "lb", tmp_path / "lb.md")
+    assert [p.name for p in (tmp_path / "lb").rglob("*.json")] == ["4_255-pixel-worst_case_of_fgsm_pgd.json"]
