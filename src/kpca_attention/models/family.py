@@ -156,11 +156,12 @@ def _plain_layer(symmetric: bool) -> type:
 
 
 def _swap_in(model: VisionTransformer, layer: type, blocks: list[int], name: str,
-             tokens: bool = False) -> VisionTransformer:
-    # tokens: the layer has a per-token parameter (RVT's W_p), sized from the built model's sequence
-    extra = dict(num_tokens=model.patch_embed.num_patches + model.num_prefix_tokens,
-                 num_prefix_tokens=model.num_prefix_tokens) if tokens else {}
-    replace_attention(model, layer, blocks, **extra)
+             sized: tuple[str, ...] = ()) -> VisionTransformer:
+    # sized: the layer's options that a per-token parameter (RVT's W_p, Scaled Attention's S) takes
+    # from the built model's sequence: num_tokens and, where the layer has it, num_prefix_tokens
+    counts = dict(num_tokens=model.patch_embed.num_patches + model.num_prefix_tokens,
+                  num_prefix_tokens=model.num_prefix_tokens)
+    replace_attention(model, layer, blocks, **{k: counts[k] for k in sized})
     model.attn_mechanism, model.attn_blocks = name, blocks  # recorded for reports and checkpoints
     return model
 
@@ -190,8 +191,9 @@ def build_family_vit(
     if mech.stateful:
         post = functools.partial(_mark_applied, blocks=applied, name=name)
         return create_vit(variant, pretrained, layer, post, model_cls=StatefulVisionTransformer, **kwargs)
-    tokens = "num_tokens" in mech.option_names() and "num_tokens" not in (attn_kwargs or {})
-    post = functools.partial(_swap_in, layer=layer, blocks=applied, name=name, tokens=tokens)
+    takes = mech.option_names() - set(attn_kwargs or {})
+    sized = tuple(o for o in ("num_tokens", "num_prefix_tokens") if o in takes)
+    post = functools.partial(_swap_in, layer=layer, blocks=applied, name=name, sized=sized)
     return create_vit(variant, pretrained, _plain_layer(symmetric), post, **kwargs)
 
 
