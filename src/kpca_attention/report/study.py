@@ -26,13 +26,22 @@ import numpy as np
 from ..io import read_json, write_json_atomic, write_text_atomic
 from ..plotting import new_figure, save_figure
 from ..robustness.store import ResultStore
-from ..tables import fmt_num, fmt_pm, markdown_table
+from ..tables import fmt_num, fmt_p, fmt_pm, markdown_table
 from ..tasks import for_settings as task_of_settings
-from ..tasks.base import StudySections
+from ..tasks.base import SeedMetric, StudySections
 from ..tasks.classification.suites import structure_items
+from .forest import forest_plot
+from .verdicts import WORDS_HELP, Family, Verdict
 
 __all__ = ["read_settings", "load_runs", "load_study_results", "write_study_report", "regenerate_lines",
-           "plot_training_curves", "trace_rows"]
+           "plot_training_curves", "trace_rows", "study_verdicts", "verdict_lines", "ALPHA", "NOISE_NOTE"]
+
+#: the verdicts' level (docs/verdicts.md)
+ALPHA = 0.05
+#: what the example-level statistics of the paired-differences table are (and are not)
+NOISE_NOTE = ("test-set noise only, not a verdict: the bootstrap intervals [in brackets] and the McNemar / "
+              "Wilcoxon p-values are over test examples (images; tokens for language models) of these "
+              "trained models; the verdicts over seeds are in the verdict table")
 
 Runs = dict[str, dict[int, dict[str, Any]]]
 
@@ -51,12 +60,19 @@ def read_settings(out: str | os.PathLike) -> dict[str, Any]:
 
 def load_runs(out: str | os.PathLike, settings: Mapping[str, Any],
               keep: Callable[[dict[str, Any]], dict[str, Any] | None]) -> Runs:
-    """``{slug: {seed: results}}`` of every ``results/<slug>-s<seed>.json`` of the settings' variants,
-    structured by :func:`~kpca_attention.tasks.classification.suites.structure_items`; ``keep(results)``
-    filters what a report reads, or drops the run (returns ``None``)."""
+    """``{slug: {seed: results}}`` of every ``results/<slug>-s<seed>.json`` of the settings' variants
+    (``results/<slug>.json`` as seed 0 for an existing model, ``source``), structured by
+    :func:`~kpca_attention.tasks.classification.suites.structure_items`; ``keep(results)`` filters what a
+    report reads, or drops the run (returns ``None``)."""
     out = Path(out)
     res: Runs = {}
     for v in settings["variants"]:
+        if v.get("source"):  # an existing model, evaluated once (no training seed)
+            f = out / "results" / f"{v['slug']}.json"
+            r = keep(structure_items(ResultStore(f).items())) if f.exists() else None
+            if r is not None:
+                res.setdefault(v["slug"], {})[0] = r
+            continue
         for f in sorted((out / "results").glob(f"{v['slug']}-s*.json")):
             seed_txt = f.stem[len(v["slug"]) + 2:]
             if not seed_txt.isdigit():
@@ -160,6 +176,144 @@ def _checks(out: Path, label: Mapping[str, str], base: str, summary: dict[str, A
     return lines
 
 
+# ----------------------------------------------------------------------------- verdicts
+
+def _margins(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """The declared margins ``{metric: {"value", "source"}}``, or None for settings made before studies
+    declared them."""
+    m = settings.get("margins")
+    return None if m is None else {k: dict(v) for k, v in m.items()}
+
+
+def study_verdicts(metrics: Sequence[SeedMetric], variants: Sequence[str], base: str, base_label: str,
+                   margins: Mapping[str, Mapping[str, Any]] | None, alpha: float = ALPHA
+                   ) -> tuple[Family, dict[tuple[str, str], Verdict], dict[tuple[str, str], list[int]]]:
+    """The verdict of every ``(metric key, variant)`` against ``base`` on the seeds both have
+    (:mod:`.verdicts`): one Holm family over all of them, the declared margin of the metric (None:
+    no equivalence). Returns ``(family, {(key, slug): verdict}, {(key, slug): paired seeds})``."""
+    nv, nm = len(variants), len(metrics)
+    fam = Family(f"every seed-level paired t test of this study: {nv} variant{'s' if nv != 1 else ''} x "
+                 f"{nm} metric{'s' if nm != 1 else ''} against {base_label} (variant - baseline per seed; "
+                 "a test with fewer than 2 paired seeds has no p-value and does not count)")
+    seeds: dict[tuple[str, str], list[int]] = {}
+    direction = {m.key: m.higher_is_better for m in metrics}
+    for m in metrics:
+        b = m.values.get(base, {})
+        for s in variants:
+            a = m.values.get(s, {})
+            common = sorted(set(a) & set(b))
+            if common:
+                fam.add((m.key, s), [a[sd] - b[sd] for sd in common])
+                seeds[(m.key, s)] = common
+    value = {k: float(v["value"]) for k, v in (margins or {}).items()}
+    verdicts = fam.verdicts(lambda key: value.get(key[0]), lambda key: direction[key[0]], alpha)
+    return fam, verdicts, seeds
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.2f}"
+
+
+def _cell(v: Verdict) -> str:
+    if v.ci is None:
+        return f"{v.word}: {_f(v.mean)} ({v.n} seed{'s' if v.n != 1 else ''})"
+    return f"{v.word}: {_f(v.mean)} ({_f(v.ci[0])}, {_f(v.ci[1])})"
+
+
+def verdict_lines(out: Path, sec: StudySections, summary: dict[str, Any]) -> list[str]:
+    """The verdict section of a study report (table, details, margins, family, forest plots) and
+    ``summary["verdicts"]``."""
+    settings, label, base = sec.settings, sec.label, sec.base
+    variants = [s for s in sec.slugs if s != base]
+    metrics = [m for m in sec.seed_metrics() if any(m.values.values())]
+    if base not in sec.res or not variants or not metrics:
+        return []
+    margins = _margins(settings)
+    fam, ver, seeds = study_verdicts(metrics, variants, base, label[base], margins)
+    main_unit = metrics[0].unit
+    title = {m.key: m.title for m in metrics}
+    lines = [f"## Verdicts over seeds against {label[base]}", "",
+             f"Per cell: the verdict word, the mean paired difference over seeds (variant - {label[base]}, "
+             f"same seed) and its 95 % t interval, in {main_unit}"
+             + "".join(f"; {m.title} in {m.unit}" for m in metrics if m.unit != main_unit)
+             + f". Better is {'higher' if metrics[0].higher_is_better else 'lower'}"
+             + "".join(f"; for {m.title} {'higher' if m.higher_is_better else 'lower'}" for m in metrics
+                       if m.higher_is_better != metrics[0].higher_is_better)
+             + f". alpha = {ALPHA:g}. {fam.statement}. The words (docs/verdicts.md): "
+             + "; ".join(f"`{w}`: {h}" for w, h in WORDS_HELP.items()) + ".", ""]
+    rows = []
+    for s in variants:
+        n = max((len(seeds[(m.key, s)]) for m in metrics if (m.key, s) in seeds), default=0)
+        row = {"variant": label[s], "seeds": str(n)}
+        for m in metrics:
+            if (m.key, s) in ver:
+                row[m.key] = _cell(ver[(m.key, s)])
+        rows.append(row)
+    lines += [markdown_table(rows, {"variant": "variant", "seeds": "paired seeds", **title}), ""]
+    if margins is None:
+        lines += ["Margins: none declared (this folder's settings.json predates declared margins): no "
+                  "cell can be `equivalent`; `inconclusive` says that no difference was detected and none "
+                  "was excluded.", ""]
+    else:
+        used = [k for k in title if k in margins]
+        lines += ["Margins declared in the study definition (settings.json)"
+                  + (f" - {settings['margins_note']}" if settings.get("margins_note") else "")
+                  + (":" if used else ": none for these metrics (no cell can be `equivalent`).")]
+        lines += [f"- {title[k]}: +-{margins[k]['value']:g} ({margins[k]['source']})" for k in used]
+        unused = [k for k in margins if k not in title]
+        if unused:
+            lines.append(f"- declared, not measured here: {', '.join(unused)}")
+        none = [title[m.key] for m in metrics if m.key not in margins]
+        if none:
+            lines.append(f"- no margin declared (better / worse / inconclusive only): {', '.join(none)}")
+        lines.append("")
+    drows = []
+    for (k, s), v in sorted(ver.items(), key=lambda kv: variants.index(kv[0][1])):  # stable: metrics in order
+        if v.ci is None:
+            continue
+        drows.append({"variant": label[s], "metric": title[k], "n": str(v.n), "mean": _f(v.mean),
+                      "ci": f"({_f(v.ci[0])}, {_f(v.ci[1])})", "p": fmt_p(v.p_raw), "holm": fmt_p(v.p_holm),
+                      "margin": "-" if v.margin is None else f"+-{v.margin:g}",
+                      "tost_ci": "-" if v.tost_ci is None else f"({_f(v.tost_ci[0])}, {_f(v.tost_ci[1])})",
+                      "tost_p": fmt_p(v.tost_p), "mde": fmt_num(v.mde),
+                      "need": "-" if v.margin is None else str(v.seeds_needed or "> 1000"),
+                      "word": v.word})
+    if drows:
+        lines += ["Details of every test over >= 2 seeds: paired t p raw and Holm-adjusted over the family; "
+                  "TOST against the margin (90 % interval); MDE: the difference the paired t test detects "
+                  "with 80 % power at these seeds and this SD; seeds needed: for TOST to show equivalence "
+                  "within the margin with 80 % power if the true difference is 0 (same SD).", "",
+                  markdown_table(drows, {"variant": "variant", "metric": "metric", "n": "n", "mean": "mean",
+                                         "ci": "95 % CI", "p": "p", "holm": "p Holm", "margin": "margin",
+                                         "tost_ci": "90 % CI", "tost_p": "TOST p", "mde": "MDE 80 %",
+                                         "need": "seeds needed", "word": "verdict"}), ""]
+    plots = []
+    for s in variants:
+        prow = [(m.title, ver[(m.key, s)]) for m in metrics if m.unit == main_unit and (m.key, s) in ver]
+        if any(v.ci is not None for _, v in prow):
+            n = max(v.n for _, v in prow)
+            plots.append(forest_plot(prow, out / f"forest_{s}.png",
+                                     f"{label[s]} - {label[base]} over {n} seeds", main_unit))
+    if plots:
+        lines += ["Forest plots (one per comparison with >= 2 paired seeds; "
+                  + (f"{', '.join(m.title for m in metrics if m.unit != main_unit)} in the table only; "
+                     if any(m.unit != main_unit for m in metrics) else "")
+                  + "thin line: 95 % interval, thick: 90 % TOST interval, grey band: the margin):", ""]
+        lines += [f"![{p.stem}]({p.name})\n" for p in plots]
+    summary["verdicts"] = {
+        "alpha": ALPHA, "baseline": base, "family": fam.to_dict(),
+        "margins": margins, "margins_note": settings.get("margins_note") if margins is not None
+        else "no margin declared (settings.json predates declared margins)",
+        "metrics": {m.key: {"title": m.title, "unit": m.unit, "higher_is_better": m.higher_is_better}
+                    for m in metrics},
+        "cells": {s: {k: {"seeds": seeds[(k, s2)], **v.to_dict()} for (k, s2), v in ver.items() if s2 == s}
+                  for s in variants},
+        "forest_plots": [p.name for p in plots],
+        "paired_note": "summary['paired'] and the other example-level entries: " + NOISE_NOTE,
+    }
+    return lines
+
+
 # ----------------------------------------------------------------------------- the report
 
 def write_study_report(out: str | os.PathLike) -> Path:
@@ -189,8 +343,15 @@ def write_study_report(out: str | os.PathLike) -> Path:
     lines = [f"# {s_['title']}", ""]
     if s_.get("description"):
         lines += [s_["description"], ""]
-    lines += [f"Training: preset `{s_['preset']}` with {recipe}; seeds {s_['seeds']}{sec.training_note}. "
-              f"Parameters: {any_run['params'] / 1e6:.3f} M ({label[slugs[0]]}).", sec.evaluation()]
+    trained = any(not variants[s].get("source") for s in slugs)
+    if trained:
+        lines += [f"Training: preset `{s_['preset']}` with {recipe}; seeds {s_['seeds']}{sec.training_note}. "
+                  f"Parameters: {any_run['params'] / 1e6:.3f} M ({label[slugs[0]]}).", sec.evaluation()]
+    else:  # existing models (a run directory, NAME@FILE): evaluated as they are
+        lines += ["Models, evaluated as they are (not trained by this study): " + "; ".join(
+            f"{label[s]} = `{variants[s]['source']['path']}` ({res[s][0]['run']['params'] / 1e6:.3f} M "
+            f"parameters, weights sha256 {str(res[s][0]['run'].get('weights', ''))[:12]})" for s in slugs)
+            + ".", sec.evaluation()]
     if s_.get("incomplete"):
         lines += ["", f"Still in evaluation, not shown: {', '.join(s_['incomplete'])} (their finished "
                   "items are kept and reused)."]
@@ -207,18 +368,24 @@ def write_study_report(out: str | os.PathLike) -> Path:
         row.update(sec.row_extras(s, seeds, summary))
         row["throughput"] = fmt_pm([res[s][sd]["run"].get(sec.throughput_key) for sd in seeds], scale=1,
                                    digits=0)
-        row["train min"] = fmt_pm([res[s][sd]["run"]["train_time_s"] / 60 for sd in seeds], scale=1)
+        row["train min"] = fmt_pm([res[s][sd]["run"].get("train_time_s", np.nan) / 60 for sd in seeds],
+                                  scale=1)
         if sec.summary_means:
             summary["means"][s] = {k: float(np.mean([met[s][sd][k] for sd in seeds if k in met[s][sd]]))
                                    for k in keys if any(k in met[s][sd] for sd in seeds)}
         rows.append(row)
     cols = {"variant": "variant", "seeds": "seeds", **{k: sec.title(k) for k in keys},
-            **sec.extra_columns(rows), "throughput": sec.throughput_title, "train min": "train min"}
+            **sec.extra_columns(rows),
+            **({"throughput": sec.throughput_title, "train min": "train min"} if trained else {})}
     lines += [sec.table_title, "", markdown_table(rows, cols), ""] + sec.table_notes(cols)
+
+    # --- verdicts over seeds -------------------------------------------------------------------------
+    lines += verdict_lines(out, sec, summary)
 
     # --- paired differences ------------------------------------------------------------------------
     if base in res and len(slugs) > 1:
-        lines += [f"## Paired differences against {label[base]}{sec.paired_unit}", "", sec.paired_note(), ""]
+        lines += [f"## Paired differences against {label[base]}{sec.paired_unit}", "", sec.paired_note(), "",
+                  f"Example-level columns: {NOISE_NOTE}.", ""]
         prow = []
         bseeds = sorted(res[base])
         if len(bseeds) >= 2:
@@ -254,6 +421,6 @@ def write_study_report(out: str | os.PathLike) -> Path:
     plots = before + ([curves] if curves is not None else []) + after
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})\n" for p in plots]
-    lines += [sec.footer, ""]
+    lines += [sec.footer if trained else sec.footer.replace("<variant>-s<seed>.json", "<variant>.json"), ""]
     write_json_atomic(out / "summary.json", summary)
     return write_text_atomic(out / "report.md", "\n".join(lines))

@@ -31,7 +31,7 @@ from torch.utils.data import Dataset, Subset
 
 from ..checks import check_int
 
-__all__ = ["Task", "Splits", "Objective", "StudySections", "validation_split", "seeded_sample",
+__all__ = ["Task", "Splits", "Objective", "StudySections", "SeedMetric", "validation_split", "seeded_sample",
            "has_pap_layers", "all_reduce_sum"]
 
 
@@ -212,6 +212,19 @@ class Task(ABC):
 Runs = dict[str, dict[int, dict[str, Any]]]
 
 
+@dataclass
+class SeedMetric:
+    """One seed-level metric of a study's verdicts: ``values`` ``{slug: {seed: value}}`` in ``unit``
+    (e.g. top-1 in percent, so that differences are in percentage points), the good direction, and the
+    metric's key (the key of a declared margin) and column title."""
+
+    key: str
+    title: str
+    unit: str
+    higher_is_better: bool
+    values: dict[str, dict[int, float]]
+
+
 class StudySections(ABC):
     """A task's part of the one study report (:func:`kpca_attention.report.study.write_study_report`
     lays out the frame: header, training and evaluation settings, the regenerate line, the main table with
@@ -242,6 +255,11 @@ class StudySections(ABC):
     summary_means: bool = True
     #: the held-out metric of ``epochs.csv`` drawn as training curves: (key, y label, scale, log axis)
     curve: tuple[str, str, float, bool] = ("eval_top1", "held-out top-1 during training (%)", 100, False)
+    #: the verdicts' unit: a metric of ``self.met`` times ``verdict_scale`` is in ``verdict_unit``
+    verdict_scale: float = 100
+    verdict_unit: str = "percentage points"
+    #: the metrics are better when higher (accuracies, mIoU; not perplexity)
+    higher_is_better: bool = True
     #: the last line of the report: where the per-run results are
     footer: str = "Per-run results: `results/<variant>-s<seed>.json`; paired statistics: `summary.json`."
 
@@ -291,6 +309,18 @@ class StudySections(ABC):
         from ..tables import fmt_pm
 
         return fmt_pm(values)
+
+    def seed_metrics(self) -> list[SeedMetric]:
+        """The seed-level metrics the verdicts compare (default: every key of :meth:`keys`, scaled by
+        :attr:`verdict_scale`; the finite values only)."""
+        import math
+
+        out = []
+        for k in self.keys_:
+            vals = {s: {sd: self.verdict_scale * float(m[k]) for sd, m in sorted(self.met[s].items())
+                        if m.get(k) is not None and math.isfinite(m[k])} for s in self.slugs}
+            out.append(SeedMetric(k, self.title(k), self.verdict_unit, self.higher_is_better, vals))
+        return out
 
     def evaluation(self) -> str:
         """The sentence saying what was evaluated and how."""

@@ -15,7 +15,7 @@ from ...plotting import new_figure, save_figure
 from ...robustness.store import decode_bits
 from ...stats import paired_summary
 from ...tables import fmt_p, fmt_pm, markdown_table
-from ..base import StudySections, bar_plot
+from ..base import SeedMetric, StudySections, bar_plot
 from .suites import eps_label
 
 __all__ = ["ClassificationSections", "per_example", "run_metrics"]
@@ -54,7 +54,8 @@ def run_metrics(r: Mapping[str, Any]) -> dict[str, float]:
     for k in [k for k in ex if "@" in k and not k.startswith("clean")]:
         n = len(ex[k])
         m["drop:" + k] = float(ex["clean@attack"][:n].mean()) - m[k]
-    m["images_per_s"] = float(r["run"]["images_per_s"])
+    if "images_per_s" in r["run"]:  # an existing model evaluated by a study was not trained here
+        m["images_per_s"] = float(r["run"]["images_per_s"])
     return m
 
 
@@ -201,6 +202,24 @@ class ClassificationSections(StudySections):
         return {"mCE": fmt_pm([m[0] for m in mces], scale=1),
                 "rel. mCE": fmt_pm([m[1] for m in mces], scale=1)}
 
+    def seed_metrics(self) -> list[SeedMetric]:
+        """The accuracies, and the mCE against the baseline of the same seed (lower is better; the
+        baseline's is 100 by construction, so a variant's difference is its mCE - 100)."""
+        out = super().seed_metrics()
+        res, base = self.res, self.base
+        if base not in res:
+            return out
+        mce: dict[str, dict[int, float]] = {}
+        for s in self.slugs:
+            for sd in sorted(self.met[s]):
+                m = _mce(res[s][sd], res[base][sd])[0] if sd in res[base] else None
+                if m is not None:
+                    mce.setdefault(s, {})[sd] = m
+        if mce:
+            out.append(SeedMetric("mce", f"mCE vs {self.label[base]}", "mCE points (100 = the baseline)",
+                                  False, mce))
+        return out
+
     def extra_columns(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         if not any("mCE" in r for r in rows):
             return {}
@@ -296,10 +315,39 @@ class ClassificationSections(StudySections):
                 crow.append(r3)
             lines += ["## Accuracy per corruption (top-1 %, mean over severities and seeds)", "",
                       markdown_table(crow, {"variant": "variant", **{c: c for c in names}}), ""]
+        ood = self.settings["suites"].get("ood")
+        if ood:
+            lines += _ood_section(ood, slugs, label, res)
         return lines
 
     def plots(self, out: Path, summary: dict[str, Any]) -> tuple[list[Path], list[Path]]:
         return _plots(out, self.slugs, self.label, self.res, self.met, self.keys_, self.title), []
+
+
+def _ood_section(ood: Mapping[str, Any], slugs: list[str], label: dict[str, str],
+                 res: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+    """ImageNet-A / -R top-1 on the 200-class mask and ImageNet-O AUPR per variant (mean over seeds); a
+    set without results says why (no folder given, or none evaluated)."""
+    rows, notes = [], []
+    for name in ("imagenet-a", "imagenet-r", "imagenet-o"):
+        field_ = name.replace("-", "_")
+        have = {s: [r["ood"][name] for r in res[s].values() if name in r.get("ood", {})] for s in slugs}
+        if not any(have.values()):
+            why = "no folder given" if ood.get(field_) is None else f"{ood[field_]} not found or not run"
+            why = why if name != "imagenet-o" or ood.get("imagenet_val") else why + "; needs --imagenet-val"
+            notes.append(f"- {name}: skipped ({why})")
+            continue
+        o = name == "imagenet-o"
+        row = {"set": name, "metric": "AUPR (%)" if o else "top-1 (%) on the 200-class mask"}
+        for s in slugs:
+            vals = [x["aupr"] if o else 100 * x["top1"] for x in have[s]]
+            row[s] = f"{np.mean(vals):.2f}" if vals else "-"
+        rows.append(row)
+    lines = ["## Out-of-distribution sets", ""]
+    if rows:
+        cols = {"set": "set", "metric": "metric", **{s: label[s] for s in slugs}}
+        lines += [markdown_table(rows, cols), ""]
+    return lines + notes + [""]
 
 
 def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, dict[int, dict[str, Any]]],

@@ -146,6 +146,7 @@ class LanguageSections(StudySections):
                   "tau / max|K| above 1: the first step shrinks nothing.")
     trace_statements = True
     summary_means = False
+    verdict_scale, verdict_unit, higher_is_better = 1.0, "perplexity", False
     curve = ("eval_ppl", "valid perplexity during training\n(non-overlapping windows)", 1, True)
     footer = ("Per-run results with per-token NLL (float16, base64): `results/<variant>-s<seed>.json`; "
               "paired statistics: `summary.json`.")

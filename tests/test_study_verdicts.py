@@ -1,0 +1,186 @@
+"""The verdicts of a study report: a fake language-model study folder with known per-seed perplexities,
+its report's verdict cells against report/verdicts.py computed here from those numbers, and an old
+settings.json without margins that still reports (no cell can be ``equivalent`` then)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kpca_attention.io import read_json, write_json_atomic
+from kpca_attention.report.study import write_study_report
+from kpca_attention.report.verdicts import BETTER, INCONCLUSIVE, Family, equivalent_word
+from kpca_attention.robustness.store import ResultStore
+from kpca_attention.studies.language import quick_language_study
+from kpca_attention.studies.margins import (
+    PAPER_TABLE1,
+    PAPER_TABLE2,
+    PAPER_TABLE6,
+    image_margins,
+    language_margins,
+    segmentation_margins,
+)
+from kpca_attention.studies.spec import Margin
+from kpca_attention.tasks.language.report import PAPER_TABLE3
+from kpca_attention.tasks.language.suites import encode_f16
+
+SEEDS = list(range(6))
+BASE = {"ppl/valid": [60.0, 61.5, 59.2, 62.3, 60.8, 61.1], "ppl/test": [50.0, 51.2, 49.5, 52.4, 50.9, 51.6]}
+# variant - baseline per seed, in perplexity: RPC clearly lower on test (better), noisy on valid; the LM
+# within a few hundredths on test (inside the margin 1.1), wide on valid
+DIFFS = {
+    "rpc_symlm": {"ppl/test": [-2.1, -1.9, -2.3, -2.0, -1.8, -2.2],
+                  "ppl/valid": [-1.0, 1.5, -2.2, 0.8, -0.3, 1.9]},
+    "lm": {"ppl/test": [0.03, -0.02, 0.01, -0.04, 0.02, 0.00],
+           "ppl/valid": [3.0, -2.5, 0.5, -3.1, 2.2, -0.4]},
+}
+MARGINS = {"ppl/test": Margin(1.1, "paper Table 3, test"), "ppl/valid": Margin(0.99, "paper Table 3, valid")}
+
+
+def _values(slug: str, key: str) -> list[float]:
+    if slug == "symlm":
+        return BASE[key]
+    return [b + d for b, d in zip(BASE[key], DIFFS[slug][key], strict=True)]
+
+
+@pytest.fixture
+def study_dir(tmp_path: Path) -> Path:
+    """A study folder as the engine leaves it: settings.json and one result store per (variant, seed)."""
+    study = quick_language_study().replace(seeds=tuple(SEEDS), margins=MARGINS)
+    out = tmp_path / "language"
+    (out / "results").mkdir(parents=True)
+    write_json_atomic(out / "settings.json", study.to_dict())
+    rng = np.random.default_rng(0)
+    for v in study.variants:
+        for i, sd in enumerate(SEEDS):
+            store = ResultStore(out / "results" / f"{v.slug}-s{sd}.json")
+            store.put("run", {}, {"params": 12345, "tokens_per_s": 1000.0, "train_time_s": 60.0,
+                                  "epochs": []})
+            for key in ("ppl/valid", "ppl/test"):
+                store.put(key, {}, {"ppl": _values(v.slug, key)[i],
+                                    "nll_f16": encode_f16(rng.uniform(2, 5, size=64))})
+    return out
+
+
+def _expected(margins: dict[str, float] | None):
+    fam = Family("independent")
+    for key in ("ppl/valid", "ppl/test"):  # the report's metric order: valid, then test
+        for slug in ("rpc_symlm", "lm"):
+            fam.add((key, slug), np.subtract(_values(slug, key), BASE[key]))
+    return fam, fam.verdicts(lambda k: None if margins is None else margins[k[0]], False)
+
+
+def test_report_verdict_cells_match_the_verdict_engine(study_dir: Path) -> None:
+    report = write_study_report(study_dir).read_text()
+    summary = read_json(study_dir / "summary.json")
+    fam, want = _expected({k: m.value for k, m in MARGINS.items()})
+    ver = summary["verdicts"]
+    assert ver["family"]["size"] == 4 == fam.size
+    assert "family of 4 two-sided paired t tests" in ver["family"]["family"]
+    assert "2 variants x 2 metrics" in ver["family"]["family"]
+    assert ver["margins"] == {k: m.to_dict() for k, m in MARGINS.items()}
+    assert ver["metrics"]["ppl/test"]["higher_is_better"] is False
+    for (key, slug), v in want.items():
+        cell = ver["cells"][slug][key]
+        assert cell["word"] == v.word
+        assert cell["seeds"] == SEEDS and cell["n"] == len(SEEDS)
+        for q in ("mean", "p_raw", "p_holm", "tost_p", "mde", "margin", "sd"):
+            assert cell[q] == pytest.approx(getattr(v, q), rel=1e-9, abs=1e-12), (slug, key, q)
+        assert cell["ci"] == pytest.approx(list(v.ci), rel=1e-9)
+        assert cell["tost_ci"] == pytest.approx(list(v.tost_ci), rel=1e-9)
+        assert cell["seeds_needed"] == v.seeds_needed
+        # the report's verdict table: the word, the mean and the 95 % interval of this cell
+        text = f"{v.word}: {v.mean:+.2f} ({v.ci[0]:+.2f}, {v.ci[1]:+.2f})"
+        assert text in report, text
+    # the planted effects come out as planted
+    assert want[("ppl/test", "rpc_symlm")].word == BETTER
+    assert want[("ppl/test", "lm")].word == equivalent_word(1.1)
+    assert want[("ppl/valid", "lm")].word == INCONCLUSIVE
+    row = next(line for line in report.splitlines() if line.startswith("| RPC-Symlm | 6 |"))
+    assert row.count("|") == 5  # variant, paired seeds, valid, test
+    assert "## Verdicts over seeds against Symlm" in report
+    assert "test-set noise only, not a verdict" in report
+    assert "paper Table 3, test" in report
+    assert summary["verdicts"]["forest_plots"] == ["forest_rpc_symlm.png", "forest_lm.png"]
+    for png in summary["verdicts"]["forest_plots"]:
+        assert (study_dir / png).stat().st_size > 5000
+    # Holm: the adjusted p is the step-down of the four raw p-values, computed by hand here
+    raw = sorted((v.p_raw, k) for k, v in want.items())
+    adj, prev = {}, 0.0
+    for i, (p, k) in enumerate(raw):
+        prev = max(prev, min(1.0, (4 - i) * p))
+        adj[k] = prev
+    for (key, slug), p in adj.items():
+        assert ver["cells"][slug][key]["p_holm"] == pytest.approx(p, rel=1e-12)
+
+
+def test_old_settings_without_margins_still_report(study_dir: Path) -> None:
+    settings = read_json(study_dir / "settings.json")
+    del settings["margins"]
+    write_json_atomic(study_dir / "settings.json", settings)
+    report = write_study_report(study_dir).read_text()
+    summary = read_json(study_dir / "summary.json")
+    _, want = _expected(None)
+    ver = summary["verdicts"]
+    assert ver["margins"] is None and "no margin declared" in ver["margins_note"]
+    assert "Margins: none declared" in report
+    words = {(k, s): c["word"] for s, per in ver["cells"].items() for k, c in per.items()}
+    assert words == {k: v.word for k, v in want.items()}
+    assert not any(w.startswith("equivalent") for w in words.values())
+    assert words[("ppl/test", "rpc_symlm")] == BETTER  # a difference needs no margin
+    lm = ver["cells"]["lm"]["ppl/test"]
+    assert lm["word"] == INCONCLUSIVE and "no equivalence margin declared" in lm["reason"]
+    assert lm["tost_p"] is None and lm["seeds_needed"] is None and lm["mde"] > 0
+
+
+def test_a_variant_on_one_seed_is_inconclusive_and_outside_the_family(study_dir: Path) -> None:
+    for f in (study_dir / "results").glob("lm-s*.json"):
+        if f.name != "lm-s0.json":
+            f.unlink()
+    write_study_report(study_dir)
+    ver = json.loads((study_dir / "summary.json").read_text())["verdicts"]
+    assert ver["family"]["size"] == 2
+    cell = ver["cells"]["lm"]["ppl/test"]
+    assert cell["word"] == INCONCLUSIVE and cell["n"] == 1 and cell["p_raw"] is None
+    assert cell["mean"] == pytest.approx(DIFFS["lm"]["ppl/test"][0], abs=1e-9)
+    assert ver["forest_plots"] == ["forest_rpc_symlm.png"]
+
+
+def test_margins_are_the_papers_effects() -> None:
+    """Each margin is the paper's RPC - baseline difference of its table (rounded to 2 decimals)."""
+    sym, rpc = PAPER_TABLE1["SymViT"], PAPER_TABLE1["RPC-SymViT (4iter/layer1)"]
+    im = image_margins()
+    assert im["clean"].value == pytest.approx(0.50) and im["corrupted"].value == pytest.approx(0.90)
+    assert im["clean"].value == round(rpc["clean"] - sym["clean"], 2)
+    a_sym, a_rpc = PAPER_TABLE2["SymViT"], PAPER_TABLE2["RPC-SymViT (4iter/layer1)"]
+    for key, attack in (("fgsm@8", "fgsm"), ("pgd@8", "pgd"), ("spsa@4", "spsa"), ("cw@255", "cw")):
+        assert im[key].value == round(a_rpc[attack] - a_sym[attack], 2)
+    assert [im[k].value for k in ("fgsm@8", "pgd@8", "spsa@4", "cw@127.5")] == [3.24, 0.17, 0.19, 1.56]
+    lm = language_margins()
+    assert lm["ppl/test"].value == pytest.approx(1.10) and lm["ppl/valid"].value == pytest.approx(0.99)
+    assert lm["ppl/test"].value == round(PAPER_TABLE3["Symlm"]["test"] - PAPER_TABLE3["RPC-Symlm"]["test"], 2)
+    seg = segmentation_margins()
+    assert seg["clean:miou"].value == pytest.approx(0.69)
+    assert seg["corrupted:miou"].value == pytest.approx(1.00)
+    assert seg["clean:miou"].value == round(PAPER_TABLE6["RPC-SymViT (4iter/layer1)"]["clean:miou"]
+                                            - PAPER_TABLE6["SymViT"]["clean:miou"], 2)
+    for m in (*im.values(), *lm.values(), *seg.values()):
+        assert m.value > 0 and math.isfinite(m.value)
+        assert "paper Table" in m.source and "5-seed means" in m.source
+
+
+def test_margin_and_study_validation() -> None:
+    with pytest.raises(ValueError, match="> 0"):
+        Margin(0.0, "x")
+    with pytest.raises(ValueError, match="source"):
+        Margin(0.5, " ")
+    with pytest.raises(ValueError, match="Margin"):
+        quick_language_study().replace(margins={"ppl/test": 1.1})
+    d = quick_language_study().replace(margins=MARGINS).to_dict()
+    assert d["margins"] == {"ppl/test": {"value": 1.1, "source": "paper Table 3, test"},
+                            "ppl/valid": {"value": 0.99, "source": "paper Table 3, valid"}}
+    assert quick_language_study().to_dict()["margins"] == {}
