@@ -82,7 +82,7 @@ def test_eps_and_intervals():
 def test_benchmark_linf_writes_a_robustbench_json_and_reuses_its_items(net, tmp_path):
     good = NormalizedModel(net, INFO.mean, INFO.std).eval()
     rec = benchmark(good, dataset="digits", n=6, eps="64/255", out=tmp_path, name="mlp", **QUIET)
-    path = tmp_path / "digits" / "Linf" / "mlp.json"
+    path = tmp_path / "digits" / "Linf" / "64_255" / "mlp.json"
     on_disk = json.loads(path.read_text())
     assert on_disk == json.loads(json.dumps(rec))
     for field in ("name", "clean_acc", "autoattack_acc", "eps", "threat_model", "dataset", "reported"):
@@ -166,7 +166,7 @@ def test_benchmark_a_users_timm_vit_from_a_weights_file(tmp_path):
     spec = _timm_weights(tmp_path)
     rec = benchmark(spec, dataset="digits", n=4, eps="16/255", out=tmp_path / "bm", **QUIET)
     assert rec["name"] == "vit_mini_patch4_28" and rec["architecture"] == "vit_mini_patch4_28"
-    assert (tmp_path / "bm" / "digits" / "Linf" / "vit_mini_patch4_28.json").exists()
+    assert (tmp_path / "bm" / "digits" / "Linf" / "16_255" / "vit_mini_patch4_28.json").exists()
     with pytest.raises(ValueError, match="give the dataset"):
         benchmark(spec, n=4, **QUIET)
 

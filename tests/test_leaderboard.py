@@ -74,6 +74,14 @@ def test_rows_are_worst_cases_over_attacks_sorted_with_seeds_and_intervals(tmp_p
     lab = tables[("digits", "Linf", "4/255", "lab", "worst case of pgd-lab")]
     assert [r["robust_acc"] for r in lab] == [100.0, 0.0]  # never mixed with the pixel rows
     assert notes == []
+    # a run in progress (an item its settings ask for is missing) is left out until it finishes
+    run = tmp_path / "toy" / "results" / "b-s0.json"
+    data = json.loads(run.read_text())
+    del data["items"]["attacks/pgd/4"]
+    run.write_text(json.dumps(data))
+    tables, notes = leaderboard_rows(tmp_path)
+    rows = tables[("digits", "Linf", "4/255", "pixel", "worst case of fgsm, pgd")]
+    assert [r["name"] for r in rows] == ["toy/a"]
 
 
 def test_write_leaderboard_removes_tables_that_went_away(tmp_path):
@@ -82,9 +90,24 @@ def test_write_leaderboard_removes_tables_that_went_away(tmp_path):
     assert len(paths) == 3
     text = (tmp_path / "lb.md").read_text()
     assert "## digits, Linf 4/255 (lab protocol: eps in normalised units) - worst case of pgd-lab" in text
+    settings = json.loads((folder / "settings.json").read_text())
+    settings["suites"]["attacks"] = [a for a in settings["suites"]["attacks"] if "protocol" not in a]
+    (folder / "settings.json").write_text(json.dumps(settings))
     for run in folder.glob("results/*.json"):
         data = json.loads(run.read_text())
         del data["items"]["attacks/pgd-lab/4"]
         run.write_text(json.dumps(data))
     write_leaderboard(tmp_path / "results", tmp_path / "lb", tmp_path / "lb.md")
     assert [p.name for p in (tmp_path / "lb").rglob("*.json")] == ["4_255-pixel-worst_case_of_fgsm_pgd.json"]
+
+
+def test_committed_benchmark_jsons_are_rows(tmp_path):
+    rec = {"name": "symvit-s0", "dataset": "digits", "threat_model": "Linf", "eps": "4/255",
+           "protocol": "pixel", "version": "standard", "clean_acc": "90.00", "autoattack_acc": "40.00",
+           "autoattack_acc_interval": [37.0, 43.1], "n": 1000, "architecture": "symvit_mini_patch4_28"}
+    path = tmp_path / "benchmark" / "digits" / "Linf" / "4_255" / "symvit-s0.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(rec))
+    tables, _ = leaderboard_rows(tmp_path)
+    (row,) = tables[("digits", "Linf", "4/255", "pixel", "AutoAttack standard")]
+    assert (row["robust_acc"], row["seeds"], row["interval"]) == (40.0, [0], "Wilson, 1000 images")

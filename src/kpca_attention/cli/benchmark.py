@@ -16,7 +16,7 @@ def benchmark_cmd(
     dataset: str | None = typer.Option(None, help="Dataset (default: the run's); its test split is used."),
     data_root: Path | None = typer.Option(None, help="Dataset folder."),
     name: str | None = typer.Option(None, help="Name of the model in the JSON (default: from MODEL)."),
-    out: Path = typer.Option(Path("runs/benchmark"), "--out", "-o", help="Output folder: <dataset>/<threat_model>/<name>.json and results/<name>.json."),
+    out: Path = typer.Option(Path("runs/benchmark"), "--out", "-o", help="Output folder: <dataset>/<threat_model>/<eps>/<name>.json and results/<name>.json."),
     device: str = typer.Option("auto", help="cpu | cuda | auto."),
     batch_size: int = typer.Option(100, help="Images per AutoAttack / evaluation batch."),
 ) -> None:

@@ -205,7 +205,8 @@ def benchmark(
         threat_model: ``Linf``, ``L2`` (AutoAttack) or ``corruptions``.
         eps: the budget in pixel units, a number or ``"4/255"`` (default Linf 4/255, L2 0.5).
         version: AutoAttack ``standard`` or ``rand`` (randomised defences).
-        out: folder for ``<dataset>/<threat_model>/<name>.json`` (RobustBench's model_info layout) and the
+        out: folder for ``<dataset>/<threat_model>/<eps>/<name>.json`` (RobustBench's model_info layout
+            with a folder per budget, e.g. ``fashion-mnist/Linf/4_255/``; corruptions have none) and the
             per-example results ``results/<name>.json`` (reused when run again); None: nothing written.
     Returns:
         the RobustBench-format record (accuracies as percent strings, as RobustBench writes them), with
@@ -270,7 +271,8 @@ def benchmark(
             tmp.cleanup()
     _print(record, log)
     if out is not None:
-        path = Path(out) / ds_name / threat_model / f"{name}.json"
+        budget = [] if eps_text is None else [eps_text.replace("/", "_")]
+        path = Path(out).joinpath(ds_name, threat_model, *budget, f"{name}.json")
         write_json_atomic(path, record)
         log(f"wrote {path}")
     return record

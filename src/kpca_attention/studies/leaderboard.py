@@ -9,13 +9,17 @@ budget, protocol and evaluation - with one row per (study, variant), sorted by r
 * ``worst case of <attacks>``: per image, robust only if every attack run at that budget on the
   study's attacked images left it correct (the attacks run on fewer images - one seed's SPSA, say -
   are left out of that row and named in the notes); uniform noise is not an attack and is left out;
-* ``corruptions``: mean top-1 over every corruption and severity the study ran.
+* ``corruptions``: mean top-1 over every corruption and severity the study ran;
+* the RobustBench-format JSONs of ``kpca-attention benchmark ... -o results/benchmark`` committed under
+  ``results/benchmark/`` (AutoAttack on the committed image list), one row each.
 
-Numbers are means over the seeds present; the 95 % interval is a t interval over seeds when there are
-two or more, else a Wilson interval over the images of the one run (the table says which). Clean
-accuracy is on the same images. Everything is measured (``reported: false``); attacks under the
-``lab`` protocol get their own tables, never mixed with ``pixel`` ones. Studies of other tasks
-(segmentation, language) have no RobustBench threat model and are listed as skipped.
+A run whose store lacks items its study's settings ask for (a run in progress) is left out, so the
+page changes only when runs finish. Numbers are means over the seeds present; the 95 % interval is a t
+interval over seeds when there are two or more, else a Wilson interval over the images of the one run
+(the table says which). Clean accuracy is on the same images. Everything is measured
+(``reported: false``); attacks under the ``lab`` protocol get their own tables, never mixed with
+``pixel`` ones. Studies of other tasks (segmentation, language) have no RobustBench threat model and
+are listed as skipped.
 """
 
 from __future__ import annotations
@@ -93,6 +97,20 @@ def _threats(settings: Mapping[str, Any], items: Mapping[str, Any]) -> dict[tupl
     return out
 
 
+def _missing(settings: Mapping[str, Any], items: Mapping[str, Any], seed: int) -> list[str]:
+    """The items the study's suites ask of this run that its store does not hold (a run in progress)."""
+    from ..tasks.classification.suites import attack_name, eps_label
+
+    suites = settings["suites"]
+    want = []
+    c = suites.get("corruptions") or {}
+    want += [f"corruptions/{n}/{s}" for n in c.get("names", []) for s in c.get("severities", [])]
+    for a in suites.get("attacks", []):
+        if a.get("seeds") is None or seed in a["seeds"]:
+            want += [f"attacks/{attack_name(a)}/{eps_label(e)}" for e in a["eps"]]
+    return [w for w in want if w not in items]
+
+
 def _interval(per_seed: list[float], bits: np.ndarray | None) -> tuple[float, float, str]:
     from scipy.stats import t
 
@@ -140,6 +158,8 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
                 items = {k: x["result"] for k, x in raw.items() if isinstance(x, dict) and "result" in x}
                 keys = [x.get("key", {}) for x in raw.values() if isinstance(x, dict)]
                 dataset = dataset or next((k["train"]["dataset"] for k in keys if "train" in k), None)
+                if _missing(settings, items, int(m.group(1))):
+                    continue  # a run in progress: left out until it has every item
                 for key, th in _threats(settings, items).items():
                     runs.setdefault(key, {})[int(m.group(1))] = th
             for key, per_seed in runs.items():
@@ -158,10 +178,33 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
                     "n": int(len(first["robust"])), "attacks": first["attacks"],
                     "left_out": first["left_out"], "reported": False})
         if not found:
-            notes.append(f"`{folder.name}`: no per-run results committed yet")
+            notes.append(f"`{folder.name}`: no finished runs committed yet")
+    _benchmarks(Path(results) / "benchmark", tables)
     for rows in tables.values():
         rows.sort(key=lambda r: (-r["robust_acc"], r["name"]))
     return tables, notes
+
+
+def _benchmarks(folder: Path, tables: dict[tuple, list[dict[str, Any]]]) -> None:
+    """Rows of the committed ``kpca-attention benchmark`` JSONs (``results/benchmark/<dataset>/...``)."""
+    from ..io import read_json
+
+    for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
+        r = read_json(path)
+        if not isinstance(r, dict) or "clean_acc" not in r or path.parent.name == "results":
+            continue
+        aa = "autoattack_acc" in r
+        field = "autoattack_acc" if aa else "corruptions_acc"
+        how = f"AutoAttack {r.get('version', 'standard')}" if aa else "benchmark: mean of 75 corruption views"
+        key = (r["dataset"], r["threat_model"], r.get("eps"), r.get("protocol", "pixel"), how)
+        m = re.search(r"-s(\d+)$", r["name"])
+        tables.setdefault(key, []).append({
+            "name": f"benchmark/{r['name']}", "label": r["name"], "model": r.get("architecture"),
+            "kwargs": {},
+            "seeds": [int(m.group(1))] if m else [], "clean_acc": float(r["clean_acc"]),
+            "robust_acc": float(r[field]), "robust_acc_interval": r[f"{field}_interval"],
+            "interval": f"{'Wilson' if aa else 'bootstrap'}, {r['n']} images", "n": r["n"],
+            "attacks": [], "left_out": [], "reported": False})
 
 
 def _title(key: tuple) -> str:
