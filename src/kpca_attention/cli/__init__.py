@@ -113,6 +113,10 @@ from .kpca import analyze_cmd, claims_cmd, pap_trace_cmd  # noqa: E402, I001
 app.command("analyze")(user_errors(analyze_cmd))
 app.command("claims")(user_errors(claims_cmd))
 app.command("pap-trace")(user_errors(pap_trace_cmd))
+from .results import results_app, seal_cmd, verify_cmd  # noqa: E402, I001
+results_app.command("seal")(user_errors(seal_cmd))
+results_app.command("verify")(user_errors(verify_cmd))
+app.add_typer(results_app, name="results")
 
 
 def main(argv: list[str] | None = None) -> None:

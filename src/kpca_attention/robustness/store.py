@@ -10,11 +10,22 @@ the item in progress. The ``robustness`` command keeps one store per checkpoint 
 
 Per-example correctness is stored as a '0'/'1' string (:func:`encode_bits`): exact, compact and
 readable, so paired statistics (McNemar, bootstrap over images) can be computed later from the files.
+
+Integrity: every item carries ``"sha256"``, the SHA-256 of the canonical JSON of its key and result
+(:func:`item_hash`), and a file whose items all carry one is marked ``"sealed": true``. Loading
+(:class:`ResultStore`, hence every reader: the study report, the engine, the robustness command)
+checks each hash, each item's summary against its per-example data (:func:`check_summary`: the stored
+accuracy against the correctness bits, a perplexity against its mean NLL) and, in a sealed file, that
+no item lacks a hash; any failure is a :class:`ResultIntegrityError` naming the file and the item.
+A legacy file (no hashes, written before hashes existed) still loads, its summaries checked; new items
+written into it are hashed; ``kpca-attention results seal`` verifies it and adds the missing hashes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -23,9 +34,14 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from ..io import read_json, write_json_atomic
+from ..io import json_ready, write_json_atomic
 
-__all__ = ["ResultStore", "encode_bits", "decode_bits", "example_result", "normalise_key"]
+__all__ = ["ResultStore", "ResultIntegrityError", "encode_bits", "decode_bits", "example_result",
+           "normalise_key", "item_hash", "check_summary", "seal_store", "store_files"]
+
+
+class ResultIntegrityError(ValueError):
+    """A result file or item that is damaged or was changed after it was written (names both)."""
 
 
 def encode_bits(correct: np.ndarray | Tensor | Iterable[bool]) -> str:
@@ -50,9 +66,114 @@ def example_result(logits: Tensor, labels: Tensor, ks: tuple[int, ...] = (1, 5))
 
 def normalise_key(key: Mapping[str, Any]) -> dict[str, Any]:
     """``key`` as it reads back from JSON (tuples -> lists, keys -> str), so the two compare equal."""
-    from ..io import json_ready
-
     return json.loads(json.dumps(json_ready(key), sort_keys=True))
+
+
+def _as_read_back(value: Any) -> Any:
+    """``value`` as the file gives it back (the JSON the store writes, read again)."""
+    return json.loads(json.dumps(json_ready(value), sort_keys=True, allow_nan=False))
+
+
+def item_hash(key: Any, result: Any) -> str:
+    """SHA-256 (hex) of the canonical JSON (sorted keys, no spaces) of ``{"key": key, "result": result}``
+    as they read back from the file."""
+    text = json.dumps({"key": _as_read_back(key), "result": _as_read_back(result)}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def check_summary(result: Any) -> str | None:
+    """What is wrong with a result whose summary disagrees with its per-example data (None: nothing):
+    ``correct`` bits must be '0'/'1', ``n`` of them, and ``top1`` their mean; ``ppl`` must be
+    ``exp(nll_mean)``."""
+    if not isinstance(result, dict):
+        return None
+    bits = result.get("correct")
+    if isinstance(bits, str):
+        if bits.strip("01"):
+            return "its correctness bits hold characters other than 0/1"
+        n = result.get("n")
+        if isinstance(n, int) and n != len(bits):
+            return f"n = {n} but it holds {len(bits)} correctness bits"
+        top1 = result.get("top1")
+        k = bits.count("1")
+        if isinstance(top1, (int, float)) and bits and abs(top1 * len(bits) - k) >= 0.5:
+            return f"top1 = {top1} but {k} of its {len(bits)} correctness bits are 1 ({k / len(bits):.6f})"
+    ppl, nll = result.get("ppl"), result.get("nll_mean")
+    if isinstance(ppl, (int, float)) and isinstance(nll, (int, float)) and math.isfinite(nll) and nll < 700:
+        if not math.isclose(ppl, math.exp(nll), rel_tol=1e-6):
+            return f"ppl = {ppl} but exp(nll_mean) = {math.exp(nll)}"
+    return None
+
+
+def _read_store(path: Path) -> dict[str, Any] | None:
+    """The JSON of a store file, None when there is none; a damaged file is an error (never an empty
+    store: its items would silently be recomputed or, in a report, left out)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ResultIntegrityError(f"{path}: cannot read the result file ({e})") from e
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ResultIntegrityError(f"{path}: the result file is not valid JSON ({e}); delete it to "
+                                   "recompute its items") from e
+    if not isinstance(data, dict) or not isinstance(data.get("items", {}), dict):
+        raise ResultIntegrityError(f"{path}: not a result file (expected {{\"items\": {{...}}}})")
+    return data
+
+
+def _verify(path: Path, data: dict[str, Any], *, require_hashes: bool) -> None:
+    for item, stored in data.get("items", {}).items():
+        where = f"{path}: item {item!r}"
+        if not isinstance(stored, dict) or "result" not in stored or "key" not in stored:
+            raise ResultIntegrityError(f"{where} is damaged (expected key and result)")
+        digest = stored.get("sha256")
+        if digest is None and require_hashes:
+            raise ResultIntegrityError(f"{where} has no hash in a sealed file (an item was added or replaced "
+                                       "by hand); delete the item to recompute it")
+        if digest is not None and digest != item_hash(stored["key"], stored["result"]):
+            raise ResultIntegrityError(f"{where} was changed after it was written (its SHA-256 does not "
+                                       "match); delete the item to recompute it")
+        wrong = check_summary(stored["result"])
+        if wrong:
+            raise ResultIntegrityError(f"{where} disagrees with itself: {wrong}")
+
+
+def store_files(folder: str | os.PathLike) -> list[Path]:
+    """The result files of ``folder``: a study or robustness folder (its ``results/*.json``), a folder of
+    result files, or one file."""
+    p = Path(folder)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise FileNotFoundError(f"no such folder or result file: {p}")
+    root = p / "results" if (p / "results").is_dir() else p
+    files = sorted(f for f in root.glob("*.json")
+                   if '"items"' in f.read_text(encoding="utf-8", errors="replace"))
+    if not files:
+        raise FileNotFoundError(f"no result files in {root} (expected *.json holding \"items\")")
+    return files
+
+
+def seal_store(path: str | os.PathLike) -> tuple[int, int]:
+    """Verify a store file (hashes present, summaries) and add the missing hashes; mark it sealed.
+    Returns ``(items, newly hashed)``."""
+    path = Path(path)
+    data = _read_store(path)
+    if data is None:
+        raise FileNotFoundError(f"no result file {path}")
+    _verify(path, data, require_hashes=bool(data.get("sealed")))
+    items = data.get("items", {})
+    new = 0
+    for stored in items.values():
+        if "sha256" not in stored:
+            stored["sha256"] = item_hash(stored["key"], stored["result"])
+            new += 1
+    write_json_atomic(path, {"items": items, "sealed": True}, indent=None)
+    return len(items), new
 
 
 class ResultStore:
@@ -60,8 +181,10 @@ class ResultStore:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        data = read_json(self.path)
-        self._items: dict[str, dict[str, Any]] = dict(data.get("items", {})) if isinstance(data, dict) else {}
+        data = _read_store(self.path) or {}
+        self._sealed = bool(data.get("sealed")) or not data.get("items")  # a new file is sealed
+        _verify(self.path, data, require_hashes=self._sealed)
+        self._items: dict[str, dict[str, Any]] = dict(data.get("items", {}))
         self.reused = 0
         self.computed = 0
 
@@ -76,8 +199,12 @@ class ResultStore:
         return None
 
     def put(self, item: str, key: Mapping[str, Any], result: Any) -> None:
-        self._items[item] = {"key": normalise_key(key), "result": result}
-        write_json_atomic(self.path, {"items": self._items}, indent=None)
+        nkey = normalise_key(key)
+        self._items[item] = {"key": nkey, "result": result, "sha256": item_hash(nkey, result)}
+        data: dict[str, Any] = {"items": self._items}
+        if self._sealed:  # a legacy file stays unsealed (its old items have no hash) until `results seal`
+            data["sealed"] = True
+        write_json_atomic(self.path, data, indent=None)
 
     def get_or_compute(self, item: str, key: Mapping[str, Any],
                        compute: Callable[[], Any]) -> tuple[Any, bool]:

@@ -1,0 +1,145 @@
+"""Per-item integrity of the result store: every item carries the SHA-256 of its canonical JSON (key and
+result), checked on load by every reader (the study report too), together with the summary an item must
+agree with (the stored accuracy against its correctness bits); a legacy folder is sealed by
+``kpca-attention results seal``, after which a missing hash is an error too."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kpca_attention.cli import app
+from kpca_attention.robustness.store import ResultIntegrityError, ResultStore, encode_bits
+
+ROOT = Path(__file__).resolve().parents[1]
+SEALED = ("vision", "language", "segmentation")
+
+
+def _copy_vision(tmp_path: Path) -> Path:
+    dst = tmp_path / "vision"
+    shutil.copytree(ROOT / "results" / "vision", dst, ignore=shutil.ignore_patterns("*.png", "*.md"))
+    return dst
+
+
+def _flip_clean(f: Path, fix_summary: bool) -> None:
+    """Set every correctness bit of ``clean`` to 1 (the audit's +77 points), optionally also the accuracy."""
+    data = json.loads(f.read_text())
+    res = data["items"]["clean"]["result"]
+    res["correct"] = "1" * len(res["correct"])
+    if fix_summary:
+        res["top1"] = 1.0
+    f.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("fix_summary", [False, True], ids=["bits-only", "bits-and-accuracy"])
+def test_a_hand_edited_item_stops_the_study_report(tmp_path, fix_summary) -> None:
+    study = _copy_vision(tmp_path)
+    victim = study / "results" / "rpc_official-s0.json"
+    _flip_clean(victim, fix_summary)
+    res = CliRunner().invoke(app, ["report", str(study)])
+    assert res.exit_code == 2, res.output
+    assert str(victim) in res.output and "'clean'" in res.output, res.output
+    assert not (study / "report.md").exists() or "100.0" not in (study / "report.md").read_text()
+
+
+def test_items_carry_hashes_and_an_edit_names_file_and_item(tmp_path) -> None:
+    f = tmp_path / "r.json"
+    store = ResultStore(f)
+    store.put("clean", {"n": 4}, {"correct": encode_bits([1, 0, 1, 1]), "n": 4, "top1": 0.75})
+    store.put("run", {"n": 4}, {"loss": 0.5, "tuple": (1, 2)})
+    data = json.loads(f.read_text())
+    assert data["sealed"] is True and all(len(v["sha256"]) == 64 for v in data["items"].values())
+    assert ResultStore(f).items()["run"] == {"loss": 0.5, "tuple": [1, 2]}  # reads back and verifies
+    data["items"]["run"]["result"]["loss"] = 0.25
+    f.write_text(json.dumps(data))
+    with pytest.raises(ResultIntegrityError, match="'run'") as e:
+        ResultStore(f)
+    assert str(f) in str(e.value)
+
+
+def test_a_key_edit_is_detected(tmp_path) -> None:
+    f = tmp_path / "r.json"
+    ResultStore(f).put("run", {"n": 4}, {"loss": 0.5})
+    data = json.loads(f.read_text())
+    data["items"]["run"]["key"]["n"] = 5
+    f.write_text(json.dumps(data))
+    with pytest.raises(ResultIntegrityError, match="'run'"):
+        ResultStore(f)
+
+
+def test_a_summary_that_disagrees_with_the_bits_is_detected_without_a_hash(tmp_path) -> None:
+    f = tmp_path / "legacy.json"
+    good = {"correct": "1011", "n": 4, "top1": 0.75}
+    f.write_text(json.dumps({"items": {"clean": {"key": {}, "result": good}}}))
+    assert ResultStore(f).items()["clean"]["top1"] == 0.75  # a legacy file (no hashes) still loads
+    cases = (({**good, "top1": 1.0}, "top1"), ({**good, "n": 5}, "n"), ({**good, "correct": "10x1"}, "0/1"))
+    for bad, says in cases:
+        f.write_text(json.dumps({"items": {"clean": {"key": {}, "result": bad}}}))
+        with pytest.raises(ResultIntegrityError, match=says):
+            ResultStore(f)
+
+
+def test_perplexity_must_agree_with_the_mean_nll(tmp_path) -> None:
+    f = tmp_path / "lm.json"
+    item = {"key": {}, "result": {"nll_mean": 4.0, "ppl": 54.598150033144236, "tokens": 10}}
+    f.write_text(json.dumps({"items": {"ppl/test": item}}))
+    ResultStore(f)
+    item["result"]["ppl"] = 20.0
+    f.write_text(json.dumps({"items": {"ppl/test": item}}))
+    with pytest.raises(ResultIntegrityError, match="ppl"):
+        ResultStore(f)
+
+
+def test_a_damaged_file_is_an_error_not_an_empty_store(tmp_path) -> None:
+    f = tmp_path / "r.json"
+    ResultStore(f).put("run", {}, {"loss": 0.5})
+    f.write_text(f.read_text()[:20])
+    with pytest.raises(ResultIntegrityError, match="not valid JSON"):
+        ResultStore(f)
+
+
+def test_legacy_files_gain_hashes_and_stay_readable_mid_way(tmp_path) -> None:
+    """A legacy file (written by an older process) takes new items (hashed) and stays unsealed until
+    ``results seal``; after sealing, an item without a hash is an error."""
+    f = tmp_path / "results" / "v-s0.json"
+    f.parent.mkdir()
+    f.write_text(json.dumps({"items": {"run": {"key": {"a": 1}, "result": {"loss": 1.0}}}}))
+    store = ResultStore(f)
+    store.put("clean", {"a": 1}, {"correct": "11", "n": 2, "top1": 1.0})
+    data = json.loads(f.read_text())
+    assert "sha256" not in data["items"]["run"] and "sha256" in data["items"]["clean"]
+    assert not data.get("sealed")
+    res = CliRunner().invoke(app, ["results", "seal", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(f.read_text())
+    assert data["sealed"] is True and "sha256" in data["items"]["run"]
+    del data["items"]["run"]["sha256"]
+    f.write_text(json.dumps(data))
+    with pytest.raises(ResultIntegrityError, match="no hash"):
+        ResultStore(f)
+    res = CliRunner().invoke(app, ["results", "verify", str(tmp_path)])
+    assert res.exit_code == 2 and "'run'" in res.output, res.output
+
+
+def test_seal_refuses_a_folder_whose_items_disagree(tmp_path) -> None:
+    f = tmp_path / "results" / "v-s0.json"
+    f.parent.mkdir()
+    bad = {"correct": "11", "n": 2, "top1": 0.5}
+    f.write_text(json.dumps({"items": {"clean": {"key": {}, "result": bad}}}))
+    res = CliRunner().invoke(app, ["results", "seal", str(tmp_path)])
+    assert res.exit_code == 2 and "'clean'" in res.output and str(f) in res.output, res.output
+    assert "sealed" not in json.loads(f.read_text())
+
+
+@pytest.mark.parametrize("study", SEALED)
+def test_the_committed_results_are_sealed(study) -> None:
+    files = sorted((ROOT / "results" / study / "results").glob("*.json"))
+    assert files
+    for f in files:
+        data = json.loads(f.read_text())
+        assert data.get("sealed") is True, f
+        ResultStore(f)  # verifies every hash and summary
