@@ -2,8 +2,9 @@
 
 Images are in [0, 1] and the model normalises inside (``NormalizedModel``), so every ``eps`` here is
 in pixel units (Linf eps = 1/255 is one grey level). The official RPC-Attention code attacked
-ImageNet-*normalised* tensors without clipping, so its eps was about 4.4x larger in pixel units
-(1 / std ~ 4.4) and its adversarial images left the valid range; this module does not repeat that.
+ImageNet-*normalised* tensors without clipping, so its eps was about 4.4x *smaller* in pixel units
+(eps * std, std ~ 0.226: its 1/255 is ~0.23/255 here) and its adversarial images left the valid range;
+by default this module does not repeat that (``protocol="lab"`` does, to line numbers up with theirs).
 
 Where the attack exists in a maintained library we call it:
 
