@@ -143,3 +143,12 @@ def test_the_committed_results_are_sealed(study) -> None:
         data = json.loads(f.read_text())
         assert data.get("sealed") is True, f
         ResultStore(f)  # verifies every hash and summary
+
+
+def test_the_leaderboard_reads_results_through_the_verifying_store(tmp_path) -> None:
+    from kpca_attention.studies.leaderboard import leaderboard_rows
+
+    study = _copy_vision(tmp_path / "results")
+    _flip_clean(study / "results" / "vit-s0.json", fix_summary=True)
+    with pytest.raises(ResultIntegrityError, match="'clean'"):
+        leaderboard_rows(tmp_path / "results")

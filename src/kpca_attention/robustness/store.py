@@ -221,3 +221,7 @@ class ResultStore:
     def items(self) -> dict[str, Any]:
         """``{item: result}`` of everything stored (whatever its key)."""
         return {k: v["result"] for k, v in self._items.items() if isinstance(v, dict) and "result" in v}
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        """``{item: {"key": ..., "result": ...}}`` of everything stored (verified when the file was read)."""
+        return {k: {"key": v["key"], "result": v["result"]} for k, v in self._items.items()}

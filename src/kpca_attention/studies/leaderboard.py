@@ -133,6 +133,7 @@ def _interval(per_seed: list[float], bits: np.ndarray | None) -> tuple[float, fl
 def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[str, Any]]], list[str]]:
     """``({(dataset, norm, eps, protocol, evaluation): [row, ...]}, notes)`` from every study folder."""
     from ..io import read_json
+    from ..robustness.store import ResultStore
     from ..tasks import for_settings
 
     tables: dict[tuple, list[dict[str, Any]]] = {}
@@ -154,7 +155,7 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
                 m = re.fullmatch(re.escape(v["slug"]) + r"-s(\d+)\.json", path.name)
                 if not m:
                     continue
-                raw = (read_json(path) or {}).get("items", {})
+                raw = ResultStore(path).records()  # verified: hashes and summaries
                 items = {k: x["result"] for k, x in raw.items() if isinstance(x, dict) and "result" in x}
                 keys = [x.get("key", {}) for x in raw.values() if isinstance(x, dict)]
                 dataset = dataset or next((k["train"]["dataset"] for k in keys if "train" in k), None)
