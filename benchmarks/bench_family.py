@@ -24,7 +24,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kpca_attention.attention import EllipticalAttention, NeuTRENOAttention, PIDAttention
+from kpca_attention.attention import (
+    EllipticalAttention,
+    KdeAttention,
+    NeuTRENOAttention,
+    PIDAttention,
+    PositionAwareAttention,
+    RobustAttention,
+    TwicingAttention,
+)
 from kpca_attention.machine import cpu_model
 
 
@@ -57,6 +65,11 @@ MECHANISMS: dict[str, Row] = {
     "neutreno": Row("NeuTRENO", 1.3, lambda dim, h: NeuTRENOAttention(dim, h), _v0),
     "pid": Row("PIDformer", 1.3, lambda dim, h: PIDAttention(dim, h), _pid),
     "elliptical": Row("Elliptical", 1.3, lambda dim, h: EllipticalAttention(dim, h), _prev),
+    "twicing": Row("Twicing", 2.3, lambda dim, h: TwicingAttention(dim, h)),
+    "kde": Row("KDE", 1.3, lambda dim, h: KdeAttention(dim, h)),
+    "rkde": Row("RKDE-Huber", 3.5, lambda dim, h: RobustAttention(dim, h)),
+    # W_p built for 197 tokens (DeiT-tiny); another --tokens resizes it (a square grid plus the class token)
+    "rvt": Row("Position-aware scaling", 2.5, lambda dim, h: PositionAwareAttention(dim, h, num_tokens=197)),
 }
 
 

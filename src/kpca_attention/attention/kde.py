@@ -73,31 +73,31 @@ def robust_weight(r: Tensor, a: float, loss: str) -> Tensor:
 
 
 def _gram_kernel(x: Tensor, scale: float) -> Tensor:
-    """K_jl = exp(-scale ||x_j - x_l||^2), ``x (..., N, E)`` -> ``(..., N, N)``."""
-    sq = (x * x).sum(-1)
-    d2 = (sq.unsqueeze(-1) + sq.unsqueeze(-2) - 2 * (x @ x.transpose(-1, -2))).clamp_min(0)
-    return torch.exp(-scale * d2)
+    """K_jl = exp(-scale ||x_j - x_l||^2), ``x (..., N, E)`` -> ``(..., N, N)``: one fused
+    ``-scale (|x_j|^2 + |x_l|^2) + 2 scale x_j . x_l`` (baddbmm) and one exp."""
+    lead, n, e = x.shape[:-2], x.shape[-2], x.shape[-1]
+    xf = x.reshape(-1, n, e)
+    sq = (xf * xf).sum(-1) * (-scale)
+    d = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), xf, xf.transpose(-1, -2), alpha=2 * scale)
+    return torch.exp(d.clamp_max_(0.0)).reshape(*lead, n, n)  # clamp: rounding never gives K > 1
 
 
-def kirwls_weights(
-    x: Tensor, vis: Tensor | None, a: float, loss: str, n_iter: int, official_norm: bool, scale: float
-) -> Tensor:
-    """Robust KDE weights of the points ``x (B, H, N, E)``: ``(B, H, Q, N)``, Q = 1 without a mask (all
-    queries share them) or N (``vis (B|1, H|1, N, N)`` bool: the keys query i sees; zero weight elsewhere).
-    Each row sums to 1 over its visible keys."""
-    kern = _gram_kernel(x, scale)  # symmetric, K_jj = 1
-    n = x.shape[-2]
+def kirwls_weights(kern: Tensor, vis: Tensor | None, a: float, loss: str, n_iter: int,
+                   official_norm: bool) -> Tensor:
+    """Robust KDE weights of points with Gram kernel ``kern (B, H, N, N)`` (symmetric, K_jj = 1):
+    ``(B, H, Q, N)``, Q = 1 without a mask (all queries share them) or N (``vis (B|1, H|1, N, N)`` bool: the
+    keys query i sees; zero weight elsewhere). Each row sums to 1 over its visible keys."""
+    n = kern.shape[-1]
     if vis is None:
-        w = torch.full((*x.shape[:-2], 1, n), 1.0 / n, dtype=x.dtype, device=x.device)
+        w = torch.full((*kern.shape[:-2], 1, n), 1.0 / n, dtype=kern.dtype, device=kern.device)
     else:
-        visf = vis.to(x.dtype)
+        visf = vis.to(kern.dtype)
         w = visf / visf.sum(-1, keepdim=True)  # uniform over the visible keys (NaN for a row with none)
     for _ in range(n_iter):
         t = w @ kern  # t_qj = sum_l w_ql K_lj
         c = (w * t).sum(-1, keepdim=True)  # w_q^T K w_q
         r2 = 1 + t + c if official_norm else 1 - 2 * t + c
-        r = torch.sqrt(r2.clamp_min(1e-12))
-        psi = robust_weight(r, a, loss)
+        psi = robust_weight(torch.sqrt(r2.clamp_min(1e-12)), a, loss)
         if vis is not None:
             psi = psi * visf
         w = psi / psi.sum(-1, keepdim=True)
@@ -188,9 +188,11 @@ class RobustAttention(_KdeBase):
         n, d = khat.shape[-2], khat.shape[-1]
         scale = 1.0 / math.sqrt(d)
         vis = _visible_keys(attn_mask, is_causal, n, q.device)
-        opts = (self.a, self.loss, self.n_iter, self.official_norm, scale)
-        w_m = kirwls_weights(khat, vis, *opts)
-        w_j = kirwls_weights(torch.cat([khat, v], dim=-1), vis, *opts)
+        opts = (self.a, self.loss, self.n_iter, self.official_norm)
+        kern_k = _gram_kernel(khat, scale)
+        kern_kv = kern_k * _gram_kernel(v, scale)  # the kernel of [khat, v]: the squared distances add
+        w_m = kirwls_weights(kern_k, vis, *opts)
+        w_j = kirwls_weights(kern_kv, vis, *opts)
         # out_i = sum_j wM_ij e^{s_ij} (wJ_ij / wM_ij) v_j / sum_j wM_ij e^{s_ij}: one softmax with the log
         # marginal weights added to the logits (2 q.khat / sqrt D, the rest of s_ij cancels)
         if vis is None:  # shared weights: a fused call on the re-weighted values
