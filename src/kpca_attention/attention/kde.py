@@ -43,6 +43,10 @@ Masks: the weights are those of the keys each query may see. Without a mask all 
 vector per (sample, head) (O(N^2)); with ``attn_mask`` or ``is_causal`` each query gets its own weights over
 its visible keys (each causal prefix is its own sample, so the future never enters; O(N^3) per step for
 ``n_iter`` steps). A query that sees no key gets NaN, as SDPA gives.
+
+Speed: RKDE forms two N x N Gram kernels (keys, and values: their product is the joint kernel) for its
+weights, each a batched matmul and an exp over N x N, before the final fused attention call; at B 64, H 3,
+N 197, D 64 on one CPU thread that measured about 4.7x one SDPA call forward (issue 25's target: 3.5x).
 """
 
 from __future__ import annotations
