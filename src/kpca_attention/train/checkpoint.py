@@ -28,6 +28,13 @@ resumes by skipping those ``k`` batches without loading them; Mixup, dropout and
 the process RNGs, which are restored. On the CPU a resumed run therefore equals the uninterrupted
 run bitwise, at epoch boundaries and mid-epoch (``checkpoint_every_steps``); on GPUs up to the
 non-determinism of the kernels.
+
+Settings with the weights: every ``.safetensors`` file written here records, in its metadata under
+:data:`SETTINGS_KEY`, the options of every attention layer (:func:`attention_settings`: the layer class
+and each option of its ``parameter_constraints``: PAP's ``n_iter``, ``lam``, ``threshold``, ...). These
+options change no parameter shape, so a strict load alone would accept weights trained with other
+settings; :func:`load_weights` refuses them, naming the fields that differ, unless
+``override_settings=True``.
 """
 
 from __future__ import annotations
@@ -59,7 +66,14 @@ __all__ = [
     "load_model",
     "capture_rng",
     "restore_rng",
+    "attention_settings",
+    "save_weights",
+    "check_settings",
+    "SETTINGS_KEY",
 ]
+
+#: the safetensors metadata entry holding :func:`attention_settings` of the model the weights belong to
+SETTINGS_KEY = "kpca_attention.attention_settings"
 
 MODEL_FILE = "model.safetensors"
 EMA_FILE = "ema.safetensors"
@@ -93,6 +107,58 @@ def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --- the settings stored with the weights -------------------------------------------------------
+
+
+def attention_settings(model: nn.Module) -> list[dict[str, Any]]:
+    """One entry per attention layer of ``model`` (module order): ``{"layer": name, "class": ...,
+    option: value, ...}`` for each option of the layer's ``parameter_constraints`` it holds."""
+    from ..attention.base import HeadsAttention
+
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, HeadsAttention):
+            opts = {k: getattr(m, k) for k in sorted(m.parameter_constraints) if hasattr(m, k)}
+            out.append({"layer": name, "class": type(m).__name__,
+                        **json.loads(json.dumps(opts, default=str))})
+    return out
+
+
+def save_weights(model: nn.Module, file: str | os.PathLike) -> None:
+    """``safetensors.torch.save_model`` with :func:`attention_settings` in the file's metadata."""
+    meta = {SETTINGS_KEY: json.dumps(attention_settings(model), sort_keys=True)}
+    safetensors.torch.save_model(model, str(file), metadata=meta)
+
+
+def check_settings(model: nn.Module, file: str | os.PathLike, *, override_settings: bool = False) -> None:
+    """Refuse weights ``file`` whose recorded attention settings differ from ``model``'s (a file
+    without recorded settings passes: written before they were recorded, or by another tool)."""
+    try:
+        with safetensors.safe_open(str(file), "pt") as f:
+            meta = f.metadata() or {}
+    except Exception:  # noqa: BLE001 - not a safetensors file: the weights loader reports it
+        return
+    if override_settings or SETTINGS_KEY not in meta:
+        return
+    try:
+        saved = json.loads(meta[SETTINGS_KEY])
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"weights {file}: the recorded settings are not valid JSON ({e})") from e
+    now = attention_settings(model)
+    differ: list[str] = []
+    if len(saved) != len(now):
+        differ.append(f"attention layers: {len(saved)} (weights) vs {len(now)} (model)")
+    for old, new in zip(saved, now, strict=False):  # a count mismatch is reported above
+        for k in sorted((set(old) | set(new)) - {"layer"}):
+            if old.get(k) != new.get(k):
+                differ.append(f"{new['layer']}.{k}: {old.get(k)!r} (weights) vs {new.get(k)!r} (model)")
+    if differ:
+        more = f" (+{len(differ) - 4} more)" if len(differ) > 4 else ""
+        raise CheckpointError(f"weights {file} belong to a model with other attention settings: "
+                              f"{'; '.join(differ[:4])}{more}; build the model with the weights' settings, "
+                              "or override (override_settings=True) to load them anyway")
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -132,9 +198,9 @@ def _write_checkpoint_files(tmp: Path, *, model: nn.Module, config: TrainConfig,
     tmp.mkdir()
     progress = state["progress"]
     files = [MODEL_FILE, STATE_FILE, CONFIG_FILE]
-    safetensors.torch.save_model(model, str(tmp / MODEL_FILE))
+    save_weights(model, tmp / MODEL_FILE)
     if ema is not None:
-        safetensors.torch.save_model(ema, str(tmp / EMA_FILE))
+        save_weights(ema, tmp / EMA_FILE)
         files.append(EMA_FILE)
     torch.save(state, tmp / STATE_FILE)
     (tmp / CONFIG_FILE).write_text(config.to_json())
@@ -260,8 +326,11 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
     return marker
 
 
-def load_weights(module: nn.Module, file: Path, device: str | torch.device = "cpu") -> None:
-    """Strict safetensors load (missing or unexpected keys are an error, unlike the official code)."""
+def load_weights(module: nn.Module, file: Path, device: str | torch.device = "cpu", *,
+                 override_settings: bool = False) -> None:
+    """Strict safetensors load (missing or unexpected keys are an error, unlike the official code);
+    weights recorded with other attention settings are refused (:func:`check_settings`)."""
+    check_settings(module, file, override_settings=override_settings)
     try:
         missing, unexpected = safetensors.torch.load_model(
             module, str(file), strict=False, device=str(device))
@@ -289,7 +358,8 @@ def load_checkpoint(path: str | Path) -> tuple[Path, TrainConfig, dict[str, Any]
 
 
 def load_model(
-    path: str | Path, device: str | torch.device = "cpu", *, ema: bool = False, verify: bool = True
+    path: str | Path, device: str | torch.device = "cpu", *, ema: bool = False, verify: bool = True,
+    override_settings: bool = False,
 ) -> tuple[nn.Module, TrainConfig]:
     """Rebuild the trained model of a checkpoint, in eval mode on ``device``.
 
@@ -297,6 +367,8 @@ def load_model(
         path: a run directory (its latest checkpoint is used) or one checkpoint directory.
         ema: load the EMA weights instead of the raw ones (runs trained with ``model_ema``).
         verify: check sizes and hashes against the ``COMPLETE`` marker first.
+        override_settings: load weights recorded with other attention settings than the model built
+            from the config (refused otherwise).
     Returns:
         ``(model, config)``: for vision a :class:`~kpca_attention.models.normalize.NormalizedModel`
         taking images (B, C, H, W) in [0, 1]; for LMs the language model, with the training
@@ -315,5 +387,5 @@ def load_model(
     wfile = ckpt / (EMA_FILE if ema else MODEL_FILE)
     if ema and not wfile.exists():
         raise CheckpointError(f"{ckpt} has no EMA weights ({EMA_FILE}); the run had model_ema=False")
-    load_weights(model, wfile)
+    load_weights(model, wfile, override_settings=override_settings)
     return model.to(device).eval(), config

@@ -123,10 +123,10 @@ def image_meta(model: nn.Module) -> tuple[tuple[int, int, int], float, Any]:
     return tuple(int(s) for s in size), float(cfg.get("crop_pct", 0.875) or 1.0), cfg  # type: ignore[return-value]
 
 
-def _load_project(path: Path, name: str, device: str) -> LoadedModel:
+def _load_project(path: Path, name: str, device: str, override_settings: bool = False) -> LoadedModel:
     from .checkpoint import load_model
 
-    model, config = load_model(path, device=device)
+    model, config = load_model(path, device=device, override_settings=override_settings)
     task = get_task(config.task)
     if task.takes_tokens:  # a causal LM
         return LoadedModel(name=name, model=model.eval(), task=task, config=config,
@@ -188,16 +188,22 @@ def check_weights_file(weights: str) -> Path:
     return f
 
 
-def _load_timm(name: str, pretrained: bool, weights: str | None = None) -> LoadedModel:
+def _load_timm(name: str, pretrained: bool, weights: str | None = None, *,
+               override_settings: bool = False) -> LoadedModel:
     import timm
 
     from ..models import list_models  # noqa: F401  (importing models registers them in timm)
+    from .checkpoint import CheckpointError, check_settings
     from .hf import force_offline
 
     force_offline()  # timm resolves pretrained weights through the hub: never over the network
     if weights is not None:
         f = check_weights_file(weights)
         model = timm.create_model(name, pretrained=False)
+        try:
+            check_settings(model, f, override_settings=override_settings)
+        except CheckpointError as e:
+            raise ValueError(str(e)) from e
         try:  # timm's own loader: safetensors or torch files (weights_only), EMA / state_dict keys, strict
             timm.models.load_checkpoint(model, str(f), strict=True)
         except (RuntimeError, ValueError, KeyError, EOFError, OSError) as e:
@@ -227,8 +233,11 @@ def _load_timm(name: str, pretrained: bool, weights: str | None = None) -> Loade
     )
 
 
-def resolve_model(spec: str, *, pretrained: bool = True, device: str = "cpu") -> LoadedModel:
-    """Resolve ``spec`` (see the module docstring) and load it in eval mode on ``device``."""
+def resolve_model(spec: str, *, pretrained: bool = True, device: str = "cpu",
+                  override_settings: bool = False) -> LoadedModel:
+    """Resolve ``spec`` (see the module docstring) and load it in eval mode on ``device``.
+    ``override_settings``: load weights whose recorded attention settings differ from the model's
+    (refused otherwise, naming the fields)."""
     name = str(spec)
     path = Path(name).expanduser()
     if path.exists():
@@ -236,7 +245,7 @@ def resolve_model(spec: str, *, pretrained: bool = True, device: str = "cpu") ->
         if not project and (path / "config.json").exists():
             loaded = _load_hf(path, name)
         else:
-            loaded = _load_project(path, name, device)
+            loaded = _load_project(path, name, device, override_settings)
     elif name.lower() in MINILM_NAMES:
         loaded = _load_hf(minilm_path(), name)
     else:
@@ -249,7 +258,7 @@ def resolve_model(spec: str, *, pretrained: bool = True, device: str = "cpu") ->
             raise ValueError(f"{name}: empty weights file after '@' (an unset variable?); "
                              "give NAME@FILE with a .safetensors or .pth file, or the name alone")
         if timm.is_model(base):
-            loaded = _load_timm(base, pretrained, weights or None)
+            loaded = _load_timm(base, pretrained, weights or None, override_settings=override_settings)
         elif weights or name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub(name):
             raise FileNotFoundError(f"no such checkpoint, run directory or model folder: {name} (a timm "
                                     "name may carry a local weights file as NAME@FILE)")

@@ -1,0 +1,76 @@
+"""Weights carry the settings of the model they were trained in: every attention layer's options
+(PAP's iterations, lambda, threshold, ...; the layer class) are written into the safetensors metadata,
+and loading them into a model built with other settings is refused, naming the fields that differ,
+unless an override is asked for. (PAP's settings change no parameter shape, so a strict load alone
+accepts them silently.)"""
+
+from __future__ import annotations
+
+import pytest
+import safetensors
+import timm
+import torch
+
+import kpca_attention  # noqa: F401  (registers the models in timm)
+from kpca_attention.tasks import get as get_task
+from kpca_attention.train import CheckpointError, get_preset, load_model
+from kpca_attention.train.checkpoint import SETTINGS_KEY, load_weights, save_checkpoint, save_weights
+from kpca_attention.train.resolve import resolve_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+MODEL = "rpc_symvit_mini_patch4_28"
+
+
+def _cfg(out, **kw):
+    return get_preset("digits-cpu", output_dir=str(out), model=MODEL,
+                      model_kwargs={"depth": 1, "embed_dim": 48, **kw}, progress=False)
+
+
+def _saved_run(tmp_path, **kw):
+    cfg = _cfg(tmp_path / "run", **kw)
+    torch.manual_seed(0)
+    model = get_task(cfg.task).build_model(cfg)
+    state = {"progress": {"epoch": 1, "step_in_epoch": 0, "global_step": 1}}
+    ckpt = save_checkpoint(tmp_path / "run", model=model, config=cfg, state=state, finished=True)
+    return ckpt, cfg
+
+
+def test_checkpoint_weights_record_the_attention_settings(tmp_path) -> None:
+    ckpt, _ = _saved_run(tmp_path, rpc_iters=2, rpc_lambda=3.0)
+    with safetensors.safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        meta = f.metadata()
+    assert '"n_iter": 2' in meta[SETTINGS_KEY] and '"lam": 3.0' in meta[SETTINGS_KEY]
+    model, _ = load_model(tmp_path / "run")  # the same settings: loads
+    assert model.model.blocks[0].attn.n_iter == 2
+
+
+@pytest.mark.parametrize(("kw", "field"), [({"rpc_iters": 6}, "n_iter"), ({"rpc_lambda": 1.0}, "lam"),
+                                            ({"rpc_threshold": "lambda_over_mu"}, "threshold")])
+def test_weights_into_a_model_with_other_settings_are_refused(tmp_path, kw, field) -> None:
+    ckpt, cfg = _saved_run(tmp_path, rpc_iters=2)
+    other = get_task(cfg.task).build_model(_cfg(tmp_path / "x", **{"rpc_iters": 2, **kw}))
+    with pytest.raises(CheckpointError, match=field) as e:
+        load_weights(other, ckpt / "model.safetensors")
+    assert "override" in str(e.value)
+    load_weights(other, ckpt / "model.safetensors", override_settings=True)  # asked for: loads
+
+
+def test_a_timm_name_with_weights_of_other_settings_is_refused(tmp_path) -> None:
+    net = timm.create_model("rpc_vit_mini_patch4_32", rpc_iters=2)
+    f = tmp_path / "w.safetensors"
+    save_weights(net, f)
+    with pytest.raises(ValueError, match="n_iter"):
+        resolve_model(f"rpc_vit_mini_patch4_32@{f}", pretrained=False)  # built with the default 4
+    loaded = resolve_model(f"rpc_vit_mini_patch4_32@{f}", pretrained=False, override_settings=True)
+    assert loaded.model.blocks[0].attn.n_iter == 4
+
+
+def test_weights_without_recorded_settings_still_load(tmp_path) -> None:
+    """Files written before the settings were recorded (or by other tools) load as before."""
+    from safetensors.torch import save_model
+
+    net = timm.create_model("rpc_vit_mini_patch4_32")
+    f = tmp_path / "w.safetensors"
+    save_model(net, str(f))
+    assert resolve_model(f"rpc_vit_mini_patch4_32@{f}", pretrained=False).model is not None
