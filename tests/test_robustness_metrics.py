@@ -120,7 +120,11 @@ def test_masked_accuracy_on_a_fake_imagenet_r(tmp_path):
             Image.fromarray(np.full((16, 16, 3), level, np.uint8)).save(d / f"{n}.png")
     model = _LookupModel(level_to_class)
     res = M.masked_accuracy(model, tmp_path, "r", img_size=16, progress=False)
+    from kpca_attention.robustness.store import decode_bits
+
+    correct = decode_bits(res.pop("correct"))  # per example
     assert res == {"top1": 1.0, "n": 6}  # unmasked, every prediction would be class 0
+    assert correct.tolist() == [True] * 6
     (tmp_path / "not_a_wnid").mkdir()
     Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(tmp_path / "not_a_wnid" / "x.png")
     with pytest.raises(ValueError, match="not ImageNet-R wnids"):

@@ -26,6 +26,7 @@ from torch.utils.data import Dataset
 from ..checks import check_int, check_real
 from .common import collect_logits
 from .corruptions import COMMON_CORRUPTIONS, SEVERITIES
+from .store import encode_bits
 
 # AlexNet top-1 error on ImageNet-C per corruption and severity 1..5 (Hendrycks & Dietterich 2019,
 # the AlexNet evaluation of the ImageNet-C repository, github.com/hendrycks/robustness; the same
@@ -218,7 +219,7 @@ def masked_accuracy(
 
     The logits are restricted to the 200 classes of the data set before the arg-max, as in Hendrycks
     et al.; images are resized to 1/0.875 of ``img_size`` (bicubic) and centre-cropped, as DeiT
-    evaluates.
+    evaluates. ``correct``: per-example correctness (:func:`~kpca_attention.robustness.store.encode_bits`).
     """
     check_int(img_size, "img_size", min=1, allow_none=True)
     check_int(batch_size, "batch_size", min=1)
@@ -234,8 +235,8 @@ def masked_accuracy(
     if logits.shape[1] != 1000:
         raise ValueError(f"ImageNet-{subset.upper()} needs a 1000-way ImageNet model, got {logits.shape[1]}")
     pred = logits[:, indices].argmax(dim=1)
-    acc = (pred == to_200[labels]).float().mean().item()
-    return {"top1": acc, "n": len(ds)}
+    correct = pred == to_200[labels]
+    return {"top1": correct.float().mean().item(), "n": len(ds), "correct": encode_bits(correct)}
 
 
 def ood_aupr(in_scores: Tensor | np.ndarray, ood_scores: Tensor | np.ndarray) -> float:

@@ -125,9 +125,11 @@ class ImageClassification(ImageTask):
 
     def evaluate_suites(self, suites: ImageSuites, model: Any, cfg: Any, store: Any,
                         base_key: Mapping[str, Any], *, has_pap: bool = False, **kw: Any) -> dict[str, Any]:
-        """:func:`~.suites.evaluate_image_suites` on the test split of ``cfg``'s dataset."""
-        return evaluate_image_suites(model, self.test_set(cfg), suites, store, base_key, dataset=cfg.dataset,
-                                     **kw)
+        """:func:`~.suites.evaluate_image_suites` on the test split of ``cfg``'s dataset (or
+        ``suites.split``)."""
+        data = self.test_set(cfg) if suites.split == "test" else self.builder(cfg)(suites.split, False, None)
+        return evaluate_image_suites(model, data, suites, store, base_key, dataset=cfg.dataset,
+                                     img_size=cfg.img_size, **kw)
 
     def trace_batches(self, suites: ImageSuites, cfg: Any, n: int) -> DataLoader:
         data = fixed_subset(self.test_set(cfg), n, suites.data_seed + 2)

@@ -12,6 +12,8 @@ results into a :class:`~kpca_attention.robustness.store.ResultStore`.
   :func:`~kpca_attention.robustness.attacks.attack_logits`, plus clean on those images; under the
   attack's ``protocol``: ``pixel`` (eps in pixel units) or ``lab`` (the papers' protocol, eps in
   normalised units, no clamp; such an attack is named ``<name>-lab``);
+* ``ood`` - ImageNet-A / -R (top-1 on the 200-class mask, per example) and ImageNet-O (AUPR against
+  ImageNet val) from local folders (:class:`OODSets`); a set without its folder is skipped with one line;
 * ``autoattack`` - AutoAttack (``standard`` or ``rand``, Linf or L2) at each eps on the first ``n``
   images of the test-image list committed with the package
   (:mod:`~kpca_attention.robustness.image_ids`), plus clean on those images.
@@ -37,17 +39,21 @@ from torch.utils.data import Dataset, Subset
 
 from ...robustness.store import ResultStore, example_result
 
-__all__ = ["Corruptions", "Attack", "AutoAttackSuite", "ImageSuites", "fixed_subset", "evaluate_image_suites",
-           "eps_label", "structure_items", "evaluate_autoattack", "attack_key"]
+__all__ = ["Corruptions", "Attack", "OODSets", "same_images", "AutoAttackSuite", "ImageSuites",
+           "fixed_subset",
+           "evaluate_image_suites", "eps_label", "structure_items", "evaluate_autoattack", "evaluate_ood",
+           "attack_key"]
 
 
 @dataclass(frozen=True)
 class Corruptions:
-    """Common corruptions: ``names`` x ``severities`` on ``n`` fixed test images."""
+    """Common corruptions: ``names`` x ``severities`` on ``n`` fixed test images (``None``: all of them),
+    corrupted on the fly (image classifiers: or read from the released ImageNet-C tree,
+    :attr:`ImageSuites.imagenet_c`)."""
 
     names: tuple[str, ...]
     severities: tuple[int, ...] = (1, 2, 3, 4, 5)
-    n: int = 500
+    n: int | None = 500
 
     def __post_init__(self) -> None:
         from ...robustness.corruptions import check_corruption
@@ -57,7 +63,8 @@ class Corruptions:
         for c in self.names:
             for s in self.severities:
                 check_corruption(c, s)
-        _positive("corruption images", self.n)
+        if self.n is not None:
+            _positive("corruption images", self.n)
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,21 @@ class AutoAttackSuite:
 
 
 @dataclass(frozen=True)
+class OODSets:
+    """Out-of-distribution sets of ImageNet models, each from a local folder (``<wnid>/*``; None: skipped):
+    ImageNet-A and -R (top-1 over their 200 classes, the 1000-way logits masked), ImageNet-O (AUPR of
+    minus the maximum softmax probability, ``imagenet_val`` the in-distribution images)."""
+
+    imagenet_a: str | None = None
+    imagenet_r: str | None = None
+    imagenet_o: str | None = None
+    imagenet_val: str | None = None
+
+    def sets(self) -> dict[str, str | None]:
+        return {"imagenet-a": self.imagenet_a, "imagenet-r": self.imagenet_r, "imagenet-o": self.imagenet_o}
+
+
+@dataclass(frozen=True)
 class ImageSuites:
     """What to measure on an image classifier (see the module docstring)."""
 
@@ -147,8 +169,16 @@ class ImageSuites:
     batch_size: int = 500
     attack_batch_size: int = 100
     autoattack: AutoAttackSuite | None = None
+    ood: OODSets | None = None
+    split: str = "test"
+    #: the released ImageNet-C tree ``<root>/<corruption>/<severity>/<wnid>/`` (the same images as the
+    #: test split, file by file) instead of corrupting on the fly
+    imagenet_c: str | None = None
 
     def __post_init__(self) -> None:
+        from ...checks import check_choice
+
+        check_choice(self.split, "split", ("train", "val", "test"))
         if self.clean is not None:
             _positive("clean images", self.clean)
         _positive("batch size", self.batch_size)
@@ -168,8 +198,9 @@ class ImageSuites:
         for a in d["attacks"]:
             if a.get("protocol") == "pixel":
                 del a["protocol"]
-        if d["autoattack"] is None:
-            del d["autoattack"]
+        for k, default in (("autoattack", None), ("ood", None), ("split", "test"), ("imagenet_c", None)):
+            if d[k] == default:
+                del d[k]
         return d
 
 
@@ -183,8 +214,11 @@ def eps_label(eps: float) -> str:
     return f"{255 * eps:.4g}"
 
 
-def fixed_subset(dataset: Dataset, n: int, seed: int) -> Dataset:
-    """``n`` examples drawn once with ``seed`` (class-mixed, unlike the first n), in index order."""
+def fixed_subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
+    """``n`` examples drawn once with ``seed`` (class-mixed, unlike the first n), in index order
+    (``None``: all of them)."""
+    if n is None:
+        return Subset(dataset, list(range(len(dataset))))  # type: ignore[arg-type]
     if n > len(dataset):  # type: ignore[arg-type]
         raise ValueError(f"asked for {n} examples of a dataset of {len(dataset)}")  # type: ignore[arg-type]
     g = torch.Generator().manual_seed(seed)
@@ -212,6 +246,8 @@ def structure_items(items: Mapping[str, Any]) -> dict[str, Any]:
             out["clean_attack_subset"] = r
         elif name == "autoattack/clean":
             out["clean_autoattack_subset"] = r
+        elif parts[0] == "ood" and len(parts) == 2:
+            out.setdefault("ood", {})[parts[1]] = r
         elif parts[0] in ("corruptions", "attacks", "autoattack") and len(parts) == 3:
             out.setdefault(parts[0], {}).setdefault(parts[1], {})[parts[2]] = r
         else:
@@ -231,6 +267,7 @@ def evaluate_image_suites(
     log: Callable[[str], None] = print,
     progress: bool = True,
     dataset: str | None = None,
+    img_size: int | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` (images in [0, 1]) on every item of ``suites``, reusing the items of
     ``store`` whose key (``base_key`` + the item's parameters) matches.
@@ -239,6 +276,7 @@ def evaluate_image_suites(
         model: the model, or a function returning it (called only if some item must be computed).
         seed: the training seed of this model (decides which :attr:`Attack.seeds` attacks run).
         dataset: the name of ``test_set``'s dataset (AutoAttack reads its committed test-image list).
+        img_size: the model's input size (ImageNet-C and the OOD folders are resized to it).
     Returns:
         ``{"clean": r, "corruptions": {name: {severity: r}}, "clean_corrupt_subset": r,
         "attacks": {attack name: {eps label: r}}, "clean_attack_subset": r, "timing": {...}}`` where
@@ -277,13 +315,18 @@ def evaluate_image_suites(
     if c is not None:
         base = fixed_subset(test_set, c.n, suites.data_seed)
         params = {"n": c.n, "data_seed": suites.data_seed}
+        if suites.imagenet_c:  # released images, not corrupted here
+            params["imagenet_c"] = suites.imagenet_c
         out["clean_corrupt_subset"] = item("corruptions/clean", params, lambda: _clean(net(), base, bs))
-        views = corrupted_views(base, c.names, c.severities, seed=suites.data_seed, cache_dir=cache_dir)
+        if suites.imagenet_c:
+            views = _imagenet_c_views(suites.imagenet_c, c, base, img_size)
+        else:
+            views = corrupted_views(base, c.names, c.severities, seed=suites.data_seed, cache_dir=cache_dir)
         corr: dict[str, dict[str, Any]] = {}
         for (name, sev), view in tqdm(views.items(), desc="corruptions", disable=None if progress else True,
                                       leave=False):
             def compute(view=view) -> dict[str, Any]:
-                if cache_dir is not None:
+                if cache_dir is not None and hasattr(view, "build_cache"):
                     view.build_cache(progress=False)
                 return _clean(net(), view, bs)
 
@@ -322,8 +365,73 @@ def evaluate_image_suites(
     if aa is not None and (aa.seeds is None or seed is None or seed in aa.seeds):
         out.update(evaluate_autoattack(net, test_set, aa, store, base_key, dataset=dataset,
                                        batch_size=suites.attack_batch_size, log=log))
+    if suites.ood is not None:
+        out["ood"] = evaluate_ood(net, suites.ood, store, base_key, img_size=img_size, batch_size=bs, log=log,
+                                  progress=progress)
     out["timing"] = {"clean_s": t_clean - t0, "corruptions_s": t_corr - t_clean,
                      "attacks_s": time.perf_counter() - t_corr}
+    return out
+
+
+def same_images(folder: Dataset, base: Dataset) -> Dataset:
+    """The ImageNet-C images of the clean evaluation images: ImageNet-C mirrors the val tree file by
+    file, so a seeded subset of val maps to the same indices of each corruption folder."""
+    full = base.dataset if isinstance(base, Subset) else base
+    if len(folder) != len(full):  # type: ignore[arg-type]
+        raise ValueError(f"the ImageNet-C folder has {len(folder)} images but the clean set "  # type: ignore[arg-type]
+                         f"{len(full)}: they must be the same images")  # type: ignore[arg-type]
+    return Subset(folder, base.indices) if isinstance(base, Subset) else folder
+
+
+def _imagenet_c_views(root: str, c: Corruptions, base: Dataset,
+                      img_size: int | None) -> dict[tuple[str, int], Dataset]:
+    from torchvision import transforms
+
+    from ...robustness.corruptions import imagenet_c_folder
+
+    size = img_size or 224  # the released images are 224 x 224 centre crops
+    tf = transforms.Compose([*([] if size == 224 else [transforms.Resize(size)]), transforms.ToTensor()])
+    return {(n, s): same_images(imagenet_c_folder(root, n, s, tf), base)
+            for n in c.names for s in c.severities}
+
+
+def evaluate_ood(
+    model: Callable[[], nn.Module],
+    sets: OODSets,
+    store: ResultStore,
+    base_key: Mapping[str, Any],
+    *,
+    img_size: int | None,
+    batch_size: int,
+    log: Callable[[str], None] = print,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Items ``ood/imagenet-a``, ``ood/imagenet-r`` (per-example correctness on the 200-class mask) and
+    ``ood/imagenet-o`` (AUPR) of the folders given; the others are listed in ``skipped`` (one line each)."""
+    from ...robustness import metrics as M
+
+    out: dict[str, Any] = {}
+    skipped: list[str] = []
+    for name, root in sets.sets().items():
+        if root is None or not Path(root).is_dir():
+            why = f"no --{name} path given" if root is None else f"{root} not found"
+            skipped.append(f"{name}: skipped ({why})")
+            continue
+        if name == "imagenet-o" and (sets.imagenet_val is None or not Path(sets.imagenet_val).is_dir()):
+            skipped.append("imagenet-o: skipped (needs --imagenet-val, the in-distribution ImageNet val "
+                           "folder)")
+            continue
+        key = {**base_key, "root": str(root), "val": sets.imagenet_val, "img_size": img_size}
+
+        def compute(name: str = name, root: str = root) -> dict[str, Any]:
+            if name == "imagenet-o":
+                return M.imagenet_o_aupr(model(), root, sets.imagenet_val, img_size, batch_size, progress)
+            return M.masked_accuracy(model(), root, name[-1], img_size, batch_size, progress)
+
+        out[name] = store.get_or_compute(f"ood/{name}", key, compute)[0]
+    for msg in skipped:
+        log(f"  {msg}")
+    out["skipped"] = skipped
     return out
 
 

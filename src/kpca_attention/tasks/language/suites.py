@@ -248,6 +248,7 @@ class LMSuites:
         batch_size: sliding windows per forward.
         positions: token windows (of the training context, from the start of the valid split) for
             :func:`pap_positions` and for the PAP trace.
+        stride: the sliding window's stride (1: the paper's protocol; larger: a faster approximation).
     """
 
     tokens: int | None = 20000
@@ -257,6 +258,7 @@ class LMSuites:
     replacement: str = "AAA"
     batch_size: int = 64
     positions: int = 256
+    stride: int = 1
 
     #: how ``settings.json`` names these suites (``suites.kind``; read by ``kpca_attention.tasks``)
     kind = "lm"
@@ -265,6 +267,7 @@ class LMSuites:
         check_int(self.tokens, "tokens", min=2, allow_none=True)
         check_int(self.batch_size, "batch_size", min=1)
         check_int(self.positions, "positions", min=1)
+        check_int(self.stride, "stride", min=1)
         check_int(self.swap_seed, "swap_seed", min=0)
         check_real(self.swap_rate, "swap_rate", min=0, max=1)
         if not self.splits or any(s not in LM_SPLITS for s in self.splits):
@@ -274,7 +277,10 @@ class LMSuites:
             raise ValueError(f"replacement must be one token without spaces, got {self.replacement!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "kind": self.kind}
+        d = {**asdict(self), "kind": self.kind}
+        if d["stride"] == 1:  # the default, which studies written before the field did not record
+            del d["stride"]
+        return d
 
     def trace_batches(self, cfg: Any, n: int) -> list[Tensor]:
         """``n`` consecutive windows of ``cfg.context`` tokens from the start of the valid split, in
@@ -316,15 +322,16 @@ class LMSuites:
             return read[0]
 
         swap = {"rate": self.swap_rate, "seed": self.swap_seed, "replacement": self.replacement}
-        common = {"tokens": self.tokens, "context": cfg.context, "stride": 1, "dataset": cfg.dataset}
+        common = {"tokens": self.tokens, "context": cfg.context, "stride": self.stride,
+                  "dataset": cfg.dataset}
         out: dict[str, Any] = {"ppl": {}, "wordswap": {}}
         timing: dict[str, float] = {}
         for split in self.splits:
             for what, sw in (("ppl", None), ("wordswap", swap)):
                 def compute(split: str = split, sw: Mapping[str, Any] | None = sw) -> dict[str, Any]:
                     ids, info = split_ids(net(), text(), split, self.tokens, swap=sw)
-                    nll = token_nll(net(), ids, cfg.context, batch_size=self.batch_size)
-                    return _nll_result(nll, cfg.context, **info)
+                    nll = token_nll(net(), ids, cfg.context, batch_size=self.batch_size, stride=self.stride)
+                    return {**_nll_result(nll, cfg.context, **info), "stride": self.stride}
 
                 t0 = time.perf_counter()
                 key = {**base_key, **common, "split": split, **({"swap": swap} if sw else {})}
