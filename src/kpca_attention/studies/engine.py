@@ -6,6 +6,9 @@ Files (``out`` is the study's results folder, small enough to commit; ``runs`` h
     <out>/settings.json              the study (Study.to_dict) this folder was made with
     <out>/results/<slug>-s<seed>.json  per-run ResultStore: training summary ("run"), clean, every
                                      corruption view and attack with per-example bits, PAP trace
+    <out>/results/<slug>.json        the same for a variant that is an existing model (Variant.source:
+                                     a run directory or NAME@FILE), evaluated once, never trained;
+                                     "run" then describes the model (source, weights hash, parameters)
     <out>/checks/<name>.json         study-wide checks (throughput side by side, ...)
     <out>/summary.json, report.md, *.png      written by kpca_attention.report.study
     <runs>/<slug>-s<seed>/           training run directories (kpca_attention.train)
@@ -16,6 +19,8 @@ file holds every item with the same key (the training settings that change the w
 evaluation parameters) is neither trained nor evaluated again - its checkpoint is not even needed.
 Otherwise the run is trained when needed: a finished run with the same trajectory settings is reused,
 a killed one is resumed exactly, one made with other settings is trained again (one line says why).
+An existing model's items are keyed by the SHA-256 of its weights: a second call computes nothing, other
+weights or parameters are computed anew.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ from ..io import read_json, write_json_atomic
 from ..machine import machine_info
 from ..robustness.store import ResultStore, normalise_key
 from ..tasks import Task
+from ..tasks import get as get_task
 from ..train import CheckpointError, load_model, train
 from ..train.rundir import RunDir, trajectory_settings
+from .sources import LoadedSource
 from .spec import Study, Variant
 
 __all__ = ["run_study", "run_one", "result_path", "run_dir_of", "RESULTS_VERSION"]
@@ -50,6 +57,9 @@ def run_dir_of(runs: Path, variant: Variant, seed: int) -> Path:
 
 
 def result_path(out: Path, variant: Variant, seed: int) -> Path:
+    """``<out>/results/<slug>-s<seed>.json``; ``<slug>.json`` for an existing model (no seed)."""
+    if variant.source is not None:
+        return Path(out) / "results" / f"{variant.slug}.json"
     return Path(out) / "results" / f"{variant.slug}-s{seed}.json"
 
 
@@ -116,12 +126,18 @@ def _training_summary(task: Task, run_dir: Path, model: nn.Module) -> dict[str, 
 
 
 def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: str | os.PathLike, *,
-            progress: bool = True, threads: int | None = None) -> Path:
-    """Train (when needed) and evaluate one (variant, seed) of ``study``; returns its results file."""
+            progress: bool = True, threads: int | None = None, device: str | None = None,
+            cache: bool = True) -> Path:
+    """Train (when needed) and evaluate one (variant, seed) of ``study``; returns its results file.
+    An existing model (``variant.source``) is loaded on ``device`` and evaluated only; ``cache``: keep
+    expensive inputs (corrupted images) under ``<runs>/cache``."""
     if threads is not None:
         torch.set_num_threads(threads)
     out, runs = Path(out), Path(runs)
     variant = study.variant(slug)
+    if variant.source is not None:
+        return _evaluate_source(study, variant, out, runs, progress=progress, device=device or "cpu",
+                                cache=cache)
     log = _say(f"{slug} s{seed}")
     store = ResultStore(result_path(out, variant, seed))
     key = _run_key(study, variant, seed, runs)
@@ -152,17 +168,56 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
             return trace_model(model(), task.trace_batches(study.suites, cfg, study.trace))
 
         store.get_or_compute("trace", {**key, "n": study.trace}, trace)
+    _done(store, t0, log)
+    return store.path
+
+
+def _done(store: ResultStore, t0: float, log: Callable[[str], None]) -> None:
     if store.computed:
         log(f"done in {time.perf_counter() - t0:.0f} s ({store.computed} item(s) computed, "
             f"{store.reused} reused)")
     else:
-        log("results found: nothing to train or evaluate")
+        log(f"results found: nothing to train or evaluate ({store.reused} item(s) reused)")
+
+
+def _evaluate_source(study: Study, variant: Variant, out: Path, runs: Path, *, progress: bool, device: str,
+                     cache: bool) -> Path:
+    """Evaluate an existing model (``variant.source``) with the study's suites into
+    ``<out>/results/<slug>.json``: nothing is trained; every item's key holds the weights' SHA-256."""
+    assert variant.source is not None
+    log = _say(variant.slug)
+    src = LoadedSource(variant.source, device)
+    cfg = src.config  # fails early on a missing checkpoint, an unknown model or a missing --dataset
+    task = study.task
+    if get_task(cfg.task) is not task:
+        raise ValueError(f"{variant.label} ({variant.source.path}) is a {get_task(cfg.task).title} model; "
+                         f"this study evaluates {task.title} ({task.name}) models")
+    store = ResultStore(result_path(out, variant, 0))
+    key = normalise_key({**src.key(), "version": RESULTS_VERSION})
+    t0 = time.perf_counter()
+
+    def about() -> dict[str, Any]:
+        return {"source": variant.source.path, "weights": src.fingerprint,  # type: ignore[union-attr]
+                "params": sum(p.numel() for p in src.load().parameters()), "machine": machine_info()}
+
+    store.get_or_compute("run", key, about)
+    has_pap = task.has_pap(cfg)
+    task.evaluate_suites(study.suites, src.load, cfg, store, key, has_pap=has_pap,
+                         cache_dir=runs / "cache" if cache else None, seed=None, log=log, progress=progress)
+    if study.trace and has_pap:
+        from ..kpca.pap_trace import trace_model
+
+        def trace() -> dict[str, Any]:
+            return trace_model(src.load(), task.trace_batches(study.suites, cfg, study.trace))
+
+        store.get_or_compute("trace", {**key, "n": study.trace}, trace)
+    _done(store, t0, log)
     return store.path
 
 
-def _worker(args: tuple[Study, str, int, str, str]) -> str:
-    study, slug, seed, out, runs = args
-    return str(run_one(study, slug, seed, out, runs, progress=False, threads=1))
+def _worker(args: tuple[Study, str, int, str, str, str | None, bool]) -> str:
+    study, slug, seed, out, runs, device, cache = args
+    return str(run_one(study, slug, seed, out, runs, progress=False, threads=1, device=device, cache=cache))
 
 
 def _check_settings(study: Study, out: Path, force: bool, command: str | None = None) -> None:
@@ -171,7 +226,13 @@ def _check_settings(study: Study, out: Path, force: bool, command: str | None = 
     f = out / "settings.json"
     saved = read_json(f)
     now = study.to_dict()
-    if saved and not force:
+    if saved and not force and study.evaluate_only:
+        # existing models: every item is keyed by the weights and the parameters, so other models or
+        # suites may share the folder; the settings (and the report) are this call's
+        if saved.get("name") != now["name"]:
+            raise ValueError(f"{out} holds the results of study {saved.get('name')!r}: choose another --out, "
+                             "or --force to start again")
+    elif saved and not force:
         keys = ("preset", "recipe", "suites", "trace", "name")
         differ = [k for k in keys if saved.get(k) != now.get(k)]
         if differ:
@@ -203,6 +264,8 @@ def run_study(
     report: bool = True,
     command: str | None = None,
     checks: bool = True,
+    device: str | None = None,
+    cache: bool = True,
 ) -> Path:
     """Run every (variant, seed) of ``study`` (``only``: these variant slugs; ``seeds``: these of the
     study's seeds), then the checks, then write the report; returns the report's path.
@@ -217,13 +280,16 @@ def run_study(
         checks: run the study-wide checks (off: e.g. runs trained on a borrowed machine whose
             throughput should not be the study's; ``kpca-attention study NAME`` on the study's own
             machine runs them later, reusing every finished run).
+        device: where existing models (``Variant.source``) are evaluated (default cpu).
+        cache: keep corrupted test images under ``<runs>/cache``.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     out = Path(out)
     runs = Path(runs) if runs is not None else out / "runs"
     todo = [(v, s) for v, s in study.runs()
-            if (only is None or v.slug in only) and (seeds is None or s in seeds)]
+            if (only is None or v.slug in only) and (seeds is None or s in seeds)
+            and (v.source is None or s == study.seeds[0])]  # an existing model is evaluated once
     if seeds is not None and set(seeds) - set(study.seeds):
         raise ValueError(f"seeds {sorted(set(seeds) - set(study.seeds))} are not among the study's "
                          f"{list(study.seeds)}")
@@ -244,7 +310,7 @@ def run_study(
           + (f", {jobs} in parallel" if jobs > 1 else ""), flush=True)
     if jobs == 1:
         for v, s in todo:
-            run_one(study, v.slug, s, out, runs, progress=progress)
+            run_one(study, v.slug, s, out, runs, progress=progress, device=device, cache=cache)
             if report:
                 _report(out)
     else:
@@ -255,7 +321,8 @@ def run_study(
         os.environ["OMP_NUM_THREADS"] = "1"
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = [pool.submit(_worker, (study, v.slug, s, str(out), str(runs))) for v, s in todo]
+            futures = [pool.submit(_worker, (study, v.slug, s, str(out), str(runs), device, cache))
+                       for v, s in todo]
             for fut in as_completed(futures):
                 fut.result()
                 if report:

@@ -79,7 +79,7 @@ def lm_metrics(items: Mapping[str, Any]) -> dict[str, float]:
         m[f"clean_ctx/{split}"] = math.exp(float(c[keep].mean()))
     run = items["run"]
     m["tokens_per_s"] = float(run.get("tokens_per_s", float("nan")))
-    m["train_min"] = float(run["train_time_s"]) / 60
+    m["train_min"] = float(run.get("train_time_s", float("nan"))) / 60  # nan: an existing model, not trained
     return m
 
 
