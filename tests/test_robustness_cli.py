@@ -1,5 +1,6 @@
-"""The ``robustness`` command on two tiny digits checkpoints: reports side by side, and a second run
-reuses every finished item (nothing recomputed) while a changed parameter recomputes."""
+"""The ``robustness`` command on two tiny digits checkpoints: a study without training (the study
+engine, the one result store, the one study report), models side by side; a second run reuses every
+finished item (nothing recomputed, no model loaded) while a changed parameter recomputes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from typer.testing import CliRunner
 
 from kpca_attention import tasks
 from kpca_attention.cli import app
-from kpca_attention.robustness import run as R
+from kpca_attention.cli.robustness import robustness_study
+from kpca_attention.robustness.store import ResultStore
+from kpca_attention.studies.engine import run_study
+from kpca_attention.studies.sources import LoadedSource
+from kpca_attention.tasks.classification.suites import same_images, structure_items
 from kpca_attention.train.checkpoint import save_checkpoint
 from kpca_attention.train.config import get_preset
 
@@ -36,8 +41,22 @@ def runs(tmp_path_factory):
 
 def _invoke(args):
     result = CliRunner().invoke(app, ["robustness", *map(str, args)])
-    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.exit_code == 0, (result.output[-3000:], result.exception)
     return result.output
+
+
+def _results(out, label):
+    return structure_items(ResultStore(out / "results" / f"{label}.json").items())
+
+
+def _forbid_computing(monkeypatch):
+    """Make any model forward of the suites, any attack and any model loading fail loudly."""
+    def boom(*a, **k):
+        raise AssertionError("recomputed a finished item")
+
+    monkeypatch.setattr("kpca_attention.robustness.common.collect_logits", boom)
+    monkeypatch.setattr("kpca_attention.robustness.attacks.attack_logits", boom)
+    monkeypatch.setattr(LoadedSource, "load", boom)
 
 
 def test_corruptions_and_attacks_side_by_side_and_resumed(runs, tmp_path, monkeypatch):
@@ -46,65 +65,67 @@ def test_corruptions_and_attacks_side_by_side_and_resumed(runs, tmp_path, monkey
               "--device", "cpu", "--batch-size", 32]
     text = _invoke([*common, "--suite", "corruptions,attacks", "--method", "fgsm,pgd",
                     "--eps", "2/255,8/255", "--attack-n", 8, "--steps", 2])
-    assert "mCE relative to symvit" in text and "| gaussian_noise |" in text
-    summary = json.loads((out / "corruptions.json").read_text())
+    assert "mCE vs symvit" in text and "relative to symvit" in text and "| gaussian_noise |" in text
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["baseline"] == "symvit"
-    assert summary["models"]["symvit"]["mce_vs_baseline"] == pytest.approx(100.0)
-    rpc = summary["models"]["rpc"]
-    assert set(rpc["per_corruption_top1"]) == {"gaussian_noise", "fog"} and rpc["items"]["clean"]["n"] == 24
-    assert "mce_alexnet" not in rpc  # digits are not ImageNet-C
-    for name in ("corruptions.md", "corruptions.png", "attacks.md", "attacks.png", "attacks.json"):
+    assert summary["mce"]["symvit"]["mce"] == [pytest.approx(100.0)]
+    rpc = _results(out, "rpc")
+    assert set(rpc["corruptions"]) == {"gaussian_noise", "fog"} and rpc["clean_corrupt_subset"]["n"] == 24
+    assert "mce_alexnet" not in summary["mce"]["rpc"]  # digits are not ImageNet-C
+    for name in ("report.md", "severity.png", "accuracy.png", "attacks.png", "summary.json"):
         assert (out / name).stat().st_size > 0
-    sweeps = json.loads((out / "attacks.json").read_text())["sweeps"]
-    assert [r["eps"] for r in sweeps["rpc"]["pgd"]] == pytest.approx([0, 2 / 255, 8 / 255])
-    assert all(r["max_norm"] <= r["eps"] + 1e-6 for r in sweeps["rpc"]["pgd"])
-    from kpca_attention.robustness.store import ResultStore
-
+    pgd = rpc["attacks"]["pgd-steps2"]  # named with its options
+    assert sorted(pgd, key=float) == ["2", "8"] and rpc["clean_attack_subset"]["n"] == 8
+    assert all(r["max_norm"] <= float(e) / 255 + 1e-6 for e, r in pgd.items())
     items = ResultStore(out / "results" / "symvit.json").items()
     assert len([k for k in items if k.startswith("corruptions/")]) == 11
     assert len(items["corruptions/clean"]["correct"]) == 24  # per-example results
     assert list((out / "cache").glob("*.npy"))  # corrupted images cached once for both models
+    settings = json.loads((out / "settings.json").read_text())
+    assert [v["source"]["path"] for v in settings["variants"]] == [str(r) for r in runs]  # not trained
 
-    # restart: everything is reused - make any recomputation fail loudly
-    def boom(*a, **k):
-        raise AssertionError("recomputed a finished item")
-
-    monkeypatch.setattr(R, "collect_logits", boom)
-    monkeypatch.setattr(R.A, "attack_logits", boom)
+    # restart: everything is reused - make any recomputation (or loading a model) fail loudly
+    _forbid_computing(monkeypatch)
     again = _invoke([*common, "--suite", "corruptions,attacks", "--method", "fgsm,pgd",
                      "--eps", "2/255,8/255", "--attack-n", 8, "--steps", 2])
-    assert "reused 11/11 finished corruption items" in again
-    assert json.loads((out / "corruptions.json").read_text()) == summary
+    assert again.count("results found: nothing to train or evaluate") == 2
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert ResultStore(out / "results" / "symvit.json").items() == items
     # a changed parameter (another seed) is recomputed, not silently reused
+    study = robustness_study([str(r) for r in runs], ("attacks",), n=24, methods=("fgsm",), eps=(2 / 255,),
+                             attack_n=8, seed=1)
     with pytest.raises(AssertionError, match="recomputed"):
-        R.run_robustness([str(r) for r in runs], ["attacks"], out,
-                         R.Options(n=24, methods=("fgsm",), eps=(2 / 255,), attack_n=8, seed=1,
-                                   progress=False))
+        run_study(study, out, runs=out, progress=False, checks=False)
 
 
 def test_bad_input_is_reported(runs, tmp_path):
     res = CliRunner().invoke(app, ["robustness", str(runs[0]), "--suite", "weather", "--out", str(tmp_path)])
     assert res.exit_code != 0 and "unknown suite" in res.output
     with pytest.raises(ValueError, match="valid names"):
-        R.run_robustness([str(runs[0])], ["corruptions"], tmp_path, R.Options(corruptions=("rain",)))
+        robustness_study([str(runs[0])], ("corruptions",), corruptions=("rain",))
     with pytest.raises(FileNotFoundError):
-        R.run_robustness([str(tmp_path / "missing")], ["corruptions"], tmp_path)
+        robustness_study([str(tmp_path / "missing")], ("corruptions",), corruptions=("fog",))
     with pytest.raises(ValueError, match="distinct label"):
-        R.run_robustness([str(runs[0]), str(runs[0])], ["corruptions"], tmp_path, labels=["a", "a"])
+        robustness_study([str(runs[0]), str(runs[0])], ("corruptions",), labels=("a", "a"),
+                         corruptions=("fog",))
+    with pytest.raises(ValueError, match="baseline"):
+        robustness_study([str(runs[0])], ("corruptions",), baseline="nope", corruptions=("fog",))
+    res = CliRunner().invoke(app, ["robustness", str(runs[0]), "--suite", "wordswap", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "wordswap needs a language-model checkpoint" in res.output
+    assert not (tmp_path / "results").exists()  # refused before anything was evaluated
 
 
 def test_ood_skips_absent_sets_with_a_message(runs, tmp_path):
-    res = R.run_robustness([str(runs[0])], ["ood"], tmp_path, R.Options(imagenet_a=str(tmp_path / "nope"),
-                                                                         progress=False))
-    skipped = res["ood"]["skipped"]
-    assert any("imagenet-a: skipped" in s and "not found" in s for s in skipped)
-    assert any("no --imagenet-r path given" in s for s in skipped)
-    assert "skipped" in (tmp_path / "ood.md").read_text()
+    out = tmp_path / "rob"
+    text = _invoke([runs[0], "--suite", "ood", "--n", 16, "--imagenet-a", tmp_path / "nope", "--no-progress",
+                    "-o", out])
+    assert "imagenet-a: skipped" in text and "not found" in text
+    assert "no --imagenet-r path given" in text
+    assert "skipped" in (out / "report.md").read_text()
 
 
-def test_wordswap_runner_with_a_stand_in_checkpoint(tmp_path, monkeypatch):
+def _lm_checkpoint(run_dir, monkeypatch):
     from kpca_attention.data.text import TextCorpus, Vocab
-    from kpca_attention.models.lm import create_lm
     from kpca_attention.train.config import TrainConfig
 
     names = ["abel", "jacob", "moses"] * 30
@@ -112,18 +133,34 @@ def test_wordswap_runner_with_a_stand_in_checkpoint(tmp_path, monkeypatch):
     corpus = TextCorpus(train=text, valid=text, test=text, name="tiny")
     monkeypatch.setattr("kpca_attention.data.text.load_corpus", lambda name, root=None: corpus)
     vocab = Vocab.build(text)
-    lm = create_lm("symlm", len(vocab), preset="small", n_layer=1, d_ff=32, context=16)
-    lm.vocab = vocab
-    ck = R.Checkpoint(str(tmp_path), "symlm")
-    ck.__dict__.update(config=TrainConfig(task="lm", dataset="tiny", context=16), fingerprint="abc",
-                       ckpt_dir=tmp_path)
-    ck._loaded = (lm, None)
-    opts = R.Options(lm_splits=("valid",), stride=8, max_tokens=120, rate=0.1, progress=False)
-    res = R.run_wordswap([ck], tmp_path, opts)
-    r = res["symlm"]["valid"]
-    assert r["tokens"] == 120 and r["n_swapped"] > 0 and r["clean"] > 1 and r["attacked"] > 1
-    assert "| symlm |" in (tmp_path / "wordswap.md").read_text()
-    assert R.run_wordswap([ck], tmp_path, opts) == res  # reused
+    cfg = TrainConfig(task="lm", model="symlm", dataset="tiny", context=16, output_dir=str(run_dir),
+                      model_kwargs={"preset": "small", "n_layer": 1, "d_ff": 32})
+    task = tasks.get(cfg.task)
+    torch.manual_seed(0)
+    lm = task.build_model(cfg, {"vocab": vocab})
+    save_checkpoint(run_dir, model=lm, config=cfg, state={"progress": {"epoch": 0, "step_in_epoch": 0,
+                                                                       "global_step": 0}},
+                    finished=True, extra_files=task.checkpoint_files({"vocab": vocab}))
+    return run_dir
+
+
+def test_wordswap_through_the_study_engine(tmp_path, monkeypatch):
+    run = _lm_checkpoint(tmp_path / "symlm", monkeypatch)
+    out = tmp_path / "rob"
+    args = [run, "--suite", "wordswap", "--lm-splits", "valid", "--stride", 8, "--max-tokens", 120,
+            "--rate", 0.1, "--no-progress", "-o", out]
+    _invoke(args)
+    res = _results(out, "symlm")
+    clean, attacked = res["ppl/valid"], res["wordswap/valid"]
+    assert clean["tokens"] == attacked["tokens"] == 119 and clean["stride"] == 8  # 120 tokens: 119 predicted
+    assert len(attacked["swapped"]) > 0 and attacked["n_swapped"] > 0
+    assert clean["ppl"] > 1 and attacked["ppl"] > 1
+    assert "| symlm |" in (out / "report.md").read_text()
+    items = ResultStore(out / "results" / "symlm.json").items()
+    _forbid_computing(monkeypatch)
+    monkeypatch.setattr("kpca_attention.tasks.language.suites.token_nll", lambda *a, **k: 1 / 0)
+    assert "nothing to train or evaluate" in _invoke(args)  # reused
+    assert ResultStore(out / "results" / "symlm.json").items() == items
 
 
 def test_imagenet_c_subset_follows_the_clean_subset():
@@ -131,11 +168,11 @@ def test_imagenet_c_subset_follows_the_clean_subset():
 
     val = TensorDataset(torch.arange(10))
     corrupted = TensorDataset(torch.arange(10) + 100)
-    picked = R._same_images(corrupted, Subset(val, [1, 3, 7]))
+    picked = same_images(corrupted, Subset(val, [1, 3, 7]))
     assert [int(picked[i][0]) for i in range(3)] == [101, 103, 107]
-    assert R._same_images(corrupted, val) is corrupted
+    assert same_images(corrupted, val) is corrupted
     with pytest.raises(ValueError, match="same images"):
-        R._same_images(TensorDataset(torch.arange(9)), val)
+        same_images(TensorDataset(torch.arange(9)), val)
 
 
 def test_a_timm_model_with_a_local_weights_file(tmp_path):
@@ -154,13 +191,15 @@ def test_a_timm_model_with_a_local_weights_file(tmp_path):
                                    "--method", "fgsm", "--eps", "2/255", "--attack-n", "8", "--no-progress",
                                    "-o", str(out)])
     assert res.exit_code == 0, res.output
-    sweeps = json.loads((out / "attacks.json").read_text())["sweeps"]
-    clean = sweeps["vit_mini_patch4_28"]["fgsm"][0]
+    clean = _results(out, "vit_mini_patch4_28")["clean_attack_subset"]
     # the same weights evaluated directly give the same clean accuracy on the same images
     from kpca_attention.data.images import build_image_dataset
     from kpca_attention.models.normalize import NormalizedModel
 
-    ds = build_image_dataset("fashion-mnist", "test", subset=8)
+    from kpca_attention.tasks.classification.suites import fixed_subset
+
+    # the attacked images: 8 drawn once with data seed (--seed 0) + 1, the same for every model
+    ds = fixed_subset(build_image_dataset("fashion-mnist", "test"), 8, 1)
     x = torch.stack([ds[i][0] for i in range(8)])
     y = torch.tensor([ds[i][1] for i in range(8)])
     cfg = m.pretrained_cfg

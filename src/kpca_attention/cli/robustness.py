@@ -1,15 +1,23 @@
-"""``kpca-attention robustness CHECKPOINT... --suite corruptions|ood|attacks|wordswap``."""
+"""``kpca-attention robustness MODEL... --suite corruptions|ood|attacks|wordswap``: a study without
+training (:class:`~kpca_attention.studies.spec.Study` whose variants are existing models,
+``Variant.source``) over the task's suites, run by the study engine into the one result store and
+written up by the one study report."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from ..robustness.attacks import METHODS
 from ..robustness.corruptions import corruption_names
-from ..robustness.run import SUITES, Options, run_robustness
 from . import parse_floats, parse_ints, parse_list
+
+#: what the command measures: the image suites (corruptions with mCE, ImageNet-A/R/O, attacks) and the
+#: word swap of language models
+SUITES: tuple[str, ...] = ("corruptions", "ood", "attacks", "wordswap")
+IMAGE_SUITES: tuple[str, ...] = ("corruptions", "ood", "attacks")
 
 
 def robustness_cmd(
@@ -59,8 +67,9 @@ def robustness_cmd(
     """Robustness of trained checkpoints, side by side: common corruptions (mCE), ImageNet-A/R/O,
     adversarial attacks in pixel space, word swap for language models.
 
-    Writes <out>/<suite>.json, .md tables and .png plots; finished items are kept in <out>/results and
-    reused when the command is run again with the same parameters."""
+    A study without training: writes <out>/report.md, summary.json and .png plots (the study report),
+    <out>/settings.json, and per-example results per model in <out>/results/<label>.json; finished items
+    are reused when the command is run again with the same parameters."""
     from ..train.distributed import resolve_device
 
     suites = parse_list(suite)
@@ -72,22 +81,102 @@ def robustness_cmd(
     attack_options: dict[str, dict[str, int]] = {}
     if steps is not None:
         attack_options = {"pgd": {"steps": steps}, "sld": {"steps": steps}, "cw": {"steps": steps}}
+
     def opt_str(p: Path | None) -> str | None:
         return None if p is None else str(p)
 
-    opts = Options(
-        split=split, n=n, batch_size=batch_size, seed=seed, corruptions=names,
-        severities=parse_ints(severities, "--severities"), imagenet_c=opt_str(imagenet_c),
-        cache=cache, methods=parse_list(method), eps=parse_floats(eps, "--eps") if eps else None, attack_n=attack_n,
-        attack_options=attack_options, imagenet_a=opt_str(imagenet_a), imagenet_r=opt_str(imagenet_r),
-        imagenet_o=opt_str(imagenet_o), imagenet_val=opt_str(imagenet_val),
-        lm_splits=parse_list(lm_splits), rate=rate, stride=stride, max_tokens=max_tokens, baseline=baseline,
-        progress=progress,
-    )
-    run_robustness([str(c) for c in checkpoints], suites, out, opts,
-                   labels=parse_list(labels) if labels else None, device=str(resolve_device(device)), ema=ema,
-                   dataset=dataset, data_root=opt_str(data_root))
-    for s in suites:
-        md = out / f"{s}.md"
-        typer.echo(md.read_text())
-    typer.echo("reports: " + ", ".join(str(out / f"{s}.md") for s in suites))
+    study = robustness_study(
+        [str(c) for c in checkpoints], suites, labels=parse_list(labels) if labels else None, baseline=baseline,
+        dataset=dataset, data_root=opt_str(data_root), ema=ema, device=str(resolve_device(device)),
+        split=split, n=n, corruptions=names, severities=parse_ints(severities, "--severities"),
+        imagenet_c=opt_str(imagenet_c), methods=parse_list(method),
+        eps=parse_floats(eps, "--eps") if eps else None, attack_n=attack_n, attack_options=attack_options,
+        ood={"imagenet_a": opt_str(imagenet_a), "imagenet_r": opt_str(imagenet_r),
+             "imagenet_o": opt_str(imagenet_o), "imagenet_val": opt_str(imagenet_val)},
+        lm_splits=parse_list(lm_splits), rate=rate, stride=stride, max_tokens=max_tokens,
+        batch_size=batch_size, seed=seed)
+    from ..report.study import write_study_report
+    from ..studies.engine import run_study
+
+    run_study(study, out, runs=out, device=str(resolve_device(device)), cache=cache, progress=progress,
+              checks=False, report=False)
+    report = write_study_report(out)  # here a failure is the command's error, not a warning
+    typer.echo(report.read_text())
+    typer.echo(f"report: {report}")
+
+
+def _slug(label: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "_." else "_" for ch in label)
+
+
+def robustness_study(
+    paths: list[str], suites: tuple[str, ...], *, labels: tuple[str, ...] | None = None,
+    baseline: str | None = None, dataset: str | None = None, data_root: str | None = None, ema: bool = False,
+    device: str = "cpu", split: str = "test", n: int | None = None, corruptions: tuple[str, ...] = (),
+    severities: tuple[int, ...] = (1, 2, 3, 4, 5), imagenet_c: str | None = None,
+    methods: tuple[str, ...] = ("fgsm", "pgd"), eps: tuple[float, ...] | None = None, attack_n: int = 500,
+    attack_options: dict[str, dict[str, int]] | None = None, ood: dict[str, str | None] | None = None,
+    lm_splits: tuple[str, ...] = ("valid", "test"), rate: float = 0.015, stride: int = 1,
+    max_tokens: int | None = None, batch_size: int = 128, seed: int = 0,
+) -> Any:
+    """The study the ``robustness`` command runs: one variant per model (``Variant.source``), one seed,
+    the suites of the models' task built from the command's options. Every option is checked, and every
+    model's config read (a missing checkpoint, an unknown model or a missing ``--dataset`` fail here),
+    before anything is evaluated."""
+    from ..robustness import attacks as A
+    from ..studies.sources import LoadedSource, default_labels
+    from ..studies.spec import Source, Study, Variant
+    from ..tasks import get as get_task
+    from ..tasks.classification.suites import Attack, Corruptions, ImageSuites, OODSets
+    from ..tasks.language.suites import LMSuites
+
+    if not paths:
+        raise ValueError("no checkpoints given")
+    attack_options = attack_options or {}
+    if "attacks" in suites:  # every attack option checked before any model is loaded or evaluated
+        for m in methods:
+            if m not in A.METHODS:
+                raise ValueError(f"unknown attack {m!r}; valid: {', '.join(A.METHODS)}")
+            for e in (eps if eps is not None else A.DEFAULT_EPS[m]):
+                A.check_attack_options(m, e, dict(attack_options.get(m, {})))
+    names = list(labels) if labels else default_labels(paths)
+    if len(names) != len(paths) or len(set(names)) != len(names) \
+            or len({_slug(x) for x in names}) != len(names):
+        raise ValueError(f"need one distinct label per checkpoint, got {names} for {len(paths)} checkpoints")
+    if baseline is not None and baseline not in names:  # before any evaluation, not after it
+        raise ValueError(f"baseline {baseline!r} is not among the checkpoints' labels: {', '.join(names)}")
+    image = [s for s in suites if s in IMAGE_SUITES]
+    if image:
+        # validated here, before any model is read
+        corr = Corruptions(tuple(corruptions), tuple(severities), n=n) if "corruptions" in suites else None
+    sources = [Source(p, dataset, data_root, ema) for p in paths]
+    tasks_ = {p: get_task(LoadedSource(s, device).config.task) for p, s in zip(paths, sources, strict=True)}
+    task = next(iter(tasks_.values()))
+    if any(t is not task for t in tasks_.values()):
+        raise ValueError("the models are of different tasks: "
+                         + ", ".join(f"{p} ({t.name})" for p, t in tasks_.items()))
+    if image and task.takes_tokens:
+        raise ValueError(f"{paths[0]}: the {', '.join(image)} suite(s) need image classifiers, got a "
+                         f"{task.title} model (task={task.name!r}); language models take --suite wordswap")
+    if "wordswap" in suites and not task.takes_tokens:
+        raise ValueError(f"{paths[0]}: wordswap needs a language-model checkpoint, got task={task.name!r}")
+    if "wordswap" in suites and image:
+        raise ValueError("wordswap (language models) and the image suites cannot run on the same models")
+    if task.takes_tokens:
+        evaluated: Any = LMSuites(tokens=max_tokens, splits=tuple(lm_splits), swap_rate=rate, swap_seed=seed,
+                                  batch_size=batch_size, stride=stride)
+    else:
+        attacks = tuple(Attack(m, tuple(eps if eps is not None else A.DEFAULT_EPS[m]), n=attack_n,
+                               options=dict(attack_options.get(m, {}))) for m in methods) \
+            if "attacks" in suites else ()
+        clean = n if "corruptions" in suites or "attacks" not in suites else attack_n
+        evaluated = ImageSuites(clean=clean, corruptions=corr, attacks=attacks, data_seed=seed,
+                                batch_size=batch_size, attack_batch_size=batch_size,
+                                ood=OODSets(**(ood or {})) if "ood" in suites else None, split=split,
+                                imagenet_c=imagenet_c)
+    variants = tuple(Variant(_slug(lab), lab, p.partition("@")[0], source=src)
+                     for lab, p, src in zip(names, paths, sources, strict=True))
+    base = _slug(baseline or names[0])
+    return Study(name="robustness", title=f"Robustness: {', '.join(names)}", variants=variants, seeds=(0,),
+                 preset="", recipe={}, suites=evaluated, baseline=base, task_name=task.name,
+                 description=f"Existing models evaluated side by side ({', '.join(suites)}); no training.")

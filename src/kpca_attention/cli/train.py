@@ -86,10 +86,11 @@ def evaluate_cmd(
 ) -> None:
     """Top-1/top-5 accuracy (vision) or perplexity (language models) of a checkpoint or model."""
     from ..io import write_text_atomic
-    from ..robustness.run import Checkpoint
+    from ..studies.sources import LoadedSource
+    from ..studies.spec import Source
     from ..train.evaluate import evaluate_checkpoint
 
-    ref = Checkpoint(checkpoint, "model", dataset=dataset, data_root=data_root)
+    ref = LoadedSource(Source(checkpoint, dataset=dataset, data_root=data_root))
     is_name = "@" in checkpoint or ("/" not in checkpoint and not Path(checkpoint).exists())
     if is_name and not dataset:
         raise ValueError(f"{checkpoint} is a model name, not a run directory: give --dataset (and --data-root) "
