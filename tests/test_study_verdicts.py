@@ -184,3 +184,28 @@ def test_margin_and_study_validation() -> None:
     assert d["margins"] == {"ppl/test": {"value": 1.1, "source": "paper Table 3, test"},
                             "ppl/valid": {"value": 0.99, "source": "paper Table 3, valid"}}
     assert quick_language_study().to_dict()["margins"] == {}
+
+
+def test_two_seeds_report_and_power_at_one_degree_of_freedom(study_dir: Path) -> None:
+    """With 2 seeds (1 degree of freedom) scipy's noncentral t gives NaN at large noncentrality; the
+    power falls back on an integral over the sample SD: checked against a simulation, and a 2-seed
+    study reports with a finite MDE."""
+    from scipy import stats as st
+
+    from kpca_attention.report.stats import mde_paired, paired_t_power
+
+    rng = np.random.default_rng(1)
+    d = rng.normal(8.0, 1.0, size=(400_000, 2))
+    t = d.mean(1) / (d.std(1, ddof=1) / math.sqrt(2))
+    sim = float(np.mean(np.abs(t) > st.t.ppf(0.975, 1)))
+    se = math.sqrt(sim * (1 - sim) / d.shape[0])
+    assert paired_t_power(8.0, 1.0, 2) == pytest.approx(sim, abs=4 * se)
+    m = mde_paired(1.0, 2)
+    assert math.isfinite(m) and paired_t_power(m, 1.0, 2) == pytest.approx(0.8, abs=1e-6)
+    for f in (study_dir / "results").glob("*-s*.json"):
+        if not f.name.endswith(("-s0.json", "-s1.json")):
+            f.unlink()
+    write_study_report(study_dir)
+    cells = read_json(study_dir / "summary.json")["verdicts"]["cells"]
+    assert all(c["n"] == 2 and c["mde"] is not None and c["mde"] > 0 for per in cells.values()
+               for c in per.values())

@@ -145,7 +145,20 @@ def paired_t_power(effect: float, sd: float, n: int, alpha: float = 0.05) -> flo
         return float(effect != 0)
     df, nc = n - 1, effect * math.sqrt(n) / sd
     tc = stats.t.ppf(1 - alpha / 2, df)
-    return float(stats.nct.sf(tc, df, nc) + stats.nct.cdf(-tc, df, nc))
+    p = float(stats.nct.sf(tc, df, nc) + stats.nct.cdf(-tc, df, nc))
+    if math.isfinite(p):
+        return p
+    # scipy's nct gives NaN at 1 degree of freedom (2 seeds) and a large noncentrality: integrate over the
+    # sample SD instead, T = (Z + nc) / (U / sqrt(df)) with U chi-distributed, |T| > tc <=> |Z + nc| > c U
+    from scipy import integrate
+
+    c = tc / math.sqrt(df)
+
+    def reject(u: float) -> float:
+        return (stats.norm.sf(c * u - nc) + stats.norm.cdf(-c * u - nc)) * stats.chi.pdf(u, df)
+
+    val, _ = integrate.quad(reject, 0.0, float(stats.chi.isf(1e-15, df)), limit=200, epsabs=1e-12)
+    return float(min(1.0, max(0.0, val)))
 
 
 def mde_paired(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
