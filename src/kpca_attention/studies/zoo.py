@@ -1,0 +1,95 @@
+"""The robust-attention family side by side on one harness (``zoo``, ``zoo-language``).
+
+Each mechanism of this line of work was published with its own code, protocol and one run per number.
+Here every one is trained with the same recipe, on the same batches (the runs of one seed share the seed),
+and evaluated on the same images with the same attacks, over seeds, so the paired differences - against
+the asymmetric ViT (the baseline these papers use) and against SymViT - can be given verdicts.
+
+``zoo``: the ``rpc-seeds`` harness (the mini ViT on Fashion-MNIST, 2,000 training images held out for
+validation, its recipe and its suites: clean; 15 corruptions x 5 severities with mCE; FGSM / PGD-20 at
+1, 2, 4, 8 / 255; APGD-CE and Square at 4/255; SPSA and CW on seed 0). SymViT, ViT and RPC-SymViT are
+the same variants with the same settings as in ``rpc-seeds``: their results are taken from there
+(identical keys) instead of being trained again. Every mechanism at its paper's defaults (asymmetric,
+as their papers train them), 3 seeds.
+
+``zoo-language``: the ``language`` study's harness (the small causal LM on the King James Bible, clean and
+word-swap perplexity) with the mechanisms that apply to a causal LM (FAN is vision only), 3 seeds.
+"""
+
+from __future__ import annotations
+
+from .demo import RPC_OFFICIAL
+from .language import LANGUAGE_RECIPE, LM_RPC
+from .rpc_seeds import MAIN_SEEDS
+from .spec import Study, Variant
+from .vision import SIZE, VISION_RECIPE, image_suites
+
+__all__ = ["zoo_study", "zoo_language_study", "ZOO_MECHANISMS"]
+
+#: slug -> (label, registered family name prefix, what). Each at its paper's defaults (attention/ modules).
+ZOO_MECHANISMS: dict[str, tuple[str, str, str]] = {
+    "twicing": ("Twicing", "twicing", "(2A - A^2) V in every block (ICLR 2025)"),
+    "neutreno": ("NeuTRENO", "neutreno", "A V + 0.6 (V^0 - V^l) after the first block (NeurIPS 2023)"),
+    "pid": ("PIDformer", "pid",
+            "PID control of V^0 - V^l across blocks (ICML 2024; gains: attention/pid.py)"),
+    "elliptical": ("Elliptical", "elliptical", "queries scaled by the per-dimension change of the values "
+                   "between blocks, no gradient through the metric (NeurIPS 2024)"),
+    "kde": ("KDE", "kde", "softmax(-||q - k/||k|| ||^2 / sqrt d) V (robust_transformer)"),
+    "rkde": ("RKDE-Huber", "rkde", "Huber-reweighted KDE, a = 0.2, the paper's norm (robust_transformer)"),
+    "rvt": ("RVT scaling", "rvt",
+            "position-aware attention scaling sigmoid(W_p) in the first blocks (CVPR 2022)"),
+    "fan": ("FAN", "fan", "channel-attention MLP blocks (ICML 2022)"),
+    "rpc_fan": ("RPC-FAN", "rpc_fan", "FAN with RPC-Attention in block 1, 4 iterations, lambda 4 "
+                "(RPC paper Tables 9-10)"),
+}
+#: mechanisms with a causal LM (FAN's channel attention is defined on an image grid only)
+LM_MECHANISMS = ("twicing", "neutreno", "pid", "elliptical", "kde", "rkde", "rvt")
+
+
+def zoo_study(*, seeds: tuple[int, ...] = MAIN_SEEDS[:3], corrupt_images: int = 500,
+              attack_images: int = 500) -> Study:
+    seeds = tuple(seeds)
+    variants = (
+        Variant("symvit", "SymViT", f"symvit_{SIZE}", {}, "symmetric softmax attention in every block"),
+        Variant("vit", "ViT (asymmetric)", f"vit_{SIZE}", {}, "ordinary softmax attention with queries"),
+        Variant("rpc_official", "RPC-SymViT 4 it.", f"rpc_symvit_{SIZE}", dict(RPC_OFFICIAL),
+                "PAP in block 1, 4 iterations, lambda 4, tau = lambda * mu (official code)"),
+        *(Variant(slug, label, f"{prefix}_vit_{SIZE}", {}, what)
+          for slug, (label, prefix, what) in ZOO_MECHANISMS.items()),
+    )
+    return Study(
+        name="zoo",
+        title="The robust-attention family on one harness: every mechanism against the ViT and SymViT "
+              "over seeds",
+        description="The rpc-seeds harness: the 64-wide 4-block mini ViT on Fashion-MNIST (58,000 training "
+                    "images, 2,000 held out for validation), the same recipe, batches and test images for "
+                    "every mechanism.",
+        variants=variants, seeds=seeds, preset="fmnist-cpu", recipe=VISION_RECIPE,
+        suites=image_suites(seeds, corrupt_images, attack_images),
+        baseline="vit", trace=512,
+    )
+
+
+def zoo_language_study(*, seeds: tuple[int, ...] = (0, 1, 2), epochs: int = 6, tokens: int | None = 20000,
+                       positions: int = 256) -> Study:
+    from ..tasks.language.suites import LMSuites
+
+    size = {"preset": "small"}
+    variants = (
+        Variant("symlm", "Symlm", "symlm", dict(size), "causal symmetric softmax attention in every layer"),
+        Variant("lm", "LM (asymmetric)", "lm", dict(size), "ordinary causal softmax attention with queries"),
+        Variant("rpc_symlm", "RPC-Symlm", "rpc_symlm", {**size, **LM_RPC},
+                "PAP in layer 1 of 4, 4 iterations, lambda 4, prefix mu (causal)"),
+        *(Variant(slug, ZOO_MECHANISMS[slug][0], f"{ZOO_MECHANISMS[slug][1]}_lm", dict(size),
+                  ZOO_MECHANISMS[slug][2]) for slug in LM_MECHANISMS),
+    )
+    return Study(
+        name="zoo-language",
+        title="The robust-attention family in the causal LM on the King James Bible (clean and word-swap "
+              "perplexity)",
+        description="The language study's harness: 4 layers of 4 heads (width 16), d_model 64, context "
+                    "128, every mechanism at its LM defaults; the runs of one seed share the seed and the "
+                    "batches.",
+        variants=variants, seeds=tuple(seeds), preset="lm", recipe={**LANGUAGE_RECIPE, "epochs": epochs},
+        suites=LMSuites(tokens=tokens, positions=positions), baseline="lm", trace=positions,
+    )
