@@ -141,11 +141,12 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
     for folder in sorted(p for p in Path(results).iterdir() if (p / "settings.json").is_file()):
         settings = read_json(folder / "settings.json")
         try:
-            task = for_settings(settings).name
+            task = for_settings(settings)
         except ValueError:
             task = None
-        if task != "vision":
-            notes.append(f"`{folder.name}`: task {task}, no RobustBench threat model - not listed")
+        if task is None or not task.robustbench:
+            name = task.name if task else None
+            notes.append(f"`{folder.name}`: task {name}, no RobustBench threat model - not listed")
             continue
         found = False
         for v in settings.get("variants", []):

@@ -110,6 +110,8 @@ class Task(ABC):
     dense: ClassVar[bool] = False
     #: the suites class of this task's studies
     suites_type: ClassVar[type]
+    #: RobustBench's threat models (Linf, L2, corruptions) apply: an image classifier on [0, 1] inputs
+    robustbench: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

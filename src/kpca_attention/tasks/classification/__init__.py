@@ -65,6 +65,7 @@ class ImageClassification(ImageTask):
     """Image classification (see the module docstring)."""
 
     name = "vision"
+    robustbench = True
     title = "image classification"
     held_out = ("top1", "top5", "loss")
     suites_type = ImageSuites
