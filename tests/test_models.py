@@ -241,9 +241,14 @@ def test_registered_names_unchanged_and_each_one_function() -> None:
     from kpca_attention.models import segmenter, vit
 
     ours = {n for n in timm.list_models() if model_entrypoint(n).__module__.startswith("kpca_attention")}
-    from kpca_attention.models import family  # the family's names are pinned in tests/test_family_models.py
+    from kpca_attention.models import family, fan  # the family's names are pinned in tests/test_family_models.py
 
-    assert ours - set(family.FAMILY_VISION_MODELS) - set(family.FAMILY_SEGMENTATION_MODELS) == REGISTERED
+    assert set(fan.FAN_MODELS) == {"fan_vit_mini_patch4_28", "fan_vit_tiny_patch16_224",
+                                   "rpc_fan_vit_mini_patch4_28", "rpc_fan_vit_tiny_patch16_224"}
+    fan_source = inspect.getsource(fan)
+    assert all(f"def {n}(" in fan_source for n in fan.FAN_MODELS)
+    assert (ours - set(family.FAMILY_VISION_MODELS) - set(family.FAMILY_SEGMENTATION_MODELS)
+            - set(fan.FAN_MODELS)) == REGISTERED
     assert set(vit.VISION_MODELS) | set(segmenter.SEGMENTATION_MODELS) == REGISTERED
     sources = {module: inspect.getsource(module) for module in (vit, segmenter)}
     for name in REGISTERED:
