@@ -11,21 +11,18 @@ import torch
 
 from .spec import Study
 
-__all__ = ["training_throughput", "throughput_check"]
+__all__ = ["training_throughput", "throughput_check", "step_peak_memory", "training_cost",
+           "cost_check"]
 
 
-def training_throughput(study: Study, runs: dict[tuple[str, int], Path], *, repeats: int = 7,
-                        steps: int = 3, batch_size: int | None = None) -> dict[str, float]:
-    """Training images/s of each variant (forward, backward, AdamW step on a fixed batch), measured
-    side by side in this process with interleaved repeats (median): on a shared CPU the training
-    loops' own images/s depend on what else ran at the time, this comparison much less (paper Table 11's
-    ratio). The input shape comes from the study's dataset."""
+def _image_nets(study: Study, batch_size: int | None) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """``({slug: (net, AdamW)}, x, y)``: every variant built with seed 0 and one fixed batch of the study's
+    image shape."""
+    from ..data.images import build_image_dataset
     from ..models import create_model
 
     cfg = study.train_config(study.variants[0], study.seeds[0], "x")
     bs = batch_size or cfg.batch_size
-    from ..data.images import build_image_dataset
-
     x0, _ = build_image_dataset(cfg.dataset, "test")[0]
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(bs, *x0.shape, generator=gen)
@@ -35,14 +32,53 @@ def training_throughput(study: Study, runs: dict[tuple[str, int], Path], *, repe
         torch.manual_seed(0)
         net = create_model(v.model, num_classes=10, in_chans=x0.shape[0], **dict(v.kwargs)).train()
         nets[v.slug] = (net, torch.optim.AdamW(net.parameters(), lr=1e-4))
+    return nets, x, y
+
+
+def _step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    opt.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    opt.step()
+
+
+def step_peak_memory(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+                     y: torch.Tensor) -> float:
+    """Peak CPU tensor memory (MiB) allocated during one training step (forward, backward, AdamW step)
+    above what was live before it, from ``torch.profiler``'s CPU memory records (``profile_memory=True``):
+    the net allocation of each operator, accumulated in the order the operators start. Memory an operator
+    allocates and frees inside itself is not seen, so this is a lower bound of the true peak; it counts the
+    activations kept for backward, the gradients and the temporaries between operators. (``tracemalloc``
+    does not see tensor storage: torch allocates it outside Python's allocator.) Run one step first, so that
+    the optimizer state already exists."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        _step(net, opt, x, y)
+    cur = peak = 0
+    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+        cur += e.self_cpu_memory_usage
+        peak = max(peak, cur)
+    return peak / 2**20
+
+
+def training_throughput(study: Study, runs: dict[tuple[str, int], Path], *, repeats: int = 7,
+                        steps: int = 3, batch_size: int | None = None) -> dict[str, float]:
+    """Training images/s of each variant (forward, backward, AdamW step on a fixed batch), measured
+    side by side in this process with interleaved repeats (median): on a shared CPU the training
+    loops' own images/s depend on what else ran at the time, this comparison much less (paper Table 11's
+    ratio). The input shape comes from the study's dataset."""
+    nets, x, y = _image_nets(study, batch_size)
+    return _rates(nets, x, y, repeats, steps)
+
+
+def _rates(nets: dict, x: torch.Tensor, y: torch.Tensor, repeats: int, steps: int) -> dict[str, float]:
+    bs = x.shape[0]
 
     def run(slug: str, n: int) -> float:
         net, opt = nets[slug]
         t0 = time.perf_counter()
         for _ in range(n):
-            opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(net(x), y).backward()
-            opt.step()
+            _step(net, opt, x, y)
         return bs * n / (time.perf_counter() - t0)
 
     for slug in nets:  # warm-up
@@ -70,3 +106,34 @@ class _ThroughputRun:
 
     def __call__(self, study: Study, runs: dict[tuple[str, int], Path]) -> dict[str, float]:
         return training_throughput(study, runs, repeats=self.repeats)
+
+
+def training_cost(study: Study, runs: dict[tuple[str, int], Path], *, repeats: int = 7, steps: int = 3,
+                  batch_size: int | None = None) -> list[dict[str, object]]:
+    """Training throughput and peak memory of every variant side by side: one row per variant with its
+    images/s (:func:`training_throughput`'s interleaved median), the peak tensor memory of one training
+    step (:func:`step_peak_memory`, MiB, at the recipe's batch size) and both as ratios to the study's
+    baseline."""
+    nets, x, y = _image_nets(study, batch_size)
+    rates = _rates(nets, x, y, repeats, steps)  # warms every net up: the optimizer state exists
+    peak = {slug: step_peak_memory(net, opt, x, y) for slug, (net, opt) in nets.items()}
+    base = study.baseline
+    label = {v.slug: v.label for v in study.variants}
+    return [{"variant": label[s], "images/s": rates[s], f"speed vs {label[base]}": rates[s] / rates[base],
+             "peak MiB": peak[s], f"memory vs {label[base]}": peak[s] / peak[base] if peak[base] else None}
+            for s in nets]
+
+
+def cost_check(repeats: int = 7):
+    """A :class:`Check` measuring :func:`training_cost` (throughput and peak memory side by side)."""
+    from .spec import Check
+
+    return Check("cost", "Training throughput and peak memory side by side (images/s: median of interleaved "
+                 "repeats; peak MiB: tensor memory of one training step from torch.profiler's CPU memory "
+                 "records, a lower bound)", _CostRun(repeats),
+                 key={"repeats": repeats, "threads": torch.get_num_threads(), "memory": "torch.profiler"})
+
+
+class _CostRun(_ThroughputRun):
+    def __call__(self, study: Study, runs: dict[tuple[str, int], Path]) -> list[dict[str, object]]:
+        return training_cost(study, runs, repeats=self.repeats)

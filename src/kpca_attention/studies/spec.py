@@ -18,7 +18,7 @@ from ..tasks import Task
 from ..tasks import get as get_task
 from ..train import TrainConfig, get_preset
 
-__all__ = ["Variant", "Study", "Check", "Margin", "Source"]
+__all__ = ["Variant", "Study", "Check", "Margin", "Source", "Leaderboard"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,28 @@ class Margin:
 
 
 @dataclass(frozen=True)
+class Leaderboard:
+    """A study's leaderboard, written by the one study report: one row per variant with the mean +- std
+    over seeds of ``metrics`` (the report's metric keys, e.g. ``("clean", "corrupted", "pgd@4")``; the
+    ones a folder has not measured are left out), the paired difference of each against the study's
+    baseline with its 95 % interval, verdict word and margin, and a plot of ``plot[1]`` against
+    ``plot[0]`` (one point per variant, seed error bars; e.g. clean vs robust accuracy)."""
+
+    metrics: tuple[str, ...]
+    plot: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.metrics or not all(isinstance(k, str) and k for k in self.metrics):
+            raise ValueError(f"a leaderboard needs metric keys, got {self.metrics!r}")
+        if self.plot is not None and (len(self.plot) != 2 or not all(isinstance(k, str) and k
+                                                                      for k in self.plot)):
+            raise ValueError(f"a leaderboard plot is (x metric key, y metric key), got {self.plot!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metrics": list(self.metrics), "plot": None if self.plot is None else list(self.plot)}
+
+
+@dataclass(frozen=True)
 class Check:
     """An extra measurement of a study as a whole (e.g. side-by-side training throughput): ``run``
     is called as ``run(study, runs) -> JSON-able result`` with ``runs = {(slug, seed): run dir}`` of
@@ -115,8 +137,15 @@ class Study:
         checks: extra study-wide measurements.
         margins: ``{metric key: Margin}``, the equivalence margins declared before the runs (the
             keys are the report's metric keys: ``clean``, ``corrupted``, ``fgsm@8``, ``ppl/test``,
-            ``clean:miou``, ...; :mod:`kpca_attention.studies.margins` holds the paper's). A metric
-            without one can be ``better``, ``worse`` or ``inconclusive``, never ``equivalent``.
+            ``clean:miou``, ...; :mod:`kpca_attention.studies.margins` holds the paper's), and
+            ``{(variant slug, metric key): Margin}`` for a margin of one variant only (e.g. each
+            mechanism's own paper's effect), which comes before the metric's. A comparison without
+            one can be ``better``, ``worse`` or ``inconclusive``, never ``equivalent``.
+        also_against: further comparators (variant slugs) besides ``baseline``: the report gives the
+            paired verdicts of every other variant against each, in the same Holm family.
+        reuse: other studies (folder names beside this study's ``--out``) whose per-run results this
+            one takes instead of training and evaluating again, when every item has the same key.
+        leaderboard: the report's leaderboard table and plot (:class:`Leaderboard`), or None.
         task_name: the task of a study whose variants are all existing models (``Variant.source``;
             ``preset`` may then be empty): what the models do, since no preset says it.
     """
@@ -132,18 +161,34 @@ class Study:
     description: str = ""
     trace: int = 0
     checks: tuple[Check, ...] = ()
-    margins: Mapping[str, Margin] = field(default_factory=dict)
+    margins: Mapping[str | tuple[str, str], Margin] = field(default_factory=dict)
     task_name: str | None = None
+    also_against: tuple[str, ...] = ()
+    reuse: tuple[str, ...] = ()
+    leaderboard: Leaderboard | None = None
 
     def __post_init__(self) -> None:
-        for k, m in dict(self.margins).items():
-            if not isinstance(k, str) or not k or not isinstance(m, Margin):
-                raise ValueError(f"margins map metric keys to Margin(value, source); got {k!r}: {m!r}")
         slugs = [v.slug for v in self.variants]
+        for k, m in dict(self.margins).items():
+            per_variant = isinstance(k, tuple) and len(k) == 2 and all(isinstance(x, str) and x for x in k)
+            if not (per_variant or (isinstance(k, str) and k)) or not isinstance(m, Margin):
+                raise ValueError("margins map metric keys, or (variant slug, metric key), to "
+                                 f"Margin(value, source); got {k!r}: {m!r}")
+            if per_variant and k[0] not in slugs:
+                raise ValueError(f"margin {k!r}: {k[0]!r} is not a variant; valid: {', '.join(slugs)}")
         if len(set(slugs)) != len(slugs):
             raise ValueError(f"variant slugs must be distinct, got {slugs}")
         if self.baseline not in slugs:
             raise ValueError(f"baseline {self.baseline!r} is not a variant; valid: {', '.join(slugs)}")
+        for c in self.also_against:
+            if c not in slugs or c == self.baseline or list(self.also_against).count(c) > 1:
+                raise ValueError(f"also_against {c!r} must be a variant other than the baseline, named once; "
+                                 f"valid: {', '.join(s for s in slugs if s != self.baseline)}")
+        for r in self.reuse:
+            if not isinstance(r, str) or not r or r == self.name or "/" in r or r.startswith("."):
+                raise ValueError(f"reuse names another study's folder (beside this one's), got {r!r}")
+        if self.leaderboard is not None and not isinstance(self.leaderboard, Leaderboard):
+            raise ValueError(f"leaderboard must be a Leaderboard, got {self.leaderboard!r}")
         if not self.seeds:
             raise ValueError("a study needs at least one seed")
         if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
@@ -205,9 +250,26 @@ class Study:
             "task": self.task.name, "suites": self.suites.to_dict(),
             "variants": [_variant_dict(v) for v in self.variants],
             "checks": [c.name for c in self.checks],
-            "margins": {k: m.to_dict() for k, m in self.margins.items()},
+            "margins": {k: m.to_dict() for k, m in self.margins.items() if isinstance(k, str)},
         }
+        # recorded only when used, so that the settings of the studies before these fields read as before
+        per_variant: dict[str, dict[str, Any]] = {}
+        for k, m in self.margins.items():
+            if isinstance(k, tuple):
+                per_variant.setdefault(k[0], {})[k[1]] = m.to_dict()
+        if per_variant:
+            d["variant_margins"] = per_variant
+        if self.also_against:
+            d["also_against"] = list(self.also_against)
+        if self.reuse:
+            d["reuse"] = list(self.reuse)
+        if self.leaderboard is not None:
+            d["leaderboard"] = self.leaderboard.to_dict()
         return json.loads(json.dumps(d, default=list))
+
+    def margin(self, slug: str, key: str) -> Margin | None:
+        """The margin of variant ``slug`` on metric ``key``: its own, else the metric's, else None."""
+        return self.margins.get((slug, key)) or self.margins.get(key)
 
 
 def _variant_dict(v: Variant) -> dict[str, Any]:

@@ -12,19 +12,29 @@ the same variants with the same settings as in ``rpc-seeds``: their results are 
 (identical keys) instead of being trained again. Every mechanism at its paper's defaults (asymmetric,
 as their papers train them), 3 seeds.
 
+Margins (studies/margins.py, ZOO_MARGINS; docs/verdicts.md has the table of sources): each mechanism's
+OWN paper's reported gain, per (variant, metric); a mechanism whose numbers could not be found has none.
+Verdicts against the ViT (the baseline) and against SymViT (``also_against``), one Holm family over both.
+The report adds a leaderboard (clean, corrupted and the 4/255 attacks) and a plot of clean against PGD
+4/255 accuracy. ``kpca-attention study zoo`` without ``--no-checks`` measures training throughput and peak
+memory of every mechanism side by side (checks.cost_check).
+
 ``zoo-language``: the ``language`` study's harness (the small causal LM on the King James Bible, clean and
 word-swap perplexity) with the mechanisms that apply to a causal LM (FAN is vision only), 3 seeds.
 """
 
 from __future__ import annotations
 
+from .checks import cost_check
 from .demo import RPC_OFFICIAL
 from .language import LANGUAGE_RECIPE, LM_RPC
+from .margins import zoo_language_margins, zoo_margins
 from .rpc_seeds import MAIN_SEEDS
-from .spec import Study, Variant
+from .spec import Leaderboard, Margin, Study, Variant
 from .vision import SIZE, VISION_RECIPE, image_suites
 
-__all__ = ["zoo_study", "zoo_language_study", "ZOO_MECHANISMS"]
+__all__ = ["zoo_study", "zoo_language_study", "ZOO_MECHANISMS", "ZOO_LEADERBOARD",
+           "ZOO_LM_LEADERBOARD"]
 
 #: slug -> (label, registered family name prefix, what). Each at its paper's defaults (attention/ modules).
 ZOO_MECHANISMS: dict[str, tuple[str, str, str]] = {
@@ -44,6 +54,16 @@ ZOO_MECHANISMS: dict[str, tuple[str, str, str]] = {
 }
 #: mechanisms with a causal LM (FAN's channel attention is defined on an image grid only)
 LM_MECHANISMS = ("twicing", "neutreno", "pid", "elliptical", "kde", "rkde", "rvt")
+#: the zoo's leaderboard: clean, corrupted, the attacks at 4/255; the plot: clean against PGD 4/255
+ZOO_LEADERBOARD = Leaderboard(("clean", "corrupted", "fgsm@4", "pgd@4", "apgd-ce@4", "square@4"),
+                              plot=("clean", "pgd@4"))
+ZOO_LM_LEADERBOARD = Leaderboard(("ppl/valid", "ppl/test", "wordswap/valid", "wordswap/test"),
+                                 plot=("ppl/test", "wordswap/test"))
+
+
+def _flat(per_variant: dict[str, dict[str, Margin]], slugs: set[str]) -> dict[tuple[str, str], Margin]:
+    """``{(slug, metric): Margin}`` of the variants a study has."""
+    return {(s, k): m for s, d in per_variant.items() if s in slugs for k, m in d.items()}
 
 
 def zoo_study(*, seeds: tuple[int, ...] = MAIN_SEEDS[:3], corrupt_images: int = 500,
@@ -66,7 +86,9 @@ def zoo_study(*, seeds: tuple[int, ...] = MAIN_SEEDS[:3], corrupt_images: int = 
                     "every mechanism.",
         variants=variants, seeds=seeds, preset="fmnist-cpu", recipe=VISION_RECIPE,
         suites=image_suites(seeds, corrupt_images, attack_images),
-        baseline="vit", trace=512,
+        baseline="vit", trace=512, also_against=("symvit",), reuse=("rpc-seeds",),
+        margins=_flat(zoo_margins(), {v.slug for v in variants}), leaderboard=ZOO_LEADERBOARD,
+        checks=(cost_check(7),),
     )
 
 
@@ -92,4 +114,6 @@ def zoo_language_study(*, seeds: tuple[int, ...] = (0, 1, 2), epochs: int = 6, t
                     "batches.",
         variants=variants, seeds=tuple(seeds), preset="lm", recipe={**LANGUAGE_RECIPE, "epochs": epochs},
         suites=LMSuites(tokens=tokens, positions=positions), baseline="lm", trace=positions,
+        also_against=("symlm",), margins=_flat(zoo_language_margins(), {v.slug for v in variants}),
+        leaderboard=ZOO_LM_LEADERBOARD,
     )
