@@ -14,6 +14,13 @@ Files (``out`` is the study's results folder, small enough to commit; ``runs`` h
     <runs>/<slug>-s<seed>/           training run directories (kpca_attention.train)
     <runs>/cache/                    corrupted test images, shared by every run
 
+A study's declared margins (``Study.margins``) are fixed once its folder holds results: another value is
+refused like other settings (``--force`` starts again); ``margins_note`` is kept.
+
+Reuse across studies (``Study.reuse``): before a (variant, seed) is trained or evaluated, the results file
+``<out>/../<other>/results/<slug>-s<seed>.json`` of another study named there is copied into this study's
+results when it holds every item of the run with this study's key (the rule below), and the log says so.
+
 Reuse, so a study can be continued on another machine from committed results: a run whose results
 file holds every item with the same key (the training settings that change the weights, and the
 evaluation parameters) is neither trained nor evaluated again - its checkpoint is not even needed.
@@ -139,6 +146,8 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
         return _evaluate_source(study, variant, out, runs, progress=progress, device=device or "cpu",
                                 cache=cache)
     log = _say(f"{slug} s{seed}")
+    if study.reuse:
+        _take_from_other_studies(study, variant, seed, out, runs, log)
     store = ResultStore(result_path(out, variant, seed))
     key = _run_key(study, variant, seed, runs)
     state: dict[str, Any] = {}
@@ -154,6 +163,15 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
         return state["model"]
 
     t0 = time.perf_counter()
+    _evaluate_run(study, variant, seed, runs, store, key, run_dir, model, log=log, progress=progress)
+    _done(store, t0, log)
+    return store.path
+
+
+def _evaluate_run(study: Study, variant: Variant, seed: int, runs: Path, store: Any, key: dict[str, Any],
+                  run_dir: Callable[[], Path], model: Callable[[], nn.Module], *,
+                  log: Callable[[str], None], progress: bool) -> None:
+    """Every item of one trained run: the training summary, the task's suites, the PAP trace."""
     task = study.task
     store.get_or_compute("run", key, lambda: _training_summary(task, run_dir(), model()))
     cfg = study.train_config(variant, seed, str(run_dir_of(runs, variant, seed)))
@@ -168,8 +186,73 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
             return trace_model(model(), task.trace_batches(study.suites, cfg, study.trace))
 
         store.get_or_compute("trace", {**key, "n": study.trace}, trace)
-    _done(store, t0, log)
-    return store.path
+
+
+class _Missing(Exception):
+    """An item a store does not hold with the key asked for (raised by :class:`_Probe`)."""
+
+
+class _Probe:
+    """A read-only view of a :class:`ResultStore` that answers every item it holds with the same key and
+    raises :class:`_Missing` for any other: running a run's evaluation against it tells, without
+    computing or writing anything, whether the file holds everything this study would compute."""
+
+    def __init__(self, store: ResultStore) -> None:
+        self.store = store
+        self.path = store.path
+
+    def get(self, item: str, key: dict[str, Any]) -> Any | None:
+        return self.store.get(item, key)
+
+    def put(self, item: str, key: dict[str, Any], result: Any) -> None:
+        raise _Missing(item)  # a legacy item under an older key: the file is not complete as it is
+
+    def get_or_compute(self, item: str, key: dict[str, Any], compute: Callable[[], Any]) -> tuple[Any, bool]:
+        hit = self.store.get(item, key)
+        if hit is None:
+            raise _Missing(item)
+        return hit, True
+
+
+def _holds_everything(study: Study, variant: Variant, seed: int, runs: Path, path: Path) -> bool:
+    """Whether the result file ``path`` holds every item of (variant, seed) of ``study`` with this study's
+    key (the training settings that change the weights, and every evaluation parameter)."""
+    if not path.is_file():
+        return False
+
+    def nothing() -> Any:
+        raise _Missing("a model")  # an item would have to be computed
+
+    try:
+        probe = _Probe(ResultStore(path))
+        _evaluate_run(study, variant, seed, runs, probe, _run_key(study, variant, seed, runs), nothing,
+                      nothing, log=lambda _msg: None, progress=False)
+    except _Missing:
+        return False
+    return True
+
+
+def _take_from_other_studies(study: Study, variant: Variant, seed: int, out: Path, runs: Path,
+                             log: Callable[[str], None]) -> None:
+    """``Study.reuse``: copy ``<out>/../<other>/results/<slug>-s<seed>.json`` into this study's results when
+    it holds every item of this run with the same key and this study's own file does not already."""
+    mine = result_path(out, variant, seed)
+    if _holds_everything(study, variant, seed, runs, mine):
+        return
+    for other in study.reuse:
+        theirs = result_path(out.parent / other, variant, seed)
+        if theirs.resolve() == mine.resolve():
+            continue
+        if _holds_everything(study, variant, seed, runs, theirs):
+            mine.parent.mkdir(parents=True, exist_ok=True)
+            tmp = mine.with_name(mine.name + ".tmp")
+            shutil.copyfile(theirs, tmp)
+            os.replace(tmp, mine)
+            log(f"results of study {other!r} reused: {theirs} holds every item of this run with the same "
+                f"key (model, training settings, suites), copied to {mine}")
+            return
+        if theirs.is_file():
+            log(f"{theirs} not reused: some item is missing or was made with other settings")
 
 
 def _done(store: ResultStore, t0: float, log: Callable[[str], None]) -> None:
@@ -246,9 +329,47 @@ def _check_settings(study: Study, out: Path, force: bool, command: str | None = 
         now["seeds"] = sorted(set(now["seeds"]) | set(saved.get("seeds", [])))
         known = {v["slug"] for v in now["variants"]}
         now["variants"] += [v for v in saved.get("variants", []) if v["slug"] not in known]
+        _check_margins(saved, now, out)
+    if saved and not force:
+        for k in ("margins_note",):  # what was said of this folder's margins stays with them
+            if k in saved and k not in now:
+                now[k] = saved[k]
     if command or (saved or {}).get("command"):
         now["command"] = command or saved["command"]
     write_json_atomic(f, now)
+
+
+def _margin_values(settings: dict[str, Any]) -> dict[str, float]:
+    """``{"metric" or "slug: metric": value}`` of the margins a settings dict declares."""
+    out = {k: float(m["value"]) for k, m in (settings.get("margins") or {}).items()}
+    for slug, per in (settings.get("variant_margins") or {}).items():
+        out.update({f"{slug}: {k}": float(m["value"]) for k, m in per.items()})
+    return out
+
+
+def _check_margins(saved: dict[str, Any], now: dict[str, Any], out: Path) -> None:
+    """Margins are fixed before the runs: once a folder holds results, a declared margin may not change
+    (added, removed or another value; a reworded source is taken) without ``--force``. A folder whose
+    settings predate margins (no ``margins`` entry) takes the definition's, and ``margins_note`` says
+    that they were declared after results existed."""
+    have = sorted((out / "results").glob("*.json")) if (out / "results").is_dir() else []
+    if not have:
+        return
+    if "margins" not in saved:
+        if _margin_values(now) and "margins_note" not in saved:
+            day = time.strftime("%Y-%m-%d", time.gmtime())
+            now["margins_note"] = (f"declared on {day}, after {len(have)} "
+                                   "result file(s) of this folder existed (its settings.json had none): the "
+                                   "values are the published effects of studies/margins.py, not chosen on "
+                                   "these results")
+        return
+    old, new = _margin_values(saved), _margin_values(now)
+    if old != new:
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise ValueError(f"{out}: the equivalence margins were declared before its results and may not "
+                         f"change now ({', '.join(changed)} differ: "
+                         + "; ".join(f"{k} {old.get(k, 'none')} -> {new.get(k, 'none')}" for k in changed)
+                         + "); choose another --out, or --force to start again")
 
 
 def run_study(
