@@ -30,6 +30,7 @@ from ..tables import fmt_num, fmt_p, fmt_pm, markdown_table
 from ..tasks import for_settings as task_of_settings
 from ..tasks.base import SeedMetric, StudySections
 from ..tasks.classification.suites import structure_items
+from .board import leaderboard_lines
 from .forest import forest_plot
 from .verdicts import WORDS_HELP, Family, Verdict
 
@@ -185,28 +186,59 @@ def _margins(settings: Mapping[str, Any]) -> dict[str, dict[str, Any]] | None:
     return None if m is None else {k: dict(v) for k, v in m.items()}
 
 
+def _variant_margins(settings: Mapping[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The margins declared for one variant only, ``{slug: {metric: {"value", "source"}}}``."""
+    per_variant = settings.get("variant_margins") or {}
+    return {s: {k: dict(v) for k, v in per.items()} for s, per in per_variant.items()}
+
+
+def margin_of(margins: Mapping[str, Mapping[str, Any]] | None,
+              variant_margins: Mapping[str, Mapping[str, Mapping[str, Any]]] | None,
+              slug: str, key: str) -> dict[str, Any] | None:
+    """The margin a comparison of variant ``slug`` on metric ``key`` uses: the variant's own, else the
+    metric's, else None."""
+    m = (variant_margins or {}).get(slug, {}).get(key) or (margins or {}).get(key)
+    return None if m is None else dict(m)
+
+
 def study_verdicts(metrics: Sequence[SeedMetric], variants: Sequence[str], base: str, base_label: str,
-                   margins: Mapping[str, Mapping[str, Any]] | None, alpha: float = ALPHA
-                   ) -> tuple[Family, dict[tuple[str, str], Verdict], dict[tuple[str, str], list[int]]]:
+                   margins: Mapping[str, Mapping[str, Any]] | None, alpha: float = ALPHA, *,
+                   variant_margins: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+                   also: Sequence[tuple[str, str, Sequence[str]]] = ()
+                   ) -> tuple[Family, dict[tuple[str, ...], Verdict], dict[tuple[str, ...], list[int]]]:
     """The verdict of every ``(metric key, variant)`` against ``base`` on the seeds both have
-    (:mod:`.verdicts`): one Holm family over all of them, the declared margin of the metric (None:
-    no equivalence). Returns ``(family, {(key, slug): verdict}, {(key, slug): paired seeds})``."""
-    nv, nm = len(variants), len(metrics)
-    fam = Family(f"every seed-level paired t test of this study: {nv} variant{'s' if nv != 1 else ''} x "
-                 f"{nm} metric{'s' if nm != 1 else ''} against {base_label} (variant - baseline per seed; "
-                 "a test with fewer than 2 paired seeds has no p-value and does not count)")
-    seeds: dict[tuple[str, str], list[int]] = {}
+    (:mod:`.verdicts`), and of every ``(metric key, variant, comparator)`` of the further comparisons
+    ``also`` (``(comparator slug, its label, its variants)``): one Holm family over all of them; the
+    margin of each is the variant's own, else the metric's (None: no equivalence). Returns ``(family,
+    {key: verdict}, {key: paired seeds})``."""
+    comps = [(base, base_label, list(variants))] + [(c, cl, list(vs)) for c, cl, vs in also]
+    nm = len(metrics)
+    parts = [f"{len(vs)} variant{'s' if len(vs) != 1 else ''} x {nm} metric{'s' if nm != 1 else ''} "
+             f"against {cl}" for _c, cl, vs in comps]
+    others = ", ".join(cl for _c, cl, _v in comps[1:])
+    fam = Family(f"every seed-level paired t test of this study: {' and '.join(parts)} (variant - "
+                 f"{'comparator' if also else 'baseline'} per seed; a test with fewer than 2 paired seeds "
+                 "has no p-value and does not count)"
+                 + (f"; the comparison of {base_label} with {others} is counted once, in the table against "
+                    f"{base_label}" if also else ""))
+    seeds: dict[tuple[str, ...], list[int]] = {}
     direction = {m.key: m.higher_is_better for m in metrics}
-    for m in metrics:
-        b = m.values.get(base, {})
-        for s in variants:
-            a = m.values.get(s, {})
-            common = sorted(set(a) & set(b))
-            if common:
-                fam.add((m.key, s), [a[sd] - b[sd] for sd in common])
-                seeds[(m.key, s)] = common
-    value = {k: float(v["value"]) for k, v in (margins or {}).items()}
-    verdicts = fam.verdicts(lambda key: value.get(key[0]), lambda key: direction[key[0]], alpha)
+    for i, (comp, _cl, vs) in enumerate(comps):
+        for m in metrics:
+            b = m.values.get(comp, {})
+            for s in vs:
+                a = m.values.get(s, {})
+                common = sorted(set(a) & set(b))
+                if common:
+                    key = (m.key, s) if i == 0 else (m.key, s, comp)
+                    fam.add(key, [a[sd] - b[sd] for sd in common])
+                    seeds[key] = common
+
+    def margin(key: tuple[str, ...]) -> float | None:
+        m = margin_of(margins, variant_margins, key[1], key[0])
+        return None if m is None else float(m["value"])
+
+    verdicts = fam.verdicts(margin, lambda key: direction[key[0]], alpha)
     return fam, verdicts, seeds
 
 
@@ -221,26 +253,66 @@ def _cell(v: Verdict) -> str:
 
 
 def verdict_lines(out: Path, sec: StudySections, summary: dict[str, Any]) -> list[str]:
-    """The verdict section of a study report (table, details, margins, family, forest plots) and
-    ``summary["verdicts"]``."""
+    """The verdict sections of a study report (against the baseline, then against each comparator of
+    ``also_against``: table, margins, details, forest plots; one Holm family over all) and
+    ``summary["verdicts"]`` (the baseline's cells; ``also`` holds the other comparisons')."""
     settings, label, base = sec.settings, sec.label, sec.base
     variants = [s for s in sec.slugs if s != base]
     metrics = [m for m in sec.seed_metrics() if any(m.values.values())]
     if base not in sec.res or not variants or not metrics:
         return []
-    margins = _margins(settings)
-    fam, ver, seeds = study_verdicts(metrics, variants, base, label[base], margins)
+    margins, vmargins = _margins(settings), _variant_margins(settings)
+    also = [(c, label[c], [s for s in sec.slugs if s not in (c, base)])
+            for c in settings.get("also_against", []) if c in sec.res]
+    fam, ver, seeds = study_verdicts(metrics, variants, base, label[base], margins, variant_margins=vmargins,
+                                     also=also)
+    sec.verdicts_ = {k: v for k, v in ver.items() if len(k) == 2}
+    lines: list[str] = []
+    summary["verdicts"] = {"alpha": ALPHA, "baseline": base, "family": fam.to_dict()}
+    for comp, _cl, vs in [(base, label[base], variants), *also]:
+        sub = {(k[0], k[1]): v for k, v in ver.items() if (len(k) == 2) == (comp == base)
+               and (comp == base or k[2] == comp)}
+        sseeds = {(k[0], k[1]): sd for k, sd in seeds.items() if (len(k) == 2) == (comp == base)
+                  and (comp == base or k[2] == comp)}
+        part, cells, plots = _comparison_lines(out, sec, comp, vs, metrics, fam, sub, sseeds, margins,
+                                               vmargins, first=comp == base)
+        lines += part
+        if comp == base:
+            summary["verdicts"].update({
+                "margins": margins, "margins_note": settings.get("margins_note") if margins is not None
+                else "no margin declared (settings.json predates declared margins)",
+                "metrics": {m.key: {"title": m.title, "unit": m.unit, "higher_is_better": m.higher_is_better}
+                            for m in metrics},
+                "cells": cells, "forest_plots": plots,
+                "paired_note": "summary['paired'] and the other example-level entries: " + NOISE_NOTE})
+            if vmargins:
+                summary["verdicts"]["variant_margins"] = vmargins
+        else:
+            summary["verdicts"].setdefault("also", {})[comp] = {"comparator": comp, "cells": cells,
+                                                                "forest_plots": plots}
+    return lines
+
+
+def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequence[str],
+                      metrics: Sequence[SeedMetric], fam: Family, ver: Mapping[tuple[str, str], Verdict],
+                      seeds: Mapping[tuple[str, str], list[int]], margins: Mapping[str, Any] | None,
+                      vmargins: Mapping[str, Any], *, first: bool
+                      ) -> tuple[list[str], dict[str, Any], list[str]]:
+    """One comparison's section: ``(lines, summary cells, forest plot names)``."""
+    settings, label = sec.settings, sec.label
     main_unit = metrics[0].unit
     title = {m.key: m.title for m in metrics}
-    lines = [f"## Verdicts over seeds against {label[base]}", "",
-             f"Per cell: the verdict word, the mean paired difference over seeds (variant - {label[base]}, "
+    lines = [f"## Verdicts over seeds against {label[comp]}", "",
+             f"Per cell: the verdict word, the mean paired difference over seeds (variant - {label[comp]}, "
              f"same seed) and its 95 % t interval, in {main_unit}"
              + "".join(f"; {m.title} in {m.unit}" for m in metrics if m.unit != main_unit)
              + f". Better is {'higher' if metrics[0].higher_is_better else 'lower'}"
              + "".join(f"; for {m.title} {'higher' if m.higher_is_better else 'lower'}" for m in metrics
                        if m.higher_is_better != metrics[0].higher_is_better)
-             + f". alpha = {ALPHA:g}. {fam.statement}. The words (docs/verdicts.md): "
-             + "; ".join(f"`{w}`: {h}" for w, h in WORDS_HELP.items()) + ".", ""]
+             + f". alpha = {ALPHA:g}. {fam.statement}."
+             + (" The words (docs/verdicts.md): " + "; ".join(f"`{w}`: {h}" for w, h in WORDS_HELP.items())
+                + "." if first else f" {label[sec.base]} against {label[comp]} is the mirror of the row of "
+                f"{label[comp]} in the table against {label[sec.base]} (the same test, counted once)."), ""]
     rows = []
     for s in variants:
         n = max((len(seeds[(m.key, s)]) for m in metrics if (m.key, s) in seeds), default=0)
@@ -250,23 +322,32 @@ def verdict_lines(out: Path, sec: StudySections, summary: dict[str, Any]) -> lis
                 row[m.key] = _cell(ver[(m.key, s)])
         rows.append(row)
     lines += [markdown_table(rows, {"variant": "variant", "seeds": "paired seeds", **title}), ""]
-    if margins is None:
+    if margins is None and not vmargins:
         lines += ["Margins: none declared (this folder's settings.json predates declared margins): no "
                   "cell can be `equivalent`; `inconclusive` says that no difference was detected and none "
                   "was excluded.", ""]
-    else:
+    elif first:
+        margins = margins or {}
         used = [k for k in title if k in margins]
+        own = [(s, k) for s in variants for k in title if k in vmargins.get(s, {})]
         lines += ["Margins declared in the study definition (settings.json)"
                   + (f" - {settings['margins_note']}" if settings.get("margins_note") else "")
-                  + (":" if used else ": none for these metrics (no cell can be `equivalent`).")]
+                  + (":" if used or own else ": none for these metrics (no cell can be `equivalent`).")]
         lines += [f"- {title[k]}: +-{margins[k]['value']:g} ({margins[k]['source']})" for k in used]
+        lines += [f"- {label[s]}, {title[k]} (this variant's own): +-{vmargins[s][k]['value']:g} "
+                  f"({vmargins[s][k]['source']})" for s, k in own]
         unused = [k for k in margins if k not in title]
         if unused:
             lines.append(f"- declared, not measured here: {', '.join(unused)}")
         none = [title[m.key] for m in metrics if m.key not in margins]
         if none:
-            lines.append(f"- no margin declared (better / worse / inconclusive only): {', '.join(none)}")
+            lines.append("- no margin declared " + ("for every variant " if vmargins else "")
+                         + f"(better / worse / inconclusive only): {', '.join(none)}"
+                         + ("; a variant's own margin above applies to it" if vmargins else ""))
         lines.append("")
+    else:
+        lines += [f"Margins: the same as against {label[sec.base]} (each variant's own, else the "
+                  "metric's).", ""]
     drows = []
     for (k, s), v in sorted(ver.items(), key=lambda kv: variants.index(kv[0][1])):  # stable: metrics in order
         if v.ci is None:
@@ -292,26 +373,18 @@ def verdict_lines(out: Path, sec: StudySections, summary: dict[str, Any]) -> lis
         prow = [(m.title, ver[(m.key, s)]) for m in metrics if m.unit == main_unit and (m.key, s) in ver]
         if any(v.ci is not None for _, v in prow):
             n = max(v.n for _, v in prow)
-            plots.append(forest_plot(prow, out / f"forest_{s}.png",
-                                     f"{label[s]} - {label[base]} over {n} seeds", main_unit))
+            name = f"forest_{s}.png" if first else f"forest_{s}_vs_{comp}.png"
+            plots.append(forest_plot(prow, out / name, f"{label[s]} - {label[comp]} over {n} seeds",
+                                     main_unit))
     if plots:
         lines += ["Forest plots (one per comparison with >= 2 paired seeds; "
                   + (f"{', '.join(m.title for m in metrics if m.unit != main_unit)} in the table only; "
                      if any(m.unit != main_unit for m in metrics) else "")
                   + "thin line: 95 % interval, thick: 90 % TOST interval, grey band: the margin):", ""]
         lines += [f"![{p.stem}]({p.name})\n" for p in plots]
-    summary["verdicts"] = {
-        "alpha": ALPHA, "baseline": base, "family": fam.to_dict(),
-        "margins": margins, "margins_note": settings.get("margins_note") if margins is not None
-        else "no margin declared (settings.json predates declared margins)",
-        "metrics": {m.key: {"title": m.title, "unit": m.unit, "higher_is_better": m.higher_is_better}
-                    for m in metrics},
-        "cells": {s: {k: {"seeds": seeds[(k, s2)], **v.to_dict()} for (k, s2), v in ver.items() if s2 == s}
-                  for s in variants},
-        "forest_plots": [p.name for p in plots],
-        "paired_note": "summary['paired'] and the other example-level entries: " + NOISE_NOTE,
-    }
-    return lines
+    cells = {s: {k: {"seeds": seeds[(k, s2)], **v.to_dict()} for (k, s2), v in ver.items() if s2 == s}
+             for s in variants}
+    return lines, cells, [p.name for p in plots]
 
 
 # ----------------------------------------------------------------------------- the report
@@ -379,8 +452,9 @@ def write_study_report(out: str | os.PathLike) -> Path:
             **({"throughput": sec.throughput_title, "train min": "train min"} if trained else {})}
     lines += [sec.table_title, "", markdown_table(rows, cols), ""] + sec.table_notes(cols)
 
-    # --- verdicts over seeds -------------------------------------------------------------------------
-    lines += verdict_lines(out, sec, summary)
+    # --- the leaderboard (when the study asks for one) and the verdicts over seeds ---------------------
+    vlines = verdict_lines(out, sec, summary)
+    lines += leaderboard_lines(out, sec, getattr(sec, "verdicts_", {}), summary) + vlines
 
     # --- paired differences ------------------------------------------------------------------------
     if base in res and len(slugs) > 1:

@@ -260,6 +260,8 @@ class StudySections(ABC):
     #: the verdicts' unit: a metric of ``self.met`` times ``verdict_scale`` is in ``verdict_unit``
     verdict_scale: float = 100
     verdict_unit: str = "percentage points"
+    #: the unit of a metric's values in ``seed_metrics`` (leaderboard columns and axes)
+    value_unit: str = "%"
     #: the metrics are better when higher (accuracies, mIoU; not perplexity)
     higher_is_better: bool = True
     #: the last line of the report: where the per-run results are

@@ -147,6 +147,7 @@ class LanguageSections(StudySections):
     trace_statements = True
     summary_means = False
     verdict_scale, verdict_unit, higher_is_better = 1.0, "perplexity", False
+    value_unit = "perplexity"
     curve = ("eval_ppl", "valid perplexity during training\n(non-overlapping windows)", 1, True)
     footer = ("Per-run results with per-token NLL (float16, base64): `results/<variant>-s<seed>.json`; "
               "paired statistics: `summary.json`.")
