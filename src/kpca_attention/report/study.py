@@ -341,9 +341,10 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
             lines.append(f"- declared, not measured here: {', '.join(unused)}")
         none = [title[m.key] for m in metrics if m.key not in margins]
         if none:
-            lines.append("- no margin declared " + ("for every variant " if vmargins else "")
-                         + f"(better / worse / inconclusive only): {', '.join(none)}"
-                         + ("; a variant's own margin above applies to it" if vmargins else ""))
+            what = ("- no margin for the metric as a whole (better / worse / inconclusive only, except where "
+                    "a variant's own margin above applies)" if vmargins else
+                    "- no margin declared (better / worse / inconclusive only)")
+            lines.append(f"{what}: {', '.join(none)}")
         lines.append("")
     else:
         lines += [f"Margins: the same as against {label[sec.base]} (each variant's own, else the "
