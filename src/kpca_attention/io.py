@@ -5,6 +5,10 @@ through :func:`write_json_atomic`: a temporary file in the same folder, ``fsync`
 then an ``fsync`` of the folder, so a reader sees the old file or the new one, never a mix, and a
 power cut after the call returns keeps the new one. :func:`write_text_atomic` does the same for text
 (reports). :func:`read_json` returns ``None`` for a missing or unreadable file (a cache miss).
+
+:func:`output_path` is the one place that turns a name given by a user (a label, a model name, a path
+used as a name) into a path inside an output folder: a name that would leave the folder (``..``, an
+absolute path, a symbolic link pointing out) is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -18,7 +22,35 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_json_atomic", "write_text_atomic", "read_json", "json_ready", "fsync_dir", "sha256_file"]
+__all__ = ["write_json_atomic", "write_text_atomic", "read_json", "json_ready", "fsync_dir", "sha256_file",
+           "output_path"]
+
+
+def output_path(out: str | os.PathLike, *names: str | os.PathLike, what: str = "name") -> Path:
+    """``out / names[0] / names[1] ...``, refused when it does not stay inside ``out``.
+
+    Every file name derived from user input goes through here. ``names`` may hold sub-folders
+    (``"results/x.json"``); an empty name, an absolute path, a ``..`` that climbs out of ``out`` and a
+    symbolic link (already on disk, anywhere along the path) that points outside ``out`` are refused.
+
+    Raises:
+        ValueError: ``"<what> '../x' would write outside the output folder OUT; give a plain name"``.
+    """
+    base = Path(out)
+    path = base
+    for name in names:
+        text = os.fspath(name)
+        if not text or not text.strip() or Path(text).is_absolute() or "\x00" in text:
+            raise ValueError(f"{what} {text!r} is not a valid file name inside the output folder {base}; "
+                             "give a plain, non-empty name")
+        path = path / text
+    root = base.resolve()
+    target = path.resolve()  # follows symbolic links that exist, normalises '..'
+    if target != root and root not in target.parents:
+        shown = os.path.join(*map(os.fspath, names)) if names else ""
+        raise ValueError(f"{what} {shown!r} would write outside the output folder {base} (to {target}); "
+                         "give a plain name without '..', '/' at the start or links leading out")
+    return path
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

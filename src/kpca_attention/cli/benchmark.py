@@ -24,8 +24,11 @@ def benchmark_cmd(
     list of test images, normalisation inside the model, images in [0, 1]); writes a RobustBench-format JSON.
     A model in training mode, randomised without --version rand, or with missing / doubled normalisation
     is refused with one line."""
+    from ..io import output_path
     from ..studies.benchmark import benchmark
 
+    if name is not None:  # a file name inside --out, checked before any work
+        output_path(out, "results", f"{name}.json", what="--name")
     benchmark(model, dataset=dataset, threat_model=threat_model, eps=eps, n=n, version=version, name=name,
               data_root=None if data_root is None else str(data_root), out=out, device=device,
               batch_size=batch_size, log=typer.echo)

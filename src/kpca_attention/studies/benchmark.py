@@ -215,7 +215,7 @@ def benchmark(
     import tempfile
 
     from ..data.images import build_image_dataset, dataset_info
-    from ..io import write_json_atomic
+    from ..io import output_path, write_json_atomic
     from ..robustness.image_ids import ids_path, image_ids_sha256, load_image_ids
     from ..robustness.store import ResultStore
     from ..tasks.classification.suites import AutoAttackSuite, evaluate_autoattack
@@ -244,7 +244,7 @@ def benchmark(
 
     tmp = None if out is not None else tempfile.TemporaryDirectory()
     root = Path(out) if out is not None else Path(tmp.name)  # type: ignore[union-attr]
-    store = ResultStore(root / "results" / f"{name}.json")
+    store = ResultStore(output_path(root, "results", f"{name}.json", what="name"))
     base_key = {"weights": _weights_hash(net), "dataset": ds_name, "img_size": info.get("img_size"),
                 "split": "test"}
     record: dict[str, Any] = {
