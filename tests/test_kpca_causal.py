@@ -177,5 +177,5 @@ def test_analyze_and_pap_trace_take_an_lm_run(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     assert (tmp_path / "t" / "pap_trace.json").exists()
     res = runner.invoke(app, ["analyze", str(run), "--json", str(tmp_path / "b.json"), "--prefixes", "0"])
-    assert res.exit_code == 2 and "prefixes must be >= 1" in res.output
+    assert res.exit_code == 2 and "prefixes must be an integer >= 1" in res.output
     shutil.rmtree(tmp_path / "study")

@@ -10,16 +10,27 @@ Example:
     20
     >>> check_real(0.5, "rate", min=0, max=1)
     0.5
+
+A function or command with many options declares them in one table, as scikit-learn's
+``_parameter_constraints``, and checks them all at once before any work:
+
+    >>> OPTIONS = {"batch_size": Int(min=1), "rate": Real(min=0, max=1), "order": Choice(("abs", "signed"))}
+    >>> check_parameters({"batch_size": 16, "rate": 0.5, "order": "abs"}, OPTIONS, cli=True)
+    {'batch_size': 16, 'rate': 0.5, 'order': 'abs'}
+
+:func:`check_count` bounds a count by what the input holds (``--n`` images of a 10,000-image split).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["check_int", "check_real", "check_choice", "describe_range"]
+__all__ = ["check_int", "check_real", "check_choice", "describe_range", "check_count", "check_parameters",
+           "Int", "Real", "Choice", "option_name"]
 
 
 def describe_range(kind: str, min: float | None = None, max: float | None = None, *,
@@ -90,3 +101,74 @@ def check_choice(value: Any, name: str, choices: Collection[Any]) -> Any:
     if not ok:
         raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
     return value
+
+
+def check_count(value: Any, name: str, available: int, what: str, *, min: int = 1,
+                allow_none: bool = False) -> int | None:
+    """``value`` as an ``int`` in ``[min, available]``: a count of items bounded by what the input holds.
+
+    ``what`` says what ``available`` counts, so the message names the limit's source:
+    ``"--n must be an integer in [1, 10000] (the images of the test split of digits); got 1000000000"``.
+    """
+    if value is None and allow_none:
+        return None
+    check_int(value, name, min=min, allow_none=allow_none)
+    if value > available:
+        valid = describe_range("an integer", min, available)
+        raise ValueError(f"{name} must be {valid} ({what}); got {value!r}")
+    return int(value)
+
+
+def option_name(key: str, cli: bool) -> str:
+    """``"batch_size"`` as the user typed it: ``"--batch-size"`` on the command line, else unchanged."""
+    return "--" + key.replace("_", "-") if cli else key
+
+
+@dataclass(frozen=True)
+class Int:
+    """One row of a constraints table: an integer in ``[min, max]`` (:func:`check_int`)."""
+
+    min: int | None = None
+    max: int | None = None
+    allow_none: bool = False
+
+    def __call__(self, value: Any, name: str) -> int | None:
+        return check_int(value, name, min=self.min, max=self.max, allow_none=self.allow_none)
+
+
+@dataclass(frozen=True)
+class Real:
+    """One row of a constraints table: a real number in an interval (:func:`check_real`)."""
+
+    min: float | None = None
+    max: float | None = None
+    min_open: bool = False
+    max_open: bool = False
+    allow_none: bool = False
+    allow_inf: bool = False
+
+    def __call__(self, value: Any, name: str) -> float | None:
+        return check_real(value, name, min=self.min, max=self.max, min_open=self.min_open,
+                          max_open=self.max_open, allow_none=self.allow_none, allow_inf=self.allow_inf)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One row of a constraints table: one of ``choices`` (:func:`check_choice`)."""
+
+    choices: tuple[Any, ...]
+    allow_none: bool = False
+
+    def __call__(self, value: Any, name: str) -> Any:
+        if value is None and self.allow_none:
+            return None
+        return check_choice(value, name, self.choices)
+
+
+def check_parameters(values: Mapping[str, Any], constraints: Mapping[str, Any], *,
+                     cli: bool = False) -> dict[str, Any]:
+    """Check every entry of ``values`` that ``constraints`` names (a table ``{name: Int(...) | Real(...)
+    | Choice(...) | callable(value, name)}``) and return the checked values; the first bad one raises
+    its one-line ``ValueError``. ``cli``: the message names the option as typed (``--batch-size``)."""
+    return {key: constraints[key](value, option_name(key, cli)) if key in constraints else value
+            for key, value in values.items()}

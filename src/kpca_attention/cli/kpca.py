@@ -8,9 +8,33 @@ from typing import Annotated, Any
 import torch
 import typer
 
-from ..io import write_json_atomic
+from ..checks import Choice, Int, check_parameters
+from ..io import output_path, write_json_atomic
 
 __all__ = ["analyze_cmd", "claims_cmd", "pap_trace_cmd"]
+
+#: the options of analyze, claims and pap-trace, checked before any model is loaded
+#: (AnalysisConfig checks its own fields: order, scale, centering, the sample counts)
+OPTIONS = {
+    "max_samples": Int(min=1),
+    "max_length": Int(min=1),
+    "batch_size": Int(min=1),
+    "prefixes": Int(min=1),
+    "detail_samples": Int(min=0),
+    "null_samples": Int(min=0),
+    "null_draws": Int(min=1),
+    "control_samples": Int(min=0),
+    "threads": Int(min=1, allow_none=True),
+    "split": Choice(("train", "val", "test")),
+}
+
+
+def _check_options(**values: Any) -> None:
+    """Every option of the command against :data:`OPTIONS`, and the inputs' combination, before any work."""
+    from ..kpca.run import check_input_options
+
+    check_parameters(values, OPTIONS, cli=True)
+    check_input_options(texts=values.get("texts"), images=values.get("images"), dataset=values.get("dataset"))
 
 
 def _config(
@@ -52,10 +76,6 @@ _CONTROL_SAMPLES = typer.Option(2, help="inputs that get the positive control (V
 
 def _threads(n: int | None) -> None:
     if n is not None:
-        if n < 1:
-            raise typer.BadParameter(f"--threads must be >= 1, got {n}")
-        import torch
-
         torch.set_num_threads(n)
 
 
@@ -119,6 +139,10 @@ def analyze_cmd(
     from ..kpca.run import analyze_model
     from ..report.kpca import write_report
 
+    _check_options(max_samples=max_samples, max_length=max_length, batch_size=batch_size, prefixes=prefixes,
+                   detail_samples=detail_samples, null_samples=null_samples, null_draws=null_draws,
+                   control_samples=control_samples, threads=threads, split=split, texts=texts, images=images,
+                   dataset=dataset)
     _threads(threads)
     cfg = _config(
         order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, no_optimal,
@@ -184,27 +208,51 @@ def claims_cmd(
     """One table: each empirical claim of the paper and each measure of the critique, per model,
     with the measured value, its chance level and a verdict against a stated threshold or test."""
     from ..kpca.claims import judge
+    from ..kpca.load import load_for_analysis
     from ..kpca.run import analyze_model
     from ..report.kpca import write_claims, write_report
 
+    _check_options(max_samples=max_samples, prefixes=prefixes, detail_samples=detail_samples,
+                   null_samples=null_samples, null_draws=null_draws, control_samples=control_samples,
+                   threads=threads, split=split, texts=texts, images=images, dataset=dataset)
     _threads(threads)
     cfg = _config(
         "abs", "unit", "GHA", "auto", "kornblith", detail_samples, False, False,
         null_samples, null_draws, control_samples,
     )
-    verdicts = []
+    labels = [model_label(name) for name in models]
+    for name, label in zip(models, labels, strict=True):
+        if labels.count(label) > 1:
+            others = [m for m, lab in zip(models, labels, strict=True) if lab == label]
+            raise ValueError(f"models {', '.join(others)} have the same name {label!r}: their results would "
+                             "overwrite each other in --out; judge them in separate folders")
+        output_path(out, f"analysis_{label}.json", what=f"the name of model {name}")
+        output_path(out, label, what=f"the name of model {name}")
+    # every model and its inputs are checked (loaded once) before any is analysed
+    prepared = []
     for name in models:
-        loaded, inputs = _model_and_inputs(name, pretrained, device, texts=texts, images=images,
-                                           dataset=dataset, split=split, data_root=data_root,
-                                           max_samples=max_samples, bible_fallback=True)
+        _, inputs = _model_and_inputs(name, pretrained, device, texts=texts, images=images,
+                                      dataset=dataset, split=split, data_root=data_root,
+                                      max_samples=max_samples, bible_fallback=True)
+        prepared.append(inputs)
+    verdicts = []
+    for name, label, inputs in zip(models, labels, prepared, strict=True):
+        loaded = load_for_analysis(name, pretrained=pretrained, device=device)
         res = analyze_model(loaded, **inputs.kwargs(), config=cfg, prefixes=prefixes)
         res["inputs"] = inputs.description
-        write_json_atomic(out / f"analysis_{Path(name).name}.json", res, indent=None)
+        write_json_atomic(output_path(out, f"analysis_{label}.json"), res, indent=None)
         if report:
-            typer.echo(f"report: {write_report(res, out / Path(name).name)}")
+            typer.echo(f"report: {write_report(res, output_path(out, label))}")
         verdicts.append(judge(res, run_dir=Path(name) if Path(name).exists() else None))
     md = write_claims(verdicts, out)
     typer.echo(md.read_text())
+
+
+def model_label(name: str) -> str:
+    """The name a model's files get in ``claims --out``: a path's folder name (resolved, so
+    ``run/checkpoints/..`` is ``run``), else the last part of the model name."""
+    path = Path(name).expanduser()
+    return path.resolve().name if path.exists() else Path(name).name
 
 
 def pap_trace_cmd(
@@ -226,12 +274,9 @@ def pap_trace_cmd(
     from ..kpca.pap_trace import lm_text_batches, trace_model, trace_statement
     from ..report.pap_trace import write_trace_report
 
-    if threads is not None:
-        if threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
-    if max_samples < 1 or batch_size < 1:
-        raise ValueError(f"--max-samples and --batch-size must be >= 1, got {max_samples} and {batch_size}")
+    _check_options(max_samples=max_samples, batch_size=batch_size, threads=threads, split=split, texts=texts,
+                   images=images, dataset=dataset)
+    _threads(threads)
     path = Path(model).expanduser()
     base = model.partition("@")[0] if not path.exists() else model  # NAME@/absolute/weights is a name
     if ("/" in base or base.startswith(".")) and not path.exists():

@@ -123,15 +123,19 @@ def robustness_study(
     the suites of the models' task built from the command's options. Every option is checked, and every
     model's config read (a missing checkpoint, an unknown model or a missing ``--dataset`` fail here),
     before anything is evaluated."""
+    from ..checks import check_count
     from ..robustness import attacks as A
     from ..studies.sources import LoadedSource, default_labels
     from ..studies.spec import Source, Study, Variant
     from ..tasks import get as get_task
     from ..tasks.classification.suites import Attack, Corruptions, ImageSuites, OODSets
     from ..tasks.language.suites import LMSuites
+    from . import refuse_hf_folder
 
     if not paths:
         raise ValueError("no checkpoints given")
+    for p in paths:
+        refuse_hf_folder(p, "robustness")
     attack_options = attack_options or {}
     if "attacks" in suites:  # every attack option checked before any model is loaded or evaluated
         for m in methods:
@@ -150,7 +154,8 @@ def robustness_study(
         # validated here, before any model is read
         corr = Corruptions(tuple(corruptions), tuple(severities), n=n) if "corruptions" in suites else None
     sources = [Source(p, dataset, data_root, ema) for p in paths]
-    tasks_ = {p: get_task(LoadedSource(s, device).config.task) for p, s in zip(paths, sources, strict=True)}
+    configs = {p: LoadedSource(s, device).config for p, s in zip(paths, sources, strict=True)}
+    tasks_ = {p: get_task(cfg.task) for p, cfg in configs.items()}
     task = next(iter(tasks_.values()))
     if any(t is not task for t in tasks_.values()):
         raise ValueError("the models are of different tasks: "
@@ -162,6 +167,18 @@ def robustness_study(
         raise ValueError(f"{paths[0]}: wordswap needs a language-model checkpoint, got task={task.name!r}")
     if "wordswap" in suites and image:
         raise ValueError("wordswap (language models) and the image suites cannot run on the same models")
+    if image:  # the image counts are bounded by the split the models are evaluated on, before any work
+        sizes: dict[tuple[str, str | None], int] = {}
+        for cfg in configs.values():
+            where = (cfg.dataset, cfg.data_root)
+            if where not in sizes:
+                data = task.test_set(cfg) if split == "test" else task.builder(cfg)(split, False, None)
+                sizes[where] = len(data)
+            what = f"the images of the {split} split of {cfg.dataset}"
+            if "corruptions" in suites:
+                check_count(n, "--n", sizes[where], what, allow_none=True)
+            if "attacks" in suites:
+                check_count(attack_n, "--attack-n", sizes[where], what)
     if task.takes_tokens:
         evaluated: Any = LMSuites(tokens=max_tokens, splits=tuple(lm_splits), swap_rate=rate, swap_seed=seed,
                                   batch_size=batch_size, stride=stride)

@@ -89,7 +89,9 @@ def evaluate_cmd(
     from ..studies.sources import LoadedSource
     from ..studies.spec import Source
     from ..train.evaluate import evaluate_checkpoint
+    from . import refuse_hf_folder
 
+    refuse_hf_folder(checkpoint, "evaluate")
     ref = LoadedSource(Source(checkpoint, dataset=dataset, data_root=data_root))
     is_name = "@" in checkpoint or ("/" not in checkpoint and not Path(checkpoint).exists())
     if is_name and not dataset:

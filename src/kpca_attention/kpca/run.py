@@ -24,11 +24,13 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..checks import check_count, check_int
 from .analysis import AnalysisConfig, Analyzer
 from .capture import QKVCapture
 from .load import LoadedModel, bible_texts, load_image_folder, read_texts
 
-__all__ = ["analyze_model", "resolve_inputs", "ModelInputs", "prefix_ends", "DEFAULT_PREFIXES"]
+__all__ = ["analyze_model", "resolve_inputs", "ModelInputs", "prefix_ends", "DEFAULT_PREFIXES",
+           "check_input_options"]
 
 #: causal models: nested prefixes analysed per input sequence
 DEFAULT_PREFIXES = 4
@@ -66,6 +68,16 @@ def _prefix_pairs(length: int, prefixes: int) -> list[tuple[int, int]]:
     return sorted((p, end) for end, p in pairs.items())
 
 
+def check_input_options(*, texts: Any = None, images: Any = None, dataset: Any = None) -> None:
+    """The inputs' options exclude each other: ``images`` (a folder) or ``dataset`` (a name), never both
+    (one would be silently ignored); ``texts`` only without either."""
+    if images is not None and dataset is not None:
+        raise ValueError(f"give --images or --dataset, not both: --images {images} would be analysed and "
+                         f"--dataset {dataset} ignored")
+    if texts is not None and (images is not None or dataset is not None):
+        raise ValueError("give --texts (text models) or --images / --dataset (image models), not both")
+
+
 def resolve_inputs(
     loaded: LoadedModel,
     *,
@@ -84,7 +96,10 @@ def resolve_inputs(
     were trained on: image models the test split of their dataset, language models the first
     ``max_samples`` context-length windows of the valid split of their corpus. ``bible_fallback``:
     Hugging Face text models without ``texts`` use :func:`~.load.bible_texts` (offline King James Bible).
+    ``images`` and ``dataset`` exclude each other (:func:`check_input_options`).
     """
+    check_input_options(texts=None, images=images, dataset=dataset)
+    check_int(max_samples, "max_samples", min=1)
     if loaded.takes_text:
         if images is not None or dataset is not None:
             raise ValueError(f"{loaded.name} is a text model: give --texts FILE (one text per line)")
@@ -186,21 +201,22 @@ def analyze_model(
         keep_padding: analyse padded positions too (the critique's text script does; default: only
             real tokens, as the attention mask says).
         prefixes: causal models: nested prefixes analysed per sequence (module docstring); 1 analyses
-            each sequence whole.
+            each sequence whole. At most the number of positions of the longest sequence (more would
+            repeat prefixes): refused beyond it, before any forward pass.
 
     Returns:
         :meth:`.analysis.Analyzer.result` plus ``model``, ``inputs``, timing and, for causal models,
         ``causal`` (the prefix ends and the summary measures per prefix).
     """
     t0 = time.perf_counter()
+    for key, value in (("batch_size", batch_size), ("max_length", max_length), ("prefixes", prefixes)):
+        check_int(value, key, min=1)
     model = loaded.model.eval()
     device = next(model.parameters()).device
     cap = QKVCapture(model)
     analyzer = Analyzer(cap.sites, config)
     causal = bool(loaded.info.get("causal")) or any(s.extra.get("causal") for s in cap.sites)
     project_lm = loaded.project_lm
-    if prefixes < 1:
-        raise ValueError(f"prefixes must be >= 1, got {prefixes}")
     if loaded.takes_text:
         if project_lm:
             if not texts and tokens is None:
@@ -214,6 +230,10 @@ def analyze_model(
         if images is None or images.dim() != 4:
             raise ValueError("an image model needs images (S, C, H, W) in [0, 1]")
         batches = list(images.split(batch_size))
+    if causal:  # bounded by the positions a sequence has, before any work
+        positions = max((b.shape[1] for b in batches), default=0) if project_lm else max_length
+        check_count(prefixes, "prefixes", max(positions, 1),
+                    f"the positions of the longest {'sequence' if project_lm else 'text (--max-length)'}")
     n = sum(len(b) for b in batches)
     prefix_of: list[int] = []  # causal: the prefix index of each analysed sequence
     forward_s = 0.0
