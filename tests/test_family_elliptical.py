@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from family_checks import (
+    assert_no_leak_from_the_future,
+    assert_stack_matches,
+    case_mask,
+    causal_lm,
+    run_stack,
+    stack_gradcheck,
+)
 from family_reference import heads, merge, softmax_attention, visible_matrix
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import EllipticalAttention, get_mechanism
-from kpca_attention.models import create_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -58,14 +65,6 @@ def reference(layers, xs, attn_mask=None, causal=False, **opts):
     return outs
 
 
-def run(layers, xs, **kw):
-    state, outs = {}, []
-    for layer, x in zip(layers, xs, strict=True):
-        o, state = layer(x, state=state, **kw)
-        outs.append(o)
-    return outs
-
-
 def inputs(layers, n=7, seed=1, grad=False):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(2, n, 12, dtype=torch.float64, generator=g).requires_grad_(grad) for _ in layers]
@@ -77,7 +76,7 @@ def inputs(layers, n=7, seed=1, grad=False):
 def test_matches_the_official_code(symmetric: bool, opts: dict) -> None:
     layers = stack(symmetric=symmetric, **opts)
     xs = inputs(layers)
-    for got, want in zip(run(layers, xs), reference(layers, xs, **opts), strict=True):
+    for got, want in zip(run_stack(layers, xs), reference(layers, xs, **opts), strict=True):
         torch.testing.assert_close(got, want)
 
 
@@ -85,16 +84,9 @@ def test_matches_the_official_code(symmetric: bool, opts: dict) -> None:
 def test_masks_average_over_the_visible_keys(case: str) -> None:
     layers = stack(symmetric=False)
     xs = inputs(layers)
-    mask = None
-    if "padding" in case:
-        mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
-        mask[1, ..., 4:] = False
-    causal = "causal" in case
-    got = run(layers, xs, attn_mask=mask, is_causal=causal)
-    for g, w in zip(got, reference(layers, xs, mask, causal), strict=True):
-        torch.testing.assert_close(g, w)
+    assert_stack_matches(layers, xs, reference, case_mask(case, 7, keep=4), case == "causal")
     with pytest.raises(ValueError, match="median"):
-        run(stack(median=True), xs, is_causal=True)
+        run_stack(stack(median=True), xs, is_causal=True)
 
 
 def test_no_gradient_through_the_metric_by_default() -> None:
@@ -102,7 +94,7 @@ def test_no_gradient_through_the_metric_by_default() -> None:
     for differentiable in (False, True):
         layers = stack(2, differentiable=differentiable)
         xs = inputs(layers, grad=True)
-        run(layers, xs)[1].sum().backward()
+        run_stack(layers, xs)[1].sum().backward()
         got = [torch.zeros_like(x) if x.grad is None else x.grad.clone() for x in xs]
         xs2 = inputs(layers, grad=True)
         p0, p1 = heads(layers[0], xs2[0]), heads(layers[1], xs2[1])
@@ -122,14 +114,10 @@ def test_gradcheck_differentiable_and_default() -> None:
     for differentiable in (True, False):
         layers = stack(2, dim=6, heads_=2, differentiable=differentiable)
         xs = [torch.randn(1, 4, 6, dtype=torch.float64, requires_grad=True) for _ in layers]
-
-        def f(*xs, layers=layers):
-            return torch.cat([o.flatten() for o in run(layers, list(xs), is_causal=True)])
-
         if differentiable:
-            assert torch.autograd.gradcheck(f, tuple(xs))
+            assert stack_gradcheck(layers, xs)
         else:  # m constant: the analytic gradient is not the numerical one through m
-            assert not torch.autograd.gradcheck(f, tuple(xs), raise_exception=False)
+            assert not stack_gradcheck(layers, xs, raise_exception=False)
 
 
 def test_first_layer_plain_and_defaults() -> None:
@@ -147,13 +135,4 @@ def test_first_layer_plain_and_defaults() -> None:
 
 @pytest.mark.parametrize("name", ["elliptical_lm", "elliptical_symlm"])
 def test_causal_lm_has_no_leak_from_the_future(name: str) -> None:
-    torch.manual_seed(0)
-    lm = create_model(name, vocab_size=30, preset="small", n_layer=3).eval()
-    idx = torch.randint(0, 30, (2, 12))
-    t = 5
-    changed = idx.clone()
-    changed[:, t + 1 :] = torch.randint(0, 30, (2, 12 - t - 1))
-    with torch.no_grad():
-        a, b = lm(idx)[0], lm(changed)[0]
-    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1])
-    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])
+    assert_no_leak_from_the_future(causal_lm(name, n_layer=3), n=12, t=5)

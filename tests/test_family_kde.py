@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 
 import pytest
-import timm
 import torch
+from family_checks import assert_no_leak_from_the_future, case_mask, causal_lm, layer_gradcheck, timm_forward
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import KdeAttention, RobustAttention, get_mechanism
@@ -91,11 +91,7 @@ CASES = ["plain", "causal", "padding"]
 
 def case_inputs(case):
     x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    mask = None
-    if case == "padding":
-        mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
-        mask[1, ..., 3:] = False
-    return x, mask
+    return x, case_mask(case, 5, keep=3)
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
@@ -151,7 +147,7 @@ def test_gradcheck(cls, causal: bool) -> None:
     torch.manual_seed(0)
     layer = cls(4, 2, qkv_bias=True).double()
     x = torch.randn(1, 3, 4, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda t: layer(t, is_causal=causal), (x,))
+    assert layer_gradcheck(layer, x, causal)
 
 
 def test_defaults_and_options() -> None:
@@ -165,21 +161,9 @@ def test_defaults_and_options() -> None:
 
 @pytest.mark.parametrize("name", ["kde_lm", "rkde_lm"])
 def test_causal_lm_has_no_leak_from_the_future(name: str) -> None:
-    torch.manual_seed(0)
-    lm = create_model(name, vocab_size=30, preset="small", n_layer=2).eval()
-    idx = torch.randint(0, 30, (2, 10))
-    t = 4
-    changed = idx.clone()
-    changed[:, t + 1:] = (idx[:, t + 1:] + 1) % 30
-    with torch.no_grad():
-        a, b = lm(idx)[0], lm(changed)[0]
-    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1])
-    assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])
+    assert_no_leak_from_the_future(causal_lm(name, n_layer=2), n=10, t=4, shift=True)
 
 
 @pytest.mark.parametrize("name", ["kde_vit_mini_patch4_28", "rkde_vit_mini_patch4_28"])
 def test_timm_model_forward(name: str) -> None:
-    torch.manual_seed(0)
-    model = timm.create_model(name).eval()
-    out = model(torch.randn(2, 1, 28, 28))
-    assert out.shape == (2, 10) and torch.isfinite(out).all()
+    timm_forward(name)

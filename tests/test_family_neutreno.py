@@ -5,6 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from family_checks import (
+    assert_no_leak_from_the_future,
+    assert_stack_matches,
+    case_mask,
+    causal_lm,
+    stack_gradcheck,
+)
 from family_reference import heads, merge, softmax_attention, visible_matrix
 
 import kpca_attention  # noqa: F401  (registers the models)
@@ -35,27 +42,13 @@ def reference(layers, xs, attn_mask=None, causal=False):
     return outs
 
 
-def run(layers, xs, **kw):
-    state, outs = {}, []
-    for layer, x in zip(layers, xs, strict=True):
-        o, state = layer(x, state=state, **kw)
-        outs.append(o)
-    return outs
-
-
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("case", ["plain", "causal", "padding"])
 def test_matches_the_equation(symmetric: bool, case: str) -> None:
     layers = stack(symmetric=symmetric)
     g = torch.Generator().manual_seed(1)
     xs = [torch.randn(2, 7, 12, dtype=torch.float64, generator=g) for _ in layers]
-    mask = None
-    if case == "padding":
-        mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
-        mask[1, ..., 5:] = False
-    kw = dict(attn_mask=mask, is_causal=case == "causal")
-    for got, want in zip(run(layers, xs, **kw), reference(layers, xs, mask, case == "causal"), strict=True):
-        torch.testing.assert_close(got, want)
+    assert_stack_matches(layers, xs, reference, case_mask(case, 7, keep=5), case == "causal")
 
 
 def test_first_layer_alone_is_plain_attention_and_v0_not_detached() -> None:
@@ -76,11 +69,7 @@ def test_gradcheck() -> None:
     layers = stack(2, dim=6, heads_=2)
     x0 = torch.randn(1, 4, 6, dtype=torch.float64, requires_grad=True)
     x1 = torch.randn(1, 4, 6, dtype=torch.float64, requires_grad=True)
-
-    def f(a, b):
-        return torch.cat([o.flatten() for o in run(layers, [a, b], is_causal=True)])
-
-    assert torch.autograd.gradcheck(f, (x0, x1))
+    assert stack_gradcheck(layers, [x0, x1])
 
 
 def test_defaults_and_options() -> None:
@@ -99,13 +88,4 @@ def test_defaults_and_options() -> None:
 
 @pytest.mark.parametrize("name", ["neutreno_lm", "neutreno_symlm"])
 def test_causal_lm_has_no_leak_from_the_future(name: str) -> None:
-    torch.manual_seed(0)
-    lm = create_model(name, vocab_size=30, preset="small", n_layer=3).eval()
-    idx = torch.randint(0, 30, (2, 12))
-    t = 5
-    changed = idx.clone()
-    changed[:, t + 1 :] = torch.randint(0, 30, (2, 12 - t - 1))
-    with torch.no_grad():
-        a, b = lm(idx)[0], lm(changed)[0]
-    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1])
-    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])
+    assert_no_leak_from_the_future(causal_lm(name, n_layer=3), n=12, t=5)

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from family_checks import (
+    assert_no_leak_from_the_future,
+    assert_stack_matches,
+    case_mask,
+    causal_lm,
+    run_stack,
+    stack_gradcheck,
+)
 from family_reference import heads, merge, softmax_attention, visible_matrix
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import NeuTRENOAttention, PIDAttention, get_mechanism
-from kpca_attention.models import create_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -40,14 +47,6 @@ def reference(layers, xs, attn_mask=None, causal=False):
     return outs
 
 
-def run(layers, xs, **kw):
-    state, outs = {}, []
-    for layer, x in zip(layers, xs, strict=True):
-        o, state = layer(x, state=state, **kw)
-        outs.append(o)
-    return outs
-
-
 def inputs(layers, n=7, seed=1):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(2, n, 12, dtype=torch.float64, generator=g) for _ in layers]
@@ -59,13 +58,7 @@ def test_matches_the_equation(symmetric: bool, case: str) -> None:
     layers = stack(symmetric=symmetric, applied=[0, 1, 3] if case == "skip-layer" else None,
                    kp=0.7, ki=0.3, kd=0.2)
     xs = inputs(layers)
-    mask = None
-    if case == "padding":
-        mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
-        mask[1, ..., 5:] = False
-    kw = dict(attn_mask=mask, is_causal=case == "causal")
-    for got, want in zip(run(layers, xs, **kw), reference(layers, xs, mask, case == "causal"), strict=True):
-        torch.testing.assert_close(got, want)
+    assert_stack_matches(layers, xs, reference, case_mask(case, 7, keep=5), case == "causal")
 
 
 def test_p_only_is_neutreno() -> None:
@@ -75,18 +68,14 @@ def test_p_only_is_neutreno() -> None:
     for a, b in zip(pid, neu, strict=True):
         b.load_state_dict(a.state_dict())
     xs = inputs(pid)
-    for got, want in zip(run(pid, xs, is_causal=True), run(neu, xs, is_causal=True), strict=True):
+    for got, want in zip(run_stack(pid, xs, is_causal=True), run_stack(neu, xs, is_causal=True), strict=True):
         torch.testing.assert_close(got, want)
 
 
 def test_gradcheck() -> None:
     layers = stack(3, dim=6, heads_=2)
     xs = [torch.randn(1, 4, 6, dtype=torch.float64, requires_grad=True) for _ in layers]
-
-    def f(*xs):
-        return torch.cat([o.flatten() for o in run(layers, list(xs), is_causal=True)])
-
-    assert torch.autograd.gradcheck(f, tuple(xs))
+    assert stack_gradcheck(layers, xs)
 
 
 def test_defaults() -> None:
@@ -99,13 +88,4 @@ def test_defaults() -> None:
 
 @pytest.mark.parametrize("name", ["pid_lm", "pid_symlm"])
 def test_causal_lm_has_no_leak_from_the_future(name: str) -> None:
-    torch.manual_seed(0)
-    lm = create_model(name, vocab_size=30, preset="small", n_layer=4).eval()
-    idx = torch.randint(0, 30, (2, 12))
-    t = 4
-    changed = idx.clone()
-    changed[:, t + 1 :] = torch.randint(0, 30, (2, 12 - t - 1))
-    with torch.no_grad():
-        a, b = lm(idx)[0], lm(changed)[0]
-    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1])
-    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])
+    assert_no_leak_from_the_future(causal_lm(name, n_layer=4), n=12, t=4)

@@ -10,6 +10,7 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from family_checks import assert_no_leak_from_the_future, case_mask, causal_lm, layer_gradcheck, timm_forward
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import PositionAwareAttention, get_mechanism
@@ -49,10 +50,7 @@ def reference(layer, x, w, mask=None, causal=False):
 def test_matches_the_equation(symmetric: bool, case: str) -> None:
     layer = make(symmetric=symmetric)
     x = torch.randn(2, 5, 8, dtype=torch.float64)
-    mask = None
-    if case == "padding":
-        mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
-        mask[1, ..., 3:] = False
+    mask = case_mask(case, 5, keep=3)
     got = layer(x, attn_mask=mask, is_causal=case == "causal")
     torch.testing.assert_close(got, reference(layer, x, layer.position_scale, mask, case == "causal"))
 
@@ -92,7 +90,7 @@ def test_resize_interpolates_the_patch_grid_and_keeps_the_prefix() -> None:
 def test_gradcheck(causal: bool) -> None:
     layer = make(n_tokens=4)
     x = torch.randn(1, 4, 8, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda t: layer(t, is_causal=causal), (x,))
+    assert layer_gradcheck(layer, x, causal)
     layer(x.detach()).sum().backward()
     assert layer.position_scale.grad.abs().sum() > 0
 
@@ -114,25 +112,14 @@ def test_defaults_and_layers() -> None:
 
 
 def test_causal_lm_has_no_leak_from_the_future() -> None:
-    torch.manual_seed(0)
-    lm = create_model("rvt_lm", vocab_size=30, preset="small", n_layer=2).eval()
+    lm = causal_lm("rvt_lm", n_layer=2)
     assert isinstance(lm.blocks[0].attn, PositionAwareAttention)
     with torch.no_grad():
         for blk in lm.blocks[:1]:
             blk.attn.position_scale.normal_(0, 2)
-    idx = torch.randint(0, 30, (2, 10))
-    t = 4
-    changed = idx.clone()
-    changed[:, t + 1:] = (idx[:, t + 1:] + 1) % 30
-    with torch.no_grad():
-        a, b = lm(idx)[0], lm(changed)[0]
-    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1])
-    assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])
+    assert_no_leak_from_the_future(lm, n=10, t=4, shift=True)
 
 
 def test_timm_model_forward() -> None:
-    torch.manual_seed(0)
-    model = timm.create_model("rvt_vit_mini_patch4_28").eval()
+    model, _ = timm_forward("rvt_vit_mini_patch4_28")
     assert model.blocks[0].attn.position_scale.shape == (4, 50, 50)
-    out = model(torch.randn(2, 1, 28, 28))
-    assert out.shape == (2, 10) and torch.isfinite(out).all()

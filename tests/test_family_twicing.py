@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-import timm
 import torch
+from family_checks import assert_no_leak_from_the_future, case_mask, causal_lm, layer_gradcheck, timm_forward
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import TwicingAttention, get_mechanism
@@ -41,10 +41,7 @@ def test_matches_two_a_minus_a_squared(symmetric: bool, case: str) -> None:
     torch.manual_seed(0)
     layer = TwicingAttention(12, 3, qkv_bias=True, symmetric=symmetric).double()
     x = torch.randn(2, 7, 12, dtype=torch.float64)
-    mask = None
-    if case == "padding":
-        mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
-        mask[1, ..., 4:] = False
+    mask = case_mask(case, 7, keep=4)
     got = layer(x, attn_mask=mask, is_causal=case == "causal")
     torch.testing.assert_close(got, reference(layer, x, mask, case == "causal"))
 
@@ -64,7 +61,7 @@ def test_gradcheck(causal: bool) -> None:
     torch.manual_seed(0)
     layer = TwicingAttention(6, 2, qkv_bias=True).double()
     x = torch.randn(1, 4, 6, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda t: layer(t, is_causal=causal), (x,))
+    assert layer_gradcheck(layer, x, causal)
 
 
 def test_layers_and_options() -> None:
@@ -83,22 +80,10 @@ def test_layers_and_options() -> None:
 
 @pytest.mark.parametrize("name", ["twicing_lm", "twicing_symlm"])
 def test_causal_lm_has_no_leak_from_the_future(name: str) -> None:
-    torch.manual_seed(0)
-    lm = create_model(name, vocab_size=30, preset="small", n_layer=3, attn_layers="all").eval()
-    idx = torch.randint(0, 30, (2, 12))
-    t = 5
-    changed = idx.clone()
-    changed[:, t + 1:] = (idx[:, t + 1:] + 1) % 30
-    with torch.no_grad():
-        a, b = lm(idx)[0], lm(changed)[0]
-    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1])
-    assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])
+    assert_no_leak_from_the_future(causal_lm(name, n_layer=3, attn_layers="all"), n=12, t=5, shift=True)
 
 
 @pytest.mark.parametrize("name", ["twicing_vit_mini_patch4_28", "twicing_symvit_mini_patch4_28"])
 def test_timm_model_forward(name: str) -> None:
-    torch.manual_seed(0)
-    model = timm.create_model(name).eval()
+    model, _ = timm_forward(name)
     assert all(isinstance(b.attn, TwicingAttention) for b in model.blocks)
-    out = model(torch.randn(2, 1, 28, 28))
-    assert out.shape == (2, 10) and torch.isfinite(out).all()
