@@ -28,11 +28,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset, Subset
+from tqdm.auto import tqdm
 
 from ..checks import check_int
 
 __all__ = ["Task", "Splits", "Objective", "StudySections", "SeedMetric", "validation_split", "seeded_sample",
-           "has_pap_layers", "all_reduce_sum"]
+           "has_pap_layers", "all_reduce_sum", "sum_over_loader"]
 
 
 def all_reduce_sum(t: Tensor) -> Tensor:
@@ -43,6 +44,28 @@ def all_reduce_sum(t: Tensor) -> Tensor:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+@torch.no_grad()
+def sum_over_loader(model: nn.Module, loader: Any, device: torch.device, size: int,
+                    step: Callable[[Tensor, Tensor, Tensor], None], *, progress: bool, desc: str,
+                    counted: int | None = None, unit: str = "examples") -> Tensor:
+    """The held-out sums of an evaluation: ``step(x, y, sums)`` adds one batch's to ``sums`` (float64,
+    ``size`` entries on ``device``) for every batch ``(x, y)`` of ``loader`` moved to ``device``, with
+    ``model`` in evaluation mode (its mode restored after) and no gradients; then summed over DDP ranks.
+    ``counted``: the index of the count among the sums; zero there (an empty loader) is an error."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(size, dtype=torch.float64, device=device)
+    try:
+        for x, y in tqdm(loader, desc=desc, disable=None if progress else True, leave=False):
+            step(x.to(device, non_blocking=True), y.to(device, non_blocking=True), sums)
+    finally:
+        model.train(was_training)
+    all_reduce_sum(sums)
+    if counted is not None and sums[counted].item() == 0:
+        raise ValueError(f"{desc}: no {unit} to evaluate (the loader is empty)")
+    return sums
 
 
 @dataclass

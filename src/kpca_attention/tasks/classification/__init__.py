@@ -12,9 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
-from ..base import Objective, StudySections, all_reduce_sum
+from ..base import Objective, StudySections, sum_over_loader
 from ..images import ImageTask, autocast
 from .suites import ImageSuites, evaluate_image_suites, fixed_subset
 
@@ -37,11 +36,8 @@ def evaluate_vision(
     """Top-1 / top-5 accuracy (fractions) and mean cross-entropy over ``loader`` of (images, labels),
     images (B, C, H, W) in [0, 1]. Under DDP each rank passes its shard; counts are summed over ranks."""
     device = torch.device(device)
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct1, correct5, loss_sum, n
-    for x, y in tqdm(loader, desc=desc, disable=None if progress else True, leave=False):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+    def step(x: torch.Tensor, y: torch.Tensor, sums: torch.Tensor) -> None:  # correct1, correct5, loss, n
         with autocast(device, amp):
             logits = model(x)
         logits = logits.float()
@@ -52,10 +48,8 @@ def evaluate_vision(
         sums[1] += hit.any(dim=-1).sum()
         sums[2] += F.cross_entropy(logits, y, reduction="sum").double()
         sums[3] += y.numel()
-    all_reduce_sum(sums)
-    model.train(was_training)
-    if sums[3].item() == 0:
-        raise ValueError(f"{desc}: no examples to evaluate (the loader is empty)")
+
+    sums = sum_over_loader(model, loader, device, 4, step, progress=progress, desc=desc, counted=3)
     n = sums[3].item()
     return {"top1": sums[0].item() / n, "top5": sums[1].item() / n, "loss": sums[2].item() / n,
             "n": sums[3].item()}

@@ -18,9 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
-from ..base import Objective, Splits, StudySections, Task, all_reduce_sum
+from ..base import Objective, Splits, StudySections, Task, sum_over_loader
 from ..images import autocast
 from .data import TokenWindows, build_vocab, corpus, corpus_windows
 from .suites import LMSuites
@@ -47,19 +46,15 @@ def evaluate_lm(
     This is the fast per-epoch estimate; the paper's sliding-window protocol is
     :func:`kpca_attention.models.lm.perplexity` (used by ``kpca-attention evaluate``)."""
     device = torch.device(device)
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss_sum, tokens
-    for x, y in tqdm(loader, desc=desc, disable=None if progress else True, leave=False):
-        x, y = x.to(device), y.to(device)
+
+    def step(x: torch.Tensor, y: torch.Tensor, sums: torch.Tensor) -> None:  # loss_sum, tokens
         with autocast(device, amp):
             _, loss = model(x, y)
         sums[0] += loss.double() * y.numel()
         sums[1] += y.numel()
-    all_reduce_sum(sums)
-    model.train(was_training)
-    if sums[1].item() == 0:
-        raise ValueError(f"{desc}: no tokens to evaluate (the loader is empty)")
+
+    sums = sum_over_loader(model, loader, device, 2, step, progress=progress, desc=desc, counted=1,
+                           unit="tokens")
     n = sums[1].item()
     mean = sums[0].item() / n
     return {"loss": mean, "ppl": math.exp(min(mean, 700.0)), "tokens": sums[1].item()}

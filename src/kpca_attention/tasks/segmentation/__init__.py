@@ -13,9 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
-from ..base import Objective, StudySections, all_reduce_sum
+from ..base import Objective, StudySections, all_reduce_sum, sum_over_loader
 from ..classification.suites import fixed_subset
 from ..images import ImageTask, autocast
 from .suites import SegmentationSuites, evaluate_segmentation_suites
@@ -43,12 +42,9 @@ def evaluate_segmentation(
     from ...segmentation import SegmentationAccumulator
 
     device = torch.device(device)
-    was_training = model.training
-    model.eval()
     acc = SegmentationAccumulator(num_classes, ignore_index, device=device)
-    loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # cross-entropy sum, labelled pixels
-    for x, y in tqdm(loader, desc=desc, disable=None if progress else True, leave=False):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+    def step(x: torch.Tensor, y: torch.Tensor, loss_sum: torch.Tensor) -> None:  # cross-entropy, pixels
         with autocast(device, amp):
             logits = model(x)
         logits = logits.float()
@@ -57,9 +53,9 @@ def evaluate_segmentation(
         loss_sum[0] += F.cross_entropy(logits, y, ignore_index=ignore_index, reduction="sum").double()
         loss_sum[1] += (y != ignore_index).sum()
         acc.update(logits.argmax(dim=1), y)
+
+    loss_sum = sum_over_loader(model, loader, device, 2, step, progress=progress, desc=desc)
     all_reduce_sum(acc.confusion)
-    all_reduce_sum(loss_sum)
-    model.train(was_training)
     m = acc.compute()
     return {"miou": m["miou"], "mean_accuracy": m["mean_accuracy"], "pixel_accuracy": m["pixel_accuracy"],
             "loss": loss_sum[0].item() / max(loss_sum[1].item(), 1.0), "pixels": float(m["pixels"])}
