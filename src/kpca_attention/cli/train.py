@@ -8,13 +8,45 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from ..train.config import PRESETS, apply_overrides, get_preset
 
-__all__ = ["train_cmd", "evaluate_cmd"]
+__all__ = ["train_cmd", "evaluate_cmd", "model_task"]
+
+
+def model_task(name: str) -> Any:
+    """The task a model name was built for (a model knows its task): this package's language models,
+    Segmenters, and image classifiers (its ViTs and any other timm name); None for an unknown name
+    (the config's own check names the valid ones)."""
+    import timm
+
+    from ..models.family import FAMILY_SEGMENTATION_MODELS, FAMILY_VISION_MODELS
+    from ..models.lm import FAMILY_LM_MODELS, LM_MODELS
+    from ..models.segmenter import SEGMENTATION_MODELS
+    from ..models.vit import VISION_MODELS
+    from ..tasks import get as get_task
+
+    if name in LM_MODELS or name in FAMILY_LM_MODELS:
+        return get_task("lm")
+    if name in SEGMENTATION_MODELS or name in FAMILY_SEGMENTATION_MODELS:
+        return get_task("segmentation")
+    if name in VISION_MODELS or name in FAMILY_VISION_MODELS or timm.is_model(name):
+        return get_task("vision")
+    return None
+
+
+def _check_model_task(cfg: Any, preset: str) -> None:
+    """Refuse a model of another task than the preset's, before anything is built."""
+    from ..tasks import get as get_task
+
+    task, owner = get_task(cfg.task), model_task(cfg.model)
+    if owner is not None and owner is not task:
+        raise ValueError(f"model {cfg.model!r} is a {owner.title} model (task {owner.name!r}) but preset "
+                         f"{preset!r} trains {task.title} (task {task.name!r}): give a {task.title} model "
+                         f"with --model, or a preset of task {owner.name!r}")
 
 
 def train_cmd(
@@ -55,6 +87,7 @@ def train_cmd(
         raise ValueError("--overwrite and --resume-from exclude each other")
     cfg = get_preset(preset, **{k: v for k, v in explicit.items() if v is not None})
     cfg = apply_overrides(cfg, list(set_ or []))
+    _check_model_task(cfg, preset)
     if not progress:
         cfg.progress = False
     if print_config:
