@@ -43,6 +43,15 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, vis: Tensor) -> Tensor:
     return a @ v
 
 
+def layer_attention(layer, x: Tensor, attn_mask: Tensor | None,
+                    causal: bool) -> tuple[dict[str, Tensor], Tensor]:
+    """``layer``'s q, k, v on ``x`` (:func:`heads`) and their softmax attention over the keys each query
+    may see, before the output projection."""
+    p = heads(layer, x)
+    vis = visible_matrix(x.shape[1], attn_mask, causal, p["v"].shape)
+    return p, softmax_attention(p["q"], p["k"], p["v"], vis)
+
+
 def merge(layer, out: Tensor) -> Tensor:
     """Heads ``(B, H, N, D)`` -> the layer's output projection, float64."""
     b, h, n, d = out.shape

@@ -12,7 +12,7 @@ from family_checks import (
     causal_lm,
     stack_gradcheck,
 )
-from family_reference import heads, merge, softmax_attention, visible_matrix
+from family_reference import heads, layer_attention, merge, softmax_attention
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import NeuTRENOAttention, get_mechanism
@@ -31,9 +31,7 @@ def reference(layers, xs, attn_mask=None, causal=False):
     """Official: layer 0 returns (attn(x), v); layer l > 0 adds alpha * (v0 - v) before the projection."""
     outs, v0 = [], None
     for i, (layer, x) in enumerate(zip(layers, xs, strict=True)):
-        p = heads(layer, x)
-        vis = visible_matrix(x.shape[1], attn_mask, causal, p["v"].shape)
-        o = softmax_attention(p["q"], p["k"], p["v"], vis)
+        p, o = layer_attention(layer, x, attn_mask, causal)
         if i == 0:
             v0 = p["v"]
         else:

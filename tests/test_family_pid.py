@@ -13,7 +13,7 @@ from family_checks import (
     run_stack,
     stack_gradcheck,
 )
-from family_reference import heads, merge, softmax_attention, visible_matrix
+from family_reference import layer_attention, merge
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import NeuTRENOAttention, PIDAttention, get_mechanism
@@ -32,9 +32,7 @@ def reference(layers, xs, attn_mask=None, causal=False):
     """u^l = A V + kp e^l + ki sum_{m<=l} e^m + kd (e^l - e^{l-1}), e^l = V^0 - V^l, e^0 = 0."""
     outs, errors, v0 = [], [], None
     for i, (layer, x) in enumerate(zip(layers, xs, strict=True)):
-        p = heads(layer, x)
-        vis = visible_matrix(x.shape[1], attn_mask, causal, p["v"].shape)
-        o = softmax_attention(p["q"], p["k"], p["v"], vis)
+        p, o = layer_attention(layer, x, attn_mask, causal)
         if i == 0:
             v0 = p["v"]
             errors.append(torch.zeros_like(v0))
