@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..checks import Int, check_count, check_parameters
 from . import parse_ints, parse_list
 
 __all__ = ["demo_cmd", "study_cmd", "ablate_cmd", "report_cmd", "regenerate_command"]
@@ -30,6 +31,47 @@ def _threads(threads: int | None) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+#: the budget options of demo and ablate (0 where the help says it means "none" or "all")
+DEMO_OPTIONS = {"epochs": Int(min=1, allow_none=True), "train_subset": Int(min=1, allow_none=True),
+                "corrupt_images": Int(min=1, allow_none=True), "attack_images": Int(min=0, allow_none=True),
+                "jobs": Int(min=1)}
+ABLATE_OPTIONS = {"epochs": Int(min=1), "train_subset": Int(min=0), "clean_images": Int(min=0),
+                  "corrupt_images": Int(min=1), "attack_images": Int(min=1), "jobs": Int(min=1),
+                  "threads": Int(min=1)}
+#: counts of training images (the others count test images)
+_TRAIN_COUNTS = ("train_subset",)
+
+
+def check_study_counts(study: Any, counts: dict[str, int | None]) -> None:
+    """Image counts bounded by the study's dataset, before any work: ``train_subset`` by the training
+    images left after the validation split, the others by the test split (0 or None: all / none)."""
+    if not any(counts.values()):
+        return
+    trained = next(v for v in study.variants if v.source is None)
+    cfg = study.train_config(trained, study.seeds[0], "runs/check")
+    task = study.task
+    n_test = len(task.test_set(cfg))
+    n_train = len(task.builder(cfg)("train", False, None)) - (cfg.val_size or 0)
+    for key, value in counts.items():
+        if not value:
+            continue
+        if key in _TRAIN_COUNTS:
+            check_count(value, f"--{key.replace('_', '-')}", n_train,
+                        f"the training images of {cfg.dataset} less the {cfg.val_size or 0} held out")
+        else:
+            check_count(value, f"--{key.replace('_', '-')}", n_test, f"the test images of {cfg.dataset}")
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    """``--seeds``: at least one integer >= 0."""
+    seeds = parse_ints(text, "--seeds")
+    if not seeds:
+        raise ValueError(f"--seeds: give at least one seed, comma-separated integers such as 0,1,2; got {text!r}")
+    for s in seeds:
+        Int(min=0)(s, "--seeds")
+    return seeds
 
 
 #: options that do not change a study's results: left out of the recorded command (value count)
@@ -100,11 +142,10 @@ def demo_cmd(
                                    attack_images=attack_images).items() if v is not None}
     if quick and given:
         raise ValueError(f"--quick sets its own budget; drop {', '.join('--' + k.replace('_', '-') for k in given)}")
-    for k, v in given.items():
-        if v < (0 if k == "attack_images" else 1):
-            raise ValueError(f"--{k.replace('_', '-')} must be >= {0 if k == 'attack_images' else 1}, got {v}")
+    check_parameters({**given, "jobs": jobs}, DEMO_OPTIONS, cli=True)
     _passive_openmp("demo")
     study = quick_demo_study() if quick else demo_study(**given)
+    check_study_counts(study, {k: v for k, v in given.items() if k != "epochs"})
     _run(study, out, out / "runs", jobs, force, progress)
 
 
@@ -138,7 +179,7 @@ def study_cmd(
     if seeds is not None:
         # These seeds of the same study: its definition (which variants run on the first seed only,
         # which attacks run on the first seed) stays as it is; new seeds are added to it.
-        chosen = tuple(parse_ints(seeds, "--seeds"))
+        chosen = _seeds(seeds)
         whole = set(chosen) >= set(study.seeds)
         study = study.replace(seeds=tuple(sorted(set(study.seeds) | set(chosen))))
     only = parse_list(variants) or None
@@ -168,16 +209,17 @@ def ablate_cmd(
     throughput, PAP trace, paired tests. Resumable; writes OUT/report.md."""
     from ..studies import ablation_study
 
-    for k, v in (("epochs", epochs), ("corrupt-images", corrupt_images), ("attack-images", attack_images)):
-        if v < 1:
-            raise ValueError(f"--{k} must be >= 1, got {v}")
-    if train_subset < 0 or clean_images < 0:
-        raise ValueError("--train-subset and --clean-images must be >= 0 (0: all)")
+    counts = dict(train_subset=train_subset, clean_images=clean_images, corrupt_images=corrupt_images,
+                  attack_images=attack_images)
+    check_parameters({**counts, "epochs": epochs, "jobs": jobs, "threads": threads}, ABLATE_OPTIONS, cli=True)
+    chosen = _seeds(seeds)
     _threads(threads)
     _passive_openmp("ablate")
-    study = ablation_study(seeds=parse_ints(seeds, "--seeds"), variants=parse_list(variants) or None,
+    study = ablation_study(seeds=chosen, variants=parse_list(variants) or None,
                            epochs=epochs, train_subset=train_subset or None, clean_images=clean_images or None,
                            corrupt_images=corrupt_images, attack_images=attack_images, quick=quick)
+    if not quick:
+        check_study_counts(study, counts)
     _run(study, out, out / "runs", jobs, force, progress)
 
 
