@@ -1,0 +1,197 @@
+"""Bad command-line inputs of the last audit: one line ``error: ...`` naming what is wrong and what is
+valid, exit code 2, before any work; and nothing written outside ``--out`` whatever a label, a model
+name or a path used as a name says."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from kpca_attention import tasks
+from kpca_attention.cli import app
+from kpca_attention.io import output_path
+from kpca_attention.train.checkpoint import save_checkpoint
+from kpca_attention.train.config import get_preset
+
+pytestmark = pytest.mark.usefixtures("single_thread_module")
+
+
+def _checkpoint(run_dir, model_name="symvit_mini_patch4_28", seed=0):
+    cfg = get_preset("digits-cpu", model=model_name, output_dir=str(run_dir))
+    torch.manual_seed(seed)
+    model = tasks.get(cfg.task).build_model(cfg)
+    save_checkpoint(run_dir, model=model, config=cfg,
+                    state={"progress": {"epoch": 0, "step_in_epoch": 0, "global_step": 0}}, finished=True)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return _checkpoint(tmp_path_factory.mktemp("runs") / "run")
+
+
+@pytest.fixture
+def hf_folder(tmp_path):
+    """What a Hugging Face model folder looks like from outside: config.json and weights, no COMPLETE."""
+    folder = tmp_path / "hf-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+def _one_line_error(res, says: str) -> str:
+    assert res.exit_code == 2, (res.output, res.exception)
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    assert says in lines[0], lines[0]
+    return lines[0]
+
+
+def _invoke(argv):
+    return CliRunner().invoke(app, [str(a) for a in argv])
+
+
+def _no_study_runs(monkeypatch):
+    """A command refused before any work never reaches the study engine."""
+    def boom(*a, **k):
+        raise AssertionError("the study started")
+
+    monkeypatch.setattr("kpca_attention.studies.run_study", boom)
+    monkeypatch.setattr("kpca_attention.studies.engine.run_study", boom)
+
+
+def _files(folder):
+    return sorted(p.relative_to(folder) for p in folder.rglob("*"))
+
+
+# --- nothing written outside --out -------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["..", "../x.json", "a/../../x", "/tmp/abs.json", "", "sub/../.."])
+def test_output_path_refuses_names_that_leave_the_folder(tmp_path, name) -> None:
+    with pytest.raises(ValueError, match="output folder"):
+        output_path(tmp_path / "out", name)
+
+
+def test_output_path_refuses_a_link_pointing_out(tmp_path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "link").symlink_to(tmp_path)
+    with pytest.raises(ValueError, match="outside the output folder"):
+        output_path(out, "link", "x.json")
+    assert output_path(out, "results", "a.json") == out / "results" / "a.json"
+    assert output_path(out, "a..b.json") == out / "a..b.json"
+
+
+def test_robustness_labels_stay_inside_out(run, tmp_path) -> None:
+    out = tmp_path / "x" / "y" / "OUT"
+    res = _invoke(["robustness", run, "--labels", "../../escaped", "-o", out, "--n", 8,
+                   "--corruptions", "fog", "--severities", 1, "--no-progress", "--device", "cpu"])
+    assert res.exit_code == 0, (res.output[-2000:], res.exception)
+    outside = [p for p in tmp_path.rglob("*") if out not in p.parents and p != out and p.is_file()]
+    assert outside == [], outside
+
+
+def test_claims_on_a_path_ending_in_dotdot_writes_inside_out(run, tmp_path) -> None:
+    parent = tmp_path / "parent"
+    out = parent / "OUT"
+    res = _invoke(["claims", run / "checkpoints" / "..", "-o", out, "--max-samples", 4, "--detail-samples", 0,
+                   "--null-samples", 0, "--control-samples", 0, "--threads", 1])
+    assert res.exit_code == 0, (res.output[-2000:], res.exception)
+    assert _files(parent)[0] == out.relative_to(parent)
+    assert all(out in p.parents or p == out for p in parent.rglob("*")), _files(parent)
+    assert (out / "claims.md").is_file() and (out / "run" / "report.md").is_file()
+
+
+def test_benchmark_name_cannot_leave_out(run, tmp_path) -> None:
+    out = tmp_path / "b" / "c" / "bench"
+    res = _invoke(["benchmark", run, "--name", "../../bx", "-o", out, "--n", 2, "--device", "cpu"])
+    _one_line_error(res, "--name")
+    assert not (tmp_path / "b").exists()
+
+
+# --- every input checked before any work ---------------------------------------------------------
+
+def test_claims_checks_every_model_before_analysing_any(run, tmp_path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(run, broken)
+    weights = next(broken.rglob("model.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated
+    out = tmp_path / "claims"
+    res = _invoke(["claims", run, broken, "-o", out, "--max-samples", 4, "--detail-samples", 0,
+                   "--null-samples", 0, "--control-samples", 0])
+    _one_line_error(res, "broken")
+    assert not out.exists() or _files(out) == []
+
+
+def test_claims_refuses_two_models_with_the_same_name(run, tmp_path) -> None:
+    other = _checkpoint(tmp_path / "elsewhere" / "run", seed=1)
+    res = _invoke(["claims", run, other, "-o", tmp_path / "c", "--max-samples", 4])
+    _one_line_error(res, "same name")
+
+
+@pytest.mark.parametrize(("option", "value"), [("--batch-size", 0), ("--max-length", 0), ("--max-samples", 0),
+                                               ("--prefixes", 0), ("--threads", 0)])
+def test_analyze_options_are_checked_before_loading(option, value, tmp_path) -> None:
+    res = _invoke(["analyze", "/missing/run", option, value, "--json", tmp_path / "a.json"])
+    _one_line_error(res, f"{option} must be an integer >= 1")
+
+
+def test_analyze_refuses_dataset_with_images(run, tmp_path) -> None:
+    (tmp_path / "imgs").mkdir()
+    res = _invoke(["analyze", run, "--dataset", "digits", "--images", tmp_path / "imgs",
+                   "--json", tmp_path / "a.json"])
+    _one_line_error(res, "--images or --dataset")
+
+
+@pytest.mark.parametrize("option", ["--n", "--attack-n"])
+def test_robustness_counts_are_bounded_by_the_split(run, tmp_path, option, monkeypatch) -> None:
+    _no_study_runs(monkeypatch)
+    res = _invoke(["robustness", run, option, 10**9, "--suite", "corruptions,attacks", "--corruptions", "fog",
+                   "-o", tmp_path / "r"])
+    line = _one_line_error(res, f"{option} must be an integer in [1, 360]")
+    assert "test split of digits" in line
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(("command", "option"), [("demo", "--corrupt-images"), ("demo", "--attack-images"),
+                                                 ("demo", "--train-subset"), ("ablate", "--corrupt-images"),
+                                                 ("ablate", "--attack-images"), ("ablate", "--clean-images"),
+                                                 ("ablate", "--train-subset")])
+def test_demo_and_ablate_counts_are_bounded_by_the_dataset(command, option, tmp_path, monkeypatch) -> None:
+    _no_study_runs(monkeypatch)
+    res = _invoke([command, option, 10**9, "-o", tmp_path / "d"])
+    _one_line_error(res, f"{option} must be an integer in")
+    assert not (tmp_path / "d").exists()
+
+
+# --- one line, not a traceback ---------------------------------------------------------------------
+
+@pytest.mark.parametrize(("preset", "model", "says"), [
+    ("digits-cpu", "symlm", "causal language modelling"),
+    ("bible-cpu", "symvit_mini_patch4_28", "image classification"),
+])
+def test_train_refuses_a_model_of_another_task(preset, model, says, tmp_path) -> None:
+    res = _invoke(["train", "--preset", preset, "--model", model, "-o", tmp_path / "t", "--epochs", 1])
+    line = _one_line_error(res, says)
+    assert "task" in line and model in line
+
+
+@pytest.mark.parametrize("command", ["evaluate", "robustness"])
+def test_a_hugging_face_folder_is_not_called_an_incomplete_run(command, hf_folder, tmp_path) -> None:
+    res = _invoke([command, hf_folder, *(["-o", tmp_path / "r"] if command == "robustness" else [])])
+    line = _one_line_error(res, "Hugging Face model folder")
+    assert "COMPLETE" not in line and "NAME@FILE" in line
+
+
+@pytest.mark.parametrize("command", [["study", "demo"], ["ablate"]])
+def test_empty_seed_list_is_refused(command, tmp_path, monkeypatch) -> None:
+    _no_study_runs(monkeypatch)
+    res = _invoke([*command, "--seeds", "", "-o", tmp_path / "s", "--runs", tmp_path / "r"]
+                  if command[0] == "study" else [*command, "--seeds", "", "-o", tmp_path / "s"])
+    _one_line_error(res, "--seeds")
+    assert not (tmp_path / "s").exists()
