@@ -79,8 +79,8 @@ def robust_weight(r: Tensor, a: float, loss: str) -> Tensor:
 def _gram_kernel(x: Tensor, scale: float) -> Tensor:
     """K_jl = exp(-scale ||x_j - x_l||^2), ``x (..., N, E)`` -> ``(..., N, N)``: one fused
     ``-scale (|x_j|^2 + |x_l|^2) + 2 scale x_j . x_l`` (baddbmm) and one exp."""
-    lead, n, e = x.shape[:-2], x.shape[-2], x.shape[-1]
-    xf = x.reshape(-1, n, e)
+    lead, n = x.shape[:-2], x.shape[-2]
+    xf = x.flatten(0, -3) if x.dim() > 2 else x.unsqueeze(0)  # (prod(lead), N, E), also when N = 0
     sq = (xf * xf).sum(-1) * (-scale)
     d = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), xf, xf.transpose(-1, -2), alpha=2 * scale)
     return torch.exp(d.clamp_max_(0.0)).reshape(*lead, n, n)  # clamp: rounding never gives K > 1
@@ -190,6 +190,8 @@ class RobustAttention(_KdeBase):
         q, v = qkv["q"], qkv["v"]
         khat = F.normalize(qkv["k"], dim=-1)
         n, d = khat.shape[-2], khat.shape[-1]
+        if n == 0 or q.numel() == 0:  # no tokens (or no sequences): nothing to weight, empty in, empty out
+            return q.new_zeros(q.shape) + v.sum() * 0
         scale = 1.0 / math.sqrt(d)
         vis = _visible_keys(attn_mask, is_causal, n, q.device)
         opts = (self.a, self.loss, self.n_iter, self.official_norm)

@@ -67,6 +67,8 @@ def resize_position_scale(w: Tensor, n: int, num_prefix_tokens: int = 1, mode: s
     n0 = w.shape[-1]
     if n == n0:
         return w
+    if n == 0:  # no tokens: no scales (empty in, empty out)
+        return w[..., :0, :0]
     if mode == "crop":
         if n > n0:
             raise ValueError(f"PositionAwareAttention: built for {n0} tokens, got {n} "

@@ -201,7 +201,8 @@ def pap(
             states (see the module docstring); given, the reference loop runs instead of a fast path.
 
     Returns:
-        ``L`` of shape ``(B, H, N, D)``, or ``(L, info)`` when ``return_info``.
+        ``L`` of shape ``(B, H, N, D)``, or ``(L, info)`` when ``return_info``. An empty input (B, H, N
+        or D = 0) gives an empty ``L``, as softmax attention does (``return_info`` is then a ValueError).
     """
     check_options(n_iter=n_iter, lam=lam, threshold=threshold, mu_dim=mu_dim, dropout_p=dropout_p)
     if not (isinstance(sparse, bool) and isinstance(dual, bool)):
@@ -211,6 +212,8 @@ def pap(
     check = checks_values(validate, k.device)
     validate_inputs(k, v, q, check)
     attn_mask = normalise_mask(attn_mask, k, check)
+    if k.numel() == 0:
+        return _empty_pap(k, v, q, return_info)
     if mu is None:
         mu_t = pap_mu(k, mu_dim, attn_mask=attn_mask, is_causal=is_causal)
     else:
@@ -252,6 +255,17 @@ def pap(
         assert obs is not None and obs.trace is not None
         return L, obs.trace.info
     return L
+
+
+def _empty_pap(k: Tensor, v: Tensor, q: Tensor | None, return_info: bool) -> Tensor:
+    """No batch element, head, token or channel: the output is empty too (as softmax attention's: the
+    official mu = N C / (4 ||K||_1) is 0 / 0 there, but nothing is computed with it), connected to the
+    inputs' graph; hooks see nothing. The per-iteration diagnostics are means over nothing: an error."""
+    if return_info:
+        raise ValueError(f"pap: return_info averages over batch, heads and tokens; the input "
+                         f"{tuple(k.shape)} is empty (give at least one of each, and D >= 1)")
+    anchor = k.sum() + v.sum() + (q.sum() if q is not None else 0.0)  # 0, in the graph of k, v, q
+    return torch.zeros_like(v) + anchor * 0
 
 
 def softmax_step(
