@@ -147,6 +147,10 @@ def replace_attention(
 
     Returns the indices of the replaced blocks.
     """
+    if isinstance(attn_layer, nn.Module) or not callable(attn_layer):  # an instance where a class is due
+        raise TypeError(f"attn_layer must be a class, not an instance of {type(attn_layer).__name__}: pass "
+                        "the class (e.g. RPCAttention, or configure(RPCAttention, n_iter=6) for options); "
+                        "each block gets its own layer built with that block's width and heads")
     blocks_of = getattr(model, "blocks", None)
     if blocks_of is None or not hasattr(blocks_of, "__len__") or not hasattr(blocks_of, "__getitem__"):
         raise TypeError(f"{type(model).__name__} has no .blocks sequence; expected a timm VisionTransformer "

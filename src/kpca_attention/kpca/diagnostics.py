@@ -79,6 +79,9 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]
         raise ValueError(f"q and k must both be (..., N, D), got {tuple(q.shape)} and {tuple(k.shape)}")
     if v.shape[:-1] != k.shape[:-1]:
         raise ValueError(f"v must be (..., N, D_v) matching k {tuple(k.shape)}, got {tuple(v.shape)}")
+    if q.numel() == 0 or v.shape[-1] == 0:  # the measures are means over sequences and tokens
+        raise ValueError(f"q, k, v must hold at least one sequence and one token with D >= 1 (the measures "
+                         f"are means over them), got q {tuple(q.shape)}, v {tuple(v.shape)}")
     for name, x in (("q", q), ("k", k), ("v", v)):
         require_finite(name, x)
     return q.to(torch.float64), k.to(torch.float64), v.to(torch.float64)

@@ -104,6 +104,9 @@ def corrupt(image: np.ndarray, name: str, severity: int, seed: int | None = None
                         f"{getattr(image, 'dtype', '')}")
     if image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[2] not in (1, 3)):
         raise ValueError(f"expected an image (H, W), (H, W, 1) or (H, W, 3), got shape {image.shape}")
+    if image.shape[0] == 0 or image.shape[1] == 0:
+        raise ValueError(f"expected an image of at least 1x1 pixels, got {image.shape[0]}x{image.shape[1]} "
+                         f"(shape {image.shape})")
     from imagecorruptions import corrupt as _ic_corrupt  # imports numba/cv2: keep it lazy
 
     shape = image.shape
