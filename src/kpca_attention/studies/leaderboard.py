@@ -260,7 +260,7 @@ def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike,
                       markdown: str | os.PathLike) -> list[Path]:
     """Write ``markdown`` and one JSON per table under ``out`` (``<dataset>/<threat>/<eps>-...json``);
     JSON files of tables that no longer exist are removed. Returns the paths written."""
-    from ..io import write_json_atomic, write_text_atomic
+    from ..io import output_path, write_json_atomic, write_text_atomic
 
     tables, notes = leaderboard_rows(results)
     out = Path(out)
@@ -268,7 +268,7 @@ def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike,
     keep = set()
     for key, rows in tables.items():
         dataset, norm, eps, protocol, evaluation = key
-        path = out / _slug(key)
+        path = output_path(out, _slug(key), what="the leaderboard table")  # names come from results/
         keep.add(path)
         written.append(write_json_atomic(path, {
             "dataset": dataset, "threat_model": norm, "eps": eps, "protocol": protocol,
