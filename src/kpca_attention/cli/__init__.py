@@ -61,18 +61,14 @@ def parse_floats(text: str | None, what: str = "value") -> tuple[float, ...]:
                          f"got {text!r}") from None
 
 
-#: files that make a folder a run or checkpoint of this project (train/checkpoint.py, train/rundir.py)
-_PROJECT_MARKERS = ("COMPLETE", "checkpoints", "latest.json", "state.pt")
-
-
 def refuse_hf_folder(spec: str, command: str) -> None:
     """A Hugging Face model folder (``config.json`` and none of a run's files) given to a command that
     takes runs of this project: one line saying so, rather than "COMPLETE is missing"."""
     from pathlib import Path
 
-    path = Path(spec).expanduser()
-    if path.is_dir() and (path / "config.json").is_file() \
-            and not any((path / f).exists() for f in _PROJECT_MARKERS):
+    from ..train.hf import is_hf_folder
+
+    if is_hf_folder(Path(spec).expanduser()):
         raise ValueError(f"{spec} is a Hugging Face model folder, not a run of this project: {command} takes "
                          "a run or checkpoint directory of this project, or an image classifier as a timm "
                          "NAME@FILE (`kpca-attention analyze` reads Hugging Face folders)")

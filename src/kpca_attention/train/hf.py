@@ -20,11 +20,23 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["force_offline", "load_hf_folder", "TOKENIZER_FILES", "custom_code_of"]
+__all__ = ["force_offline", "load_hf_folder", "TOKENIZER_FILES", "custom_code_of", "is_hf_folder",
+           "PROJECT_MARKERS"]
 
 #: files of which a local folder must hold at least one for its tokenizer to load
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model",
                    "sentencepiece.bpe.model", "merges.txt")
+
+
+#: files that make a folder a run or checkpoint of this project (train/checkpoint.py, train/rundir.py)
+PROJECT_MARKERS = ("COMPLETE", "checkpoints", "latest.json", "state.pt")
+
+
+def is_hf_folder(path: Path) -> bool:
+    """A Hugging Face model folder: ``config.json`` and none of the files of a run of this project."""
+    path = Path(path)
+    return path.is_dir() and (path / "config.json").is_file() and not any(
+        (path / f).exists() for f in PROJECT_MARKERS)
 
 
 def force_offline() -> None:

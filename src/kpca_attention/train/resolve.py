@@ -31,6 +31,7 @@ from torch import nn
 from ..tasks import Task
 from ..tasks import get as get_task
 from ..tasks import of_model as task_of_model
+from .hf import is_hf_folder
 
 __all__ = ["LoadedModel", "resolve_model", "MINILM_NAMES", "minilm_path", "image_meta", "is_causal_hf"]
 
@@ -241,8 +242,7 @@ def resolve_model(spec: str, *, pretrained: bool = True, device: str = "cpu",
     name = str(spec)
     path = Path(name).expanduser()
     if path.exists():
-        project = any((path / f).exists() for f in ("COMPLETE", "checkpoints", "latest.json", "state.pt"))
-        if not project and (path / "config.json").exists():
+        if is_hf_folder(path):
             loaded = _load_hf(path, name)
         else:
             loaded = _load_project(path, name, device, override_settings)
