@@ -146,9 +146,10 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
             task = None
         if task is None or not task.robustbench:
             name = task.name if task else None
+            if not (folder / "report.md").is_file():
+                continue  # not published yet (runs in progress): the same page in every checkout
             notes.append(f"`{folder.name}`: task {name}, no RobustBench threat model - not listed")
             continue
-        found = False
         for v in settings.get("variants", []):
             runs: dict[tuple, dict[int, dict[str, Any]]] = {}
             dataset = None
@@ -165,7 +166,6 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
                 for key, th in _threats(settings, items).items():
                     runs.setdefault(key, {})[int(m.group(1))] = th
             for key, per_seed in runs.items():
-                found = True
                 seeds = sorted(per_seed)
                 rob = [float(per_seed[s]["robust"].mean()) for s in seeds]
                 cln = [float(per_seed[s]["clean"].mean()) for s in seeds]
@@ -179,8 +179,8 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
                     "robust_acc_interval": [round(100 * lo, 2), round(100 * hi, 2)], "interval": how,
                     "n": int(len(first["robust"])), "attacks": first["attacks"],
                     "left_out": first["left_out"], "reported": False})
-        if not found:
-            notes.append(f"`{folder.name}`: no finished runs committed yet")
+        # a study with no finished run yet is not mentioned: its folder may exist in one checkout (runs in
+        # progress) and not in another, and the page must be the same in both
     _benchmarks(Path(results) / "benchmark", tables)
     for rows in tables.values():
         rows.sort(key=lambda r: (-r["robust_acc"], r["name"]))
