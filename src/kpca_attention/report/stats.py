@@ -3,17 +3,7 @@
 The paired primitives below live in the core (:mod:`kpca_attention.stats`, re-exported here) because the
 tasks' report sections compute their example-level statistics with them; this module adds the verdicts.
 
-Noise, three ways (each answers a different question):
-
-* **seeds** - the paired difference (variant - baseline, same seed: same init and data order) per
-  seed, its mean, a t interval and a paired t-test (``scipy.stats.ttest_1samp``; with n seeds it has
-  n - 1 degrees of freedom, nearly powerless at n = 2);
-* **examples** - an exact McNemar test (``scipy.stats.binomtest`` on the discordant pairs, pooled over
-  seeds) and a paired bootstrap 95% interval over test examples (``scipy.stats.bootstrap`` would do
-  it too, but resampling *clusters* - an image with all its corrupted views and all seeds - needs the
-  index form written here). These measure how sure we are about these trained models on the test
-  distribution, not training randomness;
-* **effect size** - the mean difference in percentage points and Cohen's d_z of the per-seed differences.
+The three kinds of noise (seeds, examples, effect size) are described in :mod:`kpca_attention.stats`.
 
 For verdicts (``report/verdicts.py`` turns them into words; ``docs/verdicts.md`` says what they mean):
 
