@@ -17,6 +17,9 @@ end, by the suites: clean; 15 corruptions x 5 severities on 500 fixed images; FG
 8 / 255; APGD-CE and Square at 4/255 on 500 images for every seed; SPSA and CW (the slowest) on seed 0
 only, as the report says.
 
+Verdicts against SymViT and, in the same Holm family, against the official RPC-SymViT (``also_against``), so
+that RPC with S = 0 is compared with RPC directly (the question "does S matter?").
+
 ``rpc-depth12`` puts PAP in the first of 12 blocks, as in the paper's ViT-tiny (1 of 12), against its own
 12-block SymViT.
 """
@@ -79,7 +82,7 @@ def rpc_seeds_study(*, seeds: tuple[int, ...] = MAIN_SEEDS, corrupt_images: int 
                     "seed starts from the same weights and sees the same batches.",
         variants=variants, seeds=seeds, preset="fmnist-cpu", recipe=VISION_RECIPE,
         suites=image_suites(seeds, corrupt_images, attack_images),
-        baseline="symvit", trace=512, margins=image_margins(),
+        baseline="symvit", trace=512, also_against=("rpc_official",), margins=image_margins(),
     )
 
 
