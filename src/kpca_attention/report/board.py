@@ -48,6 +48,7 @@ def leaderboard_lines(out: Path, sec: StudySections, verdicts: Mapping[tuple[str
     if not lb:
         return []
     label, base = sec.label, sec.base
+    base_label = label.get(base, base)  # the baseline may have no finished run yet
     metrics = {m.key: m for m in sec.seed_metrics()}
     keys = [k for k in lb["metrics"] if k in metrics and any(metrics[k].values.values())]
     if not keys:
@@ -68,9 +69,9 @@ def leaderboard_lines(out: Path, sec: StudySections, verdicts: Mapping[tuple[str
         rows.append(row)
     unit = metrics[keys[0]].unit
     cols = {"variant": "variant", "seeds": "seeds", **{k: metrics[k].title for k in keys},
-            **{"d:" + k: f"{metrics[k].title} - {label[base]}" for k in keys}}
+            **{"d:" + k: f"{metrics[k].title} - {base_label}" for k in keys}}
     lines = ["## Leaderboard", "",
-             f"Mean ± std over seeds ({sec.value_unit}), then the paired difference against {label[base]} "
+             f"Mean ± std over seeds ({sec.value_unit}), then the paired difference against {base_label} "
              f"(same seed; in {unit}): mean (95 % t interval), the verdict word and the margin it used (the "
              "variant's own paper's effect where one is declared; see the verdict tables below, the same "
              "Holm family).", "", markdown_table(rows, cols), ""]

@@ -399,7 +399,7 @@ def write_study_report(out: str | os.PathLike) -> Path:
     s_ = sec.settings
     variants = {v["slug"]: v for v in s_["variants"]}
     slugs = [s for s in variants if s in res]
-    label = {s: variants[s]["label"] for s in slugs}
+    label = {s: v["label"] for s, v in variants.items()}  # every variant: the baseline may have no run yet
     base = s_["baseline"]
     sec.res, sec.slugs, sec.label, sec.base = res, slugs, label, base
     sec.prepare()
