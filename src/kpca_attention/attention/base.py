@@ -21,7 +21,7 @@ from ..checks import describe_range
 from ..pap import check_options
 from .hooks import HookPoint
 
-__all__ = ["HeadsAttention", "Option", "is_proxy"]
+__all__ = ["HeadsAttention", "QueryOptionalAttention", "Option", "is_proxy"]
 
 
 def is_proxy(x: object) -> bool:
@@ -172,3 +172,17 @@ class HeadsAttention(nn.Module):
     @property
     def dropout_p(self) -> float:
         return self.attn_drop.p if self.training else 0.0
+
+
+class QueryOptionalAttention(HeadsAttention):
+    """A layer with queries (W_Q, W_K, W_V) or, with ``symmetric=True``, without (W_Q = W_K: a SymViT layer,
+    A = softmax(K K^T / sqrt D)): the ``symmetric`` option of the mechanisms whose papers allow both."""
+
+    parameter_constraints = {**HeadsAttention.parameter_constraints, "symmetric": Option("bool")}
+
+    def __init__(self, dim: int, num_heads: int = 8, *args: Any, symmetric: bool = False,
+                 **kwargs: Any) -> None:
+        self.validate_options(symmetric=symmetric)
+        self.projections = ("k", "v") if symmetric else ("q", "k", "v")
+        super().__init__(dim, num_heads, *args, **kwargs)
+        self.symmetric = symmetric

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..pap import visible
-from .base import HeadsAttention, Option
+from .base import Option, QueryOptionalAttention
 from .registry import register_mechanism
 
 __all__ = ["KdeAttention", "RobustAttention", "kirwls_weights", "robust_weight"]
@@ -128,18 +128,7 @@ def _visible_keys(attn_mask: Tensor | None, is_causal: bool, n: int, device: Any
 torch.fx.wrap("_visible_keys")
 
 
-class _KdeBase(HeadsAttention):
-    parameter_constraints = {**HeadsAttention.parameter_constraints, "symmetric": Option("bool")}
-
-    def __init__(self, dim: int, num_heads: int = 8, *args: Any, symmetric: bool = False,
-                 **kwargs: Any) -> None:
-        self.validate_options(symmetric=symmetric)
-        self.projections = ("k", "v") if symmetric else ("q", "k", "v")
-        super().__init__(dim, num_heads, *args, **kwargs)
-        self.symmetric = symmetric
-
-
-class KdeAttention(_KdeBase):
+class KdeAttention(QueryOptionalAttention):
     """KDE attention: ``softmax_j(-||q_i - khat_j||^2 / sqrt D) V`` with unit-norm keys (one fused call).
 
     Args (besides timm's):
@@ -155,7 +144,7 @@ class KdeAttention(_KdeBase):
         return f"symmetric={self.symmetric}"
 
 
-class RobustAttention(_KdeBase):
+class RobustAttention(QueryOptionalAttention):
     """Robust KDE attention (RKDE): joint and marginal KDEs re-weighted by KIRWLS (module docstring).
 
     Args (besides timm's):
@@ -167,8 +156,9 @@ class RobustAttention(_KdeBase):
         symmetric: True: W_Q = W_K.
     """
 
-    parameter_constraints = {**_KdeBase.parameter_constraints, "loss": Option("choice", choices=LOSSES),
-                             "a": Option("float", min=0), "n_iter": Option("int", min=1),
+    parameter_constraints = {**QueryOptionalAttention.parameter_constraints,
+                             "loss": Option("choice", choices=LOSSES), "a": Option("float", min=0),
+                             "n_iter": Option("int", min=1),
                              "official_norm": Option("bool")}
 
     def __init__(self, dim: int, num_heads: int = 8, *args: Any, loss: str = "huber", a: float = 0.2,

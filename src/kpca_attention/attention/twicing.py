@@ -23,12 +23,10 @@ Masks: the two calls take the same ``attn_mask`` / ``is_causal``, so A is the ma
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import HeadsAttention, Option
+from .base import QueryOptionalAttention
 from .registry import register_mechanism
 
 __all__ = ["TwicingAttention", "last_eighth"]
@@ -39,21 +37,12 @@ def last_eighth(depth: int) -> list[int]:
     return list(range(depth - max(1, depth // 8), depth))
 
 
-class TwicingAttention(HeadsAttention):
+class TwicingAttention(QueryOptionalAttention):
     """Twicing attention ``(2 A - A^2) V = A V + A (V - A V)`` with two fused attention calls.
 
     Args (besides timm's):
         symmetric: True: W_Q = W_K (a SymViT layer, A = softmax(K K^T / sqrt D)).
     """
-
-    parameter_constraints = {**HeadsAttention.parameter_constraints, "symmetric": Option("bool")}
-
-    def __init__(self, dim: int, num_heads: int = 8, *args: Any, symmetric: bool = False,
-                 **kwargs: Any) -> None:
-        self.validate_options(symmetric=symmetric)
-        self.projections = ("k", "v") if symmetric else ("q", "k", "v")
-        super().__init__(dim, num_heads, *args, **kwargs)
-        self.symmetric = symmetric
 
     def attend(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool) -> Tensor:
         q, k, v = qkv["q"], qkv["k"], qkv["v"]
