@@ -191,3 +191,13 @@ def test_reuse_of_another_studys_results_and_fixed_margins(tmp_path: Path, capsy
     assert read_json(tmp_path / "mine" / "settings.json")["margins_note"] == note
     with pytest.raises(ValueError, match=r"ppl/test 1.1 -> none"):
         _check_settings(declared.replace(margins={}), tmp_path / "mine", False)
+    # a margin of one variant may still be declared while that variant has no result file (rpc_symlm)...
+    later = declared.replace(margins={"ppl/test": Margin(1.1, "paper"),
+                                      ("rpc_symlm", "ppl/valid"): Margin(2.0, "p")})
+    _check_settings(later, tmp_path / "mine", False)
+    per_variant = read_json(tmp_path / "mine" / "settings.json")["variant_margins"]
+    assert per_variant["rpc_symlm"]["ppl/valid"]["value"] == 2.0
+    # ...but not for a variant that has one (symlm), nor changed for all variants
+    with pytest.raises(ValueError, match=r"symlm: ppl/valid none -> 2.0"):
+        _check_settings(later.replace(margins={**later.margins, ("symlm", "ppl/valid"): Margin(2.0, "p")}),
+                        tmp_path / "mine", False)

@@ -349,9 +349,10 @@ def _margin_values(settings: dict[str, Any]) -> dict[str, float]:
 
 def _check_margins(saved: dict[str, Any], now: dict[str, Any], out: Path) -> None:
     """Margins are fixed before the runs: once a folder holds results, a declared margin may not change
-    (added, removed or another value; a reworded source is taken) without ``--force``. A folder whose
-    settings predate margins (no ``margins`` entry) takes the definition's, and ``margins_note`` says
-    that they were declared after results existed."""
+    (added, removed or another value; a reworded source is taken) without ``--force``, except a margin
+    of one variant that has no result file yet (``variant_margins``: still declared before that
+    variant's runs). A folder whose settings predate margins (no ``margins`` entry) takes the
+    definition's, and ``margins_note`` says that they were declared after results existed."""
     have = sorted((out / "results").glob("*.json")) if (out / "results").is_dir() else []
     if not have:
         return
@@ -364,8 +365,12 @@ def _check_margins(saved: dict[str, Any], now: dict[str, Any], out: Path) -> Non
                                    "these results")
         return
     old, new = _margin_values(saved), _margin_values(now)
-    if old != new:
-        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    ran = {f.stem.rsplit("-s", 1)[0] for f in have}  # the variants with a result file
+    # a margin of one variant only ("slug: metric") may still be declared or changed while that variant
+    # has no result: it is then declared before its results, as a study's margins are
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
+                     and (": " not in k or k.split(": ", 1)[0] in ran))
+    if changed:
         raise ValueError(f"{out}: the equivalence margins were declared before its results and may not "
                          f"change now ({', '.join(changed)} differ: "
                          + "; ".join(f"{k} {old.get(k, 'none')} -> {new.get(k, 'none')}" for k in changed)
