@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from . import kernels
 from .inputs import cpu_float, tracing, visible
 
 __all__ = ["cutoff_attention", "softmax_cutoff"]
@@ -279,6 +280,24 @@ def softmax_block(
     s = _block_logits(qb, kb, S, bias_b, scale)  # logits = s * S
     if hid is not None:
         S.masked_fill_(hid, float("-inf"))
+    kern = kernels.active()
+    if kern is not None and S.is_contiguous() and mb.is_contiguous() and lb.is_contiguous():
+        kern.cutoff_exp_(S, mb, lb, s, cutoff)  # the five passes below in one (kernels.py)
+        P = S
+    else:
+        P = _probabilities_eager(S, hid, s, cutoff, mb, lb)
+    keep = None
+    if dropout_p > 0:
+        keep = torch.empty_like(P, dtype=torch.bool).bernoulli_(1.0 - dropout_p)
+        P.masked_fill_(~keep, 0.0).div_(1.0 - dropout_p)
+    torch.bmm(P, vb, out=ob).div_(lb)
+    return keep
+
+
+def _probabilities_eager(S: Tensor, hid: Tensor | None, s: float, cutoff: float, mb: Tensor,
+                         lb: Tensor) -> Tensor:
+    """:func:`softmax_block`'s probabilities with eager ops: ``mb`` the logits' row maximum, ``lb`` the
+    row sum of the returned unnormalised probabilities (written over ``S``)."""
     torch.amax(S, dim=-1, keepdim=True, out=mb)
     if hid is not None:  # a query that sees no key: all P~ = 0, output 0 (as SDPA)
         mb.masked_fill_(mb == float("-inf"), 0.0)
@@ -288,12 +307,7 @@ def softmax_block(
     torch.sum(P, dim=-1, keepdim=True, out=lb)  # >= 1 (the max) without a mask
     if hid is not None:
         lb.masked_fill_(lb == 0, 1.0)
-    keep = None
-    if dropout_p > 0:
-        keep = torch.empty_like(P, dtype=torch.bool).bernoulli_(1.0 - dropout_p)
-        P.masked_fill_(~keep, 0.0).div_(1.0 - dropout_p)
-    torch.bmm(P, vb, out=ob).div_(lb)
-    return keep
+    return P
 
 
 class _CutoffAttention(torch.autograd.Function):

@@ -12,6 +12,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from . import kernels
+from .inputs import tracing
+
 __all__: list[str] = []
 
 
@@ -45,12 +48,30 @@ def update_into(k: Tensor, L: Tensor, R: Tensor, tau: Tensor, neg_tau: Tensor | 
                  R_next: Tensor) -> None:
     """:func:`update_step` into given buffers: C_t into ``C``, X_{t+1} into ``X``, R_{t+1} into ``R_next``.
     ``X`` or ``R_next`` may be ``R``, and ``R_next`` may be ``C``: every pass reads an element before it
-    writes it, and R_t is not read after E_t. ``neg_tau`` is -tau, if at hand."""
+    writes it, and R_t is not read after E_t. ``neg_tau`` is -tau, if at hand. One pass with the compiled
+    kernel (kernels.py) on ``(nb, N, D)`` blocks whose tau is ``(nb, 1 | N, 1)``, else five eager passes."""
+    kern = kernels.active()
+    if kern is not None and _kernel_fits(k, L, R, tau, C, X, R_next):
+        kern.update_(k, L, R, tau, C, X, R_next)
+        return
     E = torch.sub(L, R, out=X)  # E_t = L_t - R_t = -W_t
     torch.sub(k, E, out=C).sub_(L)  # K - L_t + W_t
     clamp_tau(C, tau, in_place=True, neg_tau=neg_tau)
     torch.add(C, L, out=R_next)
     torch.add(R_next, E, alpha=2.0, out=E)
+
+
+def _kernel_fits(k: Tensor, *rest: Tensor) -> bool:
+    """Whether :func:`update_into`'s arguments are what the compiled kernel takes: contiguous CPU blocks
+    ``(nb, N, D)`` of one float dtype, tau ``(nb, 1 | N, 1)``, outside tracing."""
+    tau = rest[2]
+    if k.dim() != 3 or k.device.type != "cpu" or k.dtype not in (torch.float32, torch.float64) or tracing():
+        return False
+    if tau.dim() != 3 or tau.shape[0] != k.shape[0] or tau.shape[2] != 1 \
+            or tau.shape[1] not in (1, k.shape[1]):
+        return False
+    return all(t.is_contiguous() and t.dtype == k.dtype and t.device == k.device for t in (k, *rest)) and all(
+        t.shape == k.shape for i, t in enumerate(rest) if i != 2)
 
 
 def clamp_backward(g: Tensor, C: Tensor, tau: Tensor, need_tau: bool, out: Tensor | None = None,

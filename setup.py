@@ -1,0 +1,29 @@
+"""Builds PAP's optional C++ kernels (src/kpca_attention/pap/csrc; everything else is in pyproject.toml).
+
+The extension is optional: without a C++ compiler, on a CPU other than x86-64, or where torch cannot be
+imported at build time (pip's build isolation: install with ``--no-build-isolation``, as the Makefile
+does), the package installs without it and PAP runs its eager ops (kpca_attention/pap/kernels.py).
+"""
+
+import os
+import platform
+
+from setuptools import setup
+
+ext_modules, cmdclass = [], {}
+x86 = platform.machine().lower() in ("x86_64", "amd64")
+if x86 and os.environ.get("KPCA_ATTENTION_BUILD_KERNELS", "1") != "0":
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        pass
+    else:
+        kernels = CppExtension(
+            "kpca_attention.pap.cpu_kernels", ["src/kpca_attention/pap/csrc/pap_kernels.cpp"],
+            extra_compile_args=["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"])
+        kernels.optional = True  # a compiler error is a warning: the eager ops run instead
+        ext_modules = [kernels]
+        # without ninja, a compiler error is distutils' CompileError, which an optional extension tolerates
+        cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}
+
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

@@ -1,0 +1,158 @@
+// PAP's two elementwise kernels on the CPU, each one pass where PyTorch's eager ops take several
+// (kpca_attention/pap/kernels.py loads this module; docs/pap.md section 9 says why they exist).
+//
+//   cutoff_exp_(S, m, l, scale, cutoff): per row of raw scores s (logits = scale * s, scale > 0; -inf =
+//     a hidden key): m = row max of the logits, S <- exp(max(scale * s - m, -cutoff)) (0 where hidden),
+//     l = row sum. A row with every key hidden: m = 0, S = 0, l = 1. This is the eager
+//     amax / subtract / clamp / exp / sum of softmax.py's softmax_block (five passes over the block and
+//     torch.exp's 1-ulp exp) in two passes over a row in the L1 cache, with ATen's exp_u20 (the exp
+//     SDPA's CPU flash kernel uses; float64 keeps the 1-ulp exp).
+//   update_(K, L, R, tau, C, X, R_next): PAP's update (K, L_t, R_t) -> C_t = clamp(K - L_t + W_t, +-tau),
+//     R_{t+1} = C_t + L_t, X_{t+1} = R_{t+1} + 2 (L_t - R_t), W_t = R_t - L_t, in one pass (updates.py's
+//     update_into takes five). Every element is read before any output is written, so X may be R and
+//     R_next may be C (then R_next is kept).
+//
+// Built by the normal install (setup.py, optional: without a compiler the eager ops run) for AVX2 + FMA;
+// kernels.py loads it only where torch reports AVX2 or AVX512.
+
+#include <torch/extension.h>
+#include <torch/library.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace {
+
+using at::vec::Vectorized;
+
+template <typename T>
+void cutoff_exp_rows(T* S, T* m, T* l, int64_t rows, int64_t n, T scale, T cutoff) {
+  using Vec = Vectorized<T>;
+  const int64_t W = Vec::size();
+  const T ninf = -std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    T* s = S + r * n;
+    Vec vmax(ninf);
+    int64_t j = 0;
+    for (; j + W <= n; j += W) vmax = at::vec::maximum(vmax, Vec::loadu(s + j));
+    T mx = at::vec::vec_reduce_all<T>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, vmax);
+    for (; j < n; ++j) mx = std::max(mx, s[j]);
+    if (mx == ninf) {  // every key hidden: probabilities 0, output 0 (as SDPA)
+      std::fill(s, s + n, T(0));
+      m[r] = T(0);
+      l[r] = T(1);
+      continue;
+    }
+    const T mrow = mx * scale;
+    const Vec vs(scale), vnm(-mrow), vlo(-cutoff), vzero(T(0)), vninf(ninf);
+    Vec vsum(T(0));
+    j = 0;
+    for (; j + W <= n; j += W) {
+      const Vec raw = Vec::loadu(s + j);
+      Vec x = at::vec::maximum(at::vec::fmadd(raw, vs, vnm), vlo).exp_u20();
+      x = Vec::blendv(x, vzero, raw == vninf);  // a hidden key
+      x.store(s + j);
+      vsum = vsum + x;
+    }
+    T sum = at::vec::vec_reduce_all<T>([](Vec& a, Vec& b) { return a + b; }, vsum);
+    for (; j < n; ++j) {
+      const T x = s[j] == ninf ? T(0) : std::exp(std::max(s[j] * scale - mrow, -cutoff));
+      s[j] = x;
+      sum += x;
+    }
+    m[r] = mrow;
+    l[r] = sum;
+  }
+}
+
+template <typename T>
+void update_rows(const T* K, const T* L, const T* R, const T* tau, T* C, T* X, T* Rn, int64_t rows, int64_t d,
+                 int64_t tau_rows_per_head, int64_t rows_per_head) {
+  using Vec = Vectorized<T>;
+  const int64_t W = Vec::size();
+  const Vec two(T(2));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t head = r / rows_per_head, i = r % rows_per_head;
+    const T t = tau[head * tau_rows_per_head + (tau_rows_per_head == 1 ? 0 : i)];
+    const Vec vt(t), vnt(-t);
+    const int64_t o = r * d;
+    int64_t j = 0;
+    for (; j + W <= d; j += W) {
+      const Vec k = Vec::loadu(K + o + j), lv = Vec::loadu(L + o + j), rv = Vec::loadu(R + o + j);
+      const Vec e = lv - rv;
+      const Vec c = at::vec::maximum(at::vec::minimum((k - e) - lv, vt), vnt);
+      const Vec rn = c + lv;
+      const Vec x = at::vec::fmadd(e, two, rn);
+      c.store(C + o + j);
+      rn.store(Rn + o + j);
+      x.store(X + o + j);
+    }
+    for (; j < d; ++j) {
+      const T k = K[o + j], lv = L[o + j], rv = R[o + j];
+      const T e = lv - rv;
+      const T c = std::max(std::min((k - e) - lv, t), -t);
+      const T rn = c + lv;
+      const T x = rn + T(2) * e;
+      C[o + j] = c;
+      Rn[o + j] = rn;
+      X[o + j] = x;
+    }
+  }
+}
+
+void check_block(const at::Tensor& t, const at::Tensor& like, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == like.scalar_type(),
+              name, ": a contiguous CPU tensor of the block's dtype expected");
+}
+
+at::Tensor cutoff_exp_(at::Tensor S, at::Tensor m, at::Tensor l, double scale, double cutoff) {
+  check_block(S, S, "S");
+  check_block(m, S, "m");
+  check_block(l, S, "l");
+  const int64_t n = S.size(-1), rows = S.numel() / std::max<int64_t>(n, 1);
+  TORCH_CHECK(m.numel() == rows && l.numel() == rows, "m, l: one value per row of S expected");
+  TORCH_CHECK(scale > 0 && cutoff > 0, "scale and cutoff must be > 0");
+  AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "cutoff_exp_", [&] {
+    cutoff_exp_rows<scalar_t>(S.data_ptr<scalar_t>(), m.data_ptr<scalar_t>(), l.data_ptr<scalar_t>(), rows, n,
+                              static_cast<scalar_t>(scale), static_cast<scalar_t>(cutoff));
+  });
+  return S;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> update_(at::Tensor K, at::Tensor L, at::Tensor R, at::Tensor tau,
+                                                      at::Tensor C, at::Tensor X, at::Tensor R_next) {
+  for (auto* p : {&L, &R, &tau, &C, &X, &R_next}) check_block(*p, K, "update_");
+  check_block(K, K, "K");
+  TORCH_CHECK(K.dim() == 3 && L.sizes() == K.sizes() && R.sizes() == K.sizes() && C.sizes() == K.sizes() &&
+              X.sizes() == K.sizes() && R_next.sizes() == K.sizes(), "update_: K, L, R, C, X, R_next (nb, N, D)");
+  const int64_t nb = K.size(0), n = K.size(1), d = K.size(2);
+  TORCH_CHECK(tau.dim() == 3 && tau.size(0) == nb && (tau.size(1) == 1 || tau.size(1) == n) && tau.size(2) == 1,
+              "update_: tau (nb, 1 | N, 1) expected");
+  AT_DISPATCH_FLOATING_TYPES(K.scalar_type(), "update_", [&] {
+    update_rows<scalar_t>(K.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(), R.data_ptr<scalar_t>(),
+                          tau.data_ptr<scalar_t>(), C.data_ptr<scalar_t>(), X.data_ptr<scalar_t>(),
+                          R_next.data_ptr<scalar_t>(), nb * n, d, tau.size(1), n);
+  });
+  return {C, X, R_next};
+}
+
+}  // namespace
+
+// Registered as torch operators (torch.ops.kpca_attention.*): they go through the dispatcher, so
+// TorchDispatchMode sees them (the tests' subnormal checks) like any aten op. Each returns what it wrote.
+TORCH_LIBRARY(kpca_attention, m) {
+  m.def("cutoff_exp_(Tensor(a!) S, Tensor(b!) m, Tensor(c!) l, float scale, float cutoff) -> Tensor(a!)");
+  m.def("update_(Tensor K, Tensor L, Tensor R, Tensor tau, Tensor(a!) C, Tensor(b!) X, Tensor(c!) R_next)"
+        " -> (Tensor(a!), Tensor(b!), Tensor(c!))");
+}
+
+TORCH_LIBRARY_IMPL(kpca_attention, CPU, m) {
+  m.impl("cutoff_exp_", &cutoff_exp_);
+  m.impl("update_", &update_);
+}
+
+// importing the module (kernels.py) loads the library, which registers the operators above
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) { mod.doc() = "PAP's fused CPU kernels (kpca_attention/pap/kernels.py)"; }

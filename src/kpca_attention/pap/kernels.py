@@ -1,0 +1,58 @@
+"""PAP's compiled CPU kernels (``csrc/pap_kernels.cpp``), with the eager ops as the fallback.
+
+Two kernels, each one pass over a block where the eager ops take several (docs/pap.md, section 9):
+``cutoff_exp_`` (the cutoff softmax's max / subtract / clamp / exp / sum, with the exp of SDPA's CPU
+kernel) and ``update_`` (PAP's update between two softmax steps). They are built by the normal install
+(``setup.py``; optional: where no C++ compiler is found, or torch is not importable at build time, the
+package installs without them) for AVX2 + FMA, and used only where torch reports AVX2 or AVX512, on
+CPU tensors of float32 / float64, outside ``torch.compile`` / FX tracing. Set
+``KPCA_ATTENTION_KERNELS=0`` (or use :func:`eager_only`) to run the eager ops: both give the same numbers
+to rounding (tests/test_pap_kernels.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["available", "active", "eager_only"]
+
+
+def _load() -> Any:
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return None  # built for AVX2 + FMA: not loaded where those instructions may be missing
+    try:
+        from . import cpu_kernels  # type: ignore[attr-defined]  # noqa: F401  (registers the operators)
+    except ImportError:
+        return None
+    return torch.ops.kpca_attention  # cutoff_exp_, update_: dispatcher operators, seen by TorchDispatchMode
+
+
+_MODULE = _load()
+_ENABLED = os.environ.get("KPCA_ATTENTION_KERNELS", "1").strip() != "0"
+
+
+def available() -> bool:
+    """Whether the compiled kernels were built and can run on this CPU."""
+    return _MODULE is not None
+
+
+def active() -> Any:
+    """The kernels' operators (``torch.ops.kpca_attention``) when they are to be used now, else None (the
+    eager ops run)."""
+    return _MODULE if _ENABLED else None
+
+
+@contextlib.contextmanager
+def eager_only() -> Iterator[None]:
+    """Run PAP's eager ops inside the block (to compare them with the kernels)."""
+    global _ENABLED
+    before, _ENABLED = _ENABLED, False
+    try:
+        yield
+    finally:
+        _ENABLED = before

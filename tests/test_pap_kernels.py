@@ -1,0 +1,145 @@
+"""PAP's compiled CPU kernels (kpca_attention/pap/kernels.py, csrc/pap_kernels.cpp) against the eager ops
+they replace: the same numbers to rounding, every mask, float32 and float64, no subnormal; and pap's
+outputs and gradients with and without them. (The float64 equality of the fused paths with Algorithm 1,
+with the kernels on, is tests/test_pap_numerics.py.)"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import shutil
+
+import pytest
+import torch
+from test_pap_numerics import CUTOFF_EXP, SubnormalSpy, growing, masks, n_subnormal
+
+from kpca_attention.pap import kernels, pap, softmax_cutoff
+
+softmax = importlib.import_module("kpca_attention.pap.softmax")
+updates = importlib.import_module("kpca_attention.pap.updates")
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+BUILDABLE = (platform.machine().lower() in ("x86_64", "amd64") and shutil.which("c++") is not None
+             and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="PAP's kernels are not built here")
+
+
+def test_kernels_are_built_where_they_can_be() -> None:
+    # the install builds them wherever a compiler and AVX2 exist: a broken build must fail here, not
+    # silently fall back to the eager ops
+    assert kernels.available() == BUILDABLE
+
+
+def _eager_block(S: torch.Tensor, hid: torch.Tensor | None, s: float, cutoff: float):
+    m, l_sum = S.new_empty(*S.shape[:-1], 1), S.new_empty(*S.shape[:-1], 1)
+    P = softmax._probabilities_eager(S.clone(), hid, s, cutoff, m, l_sum)
+    return P, m, l_sum
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [5, 16, 197])  # shorter than, a multiple of, and not a multiple of a vector
+@pytest.mark.parametrize("hidden", ["none", "some", "row"])
+def test_cutoff_exp_equals_the_eager_ops(dtype: torch.dtype, n: int, hidden: str) -> None:
+    g = torch.Generator().manual_seed(n)
+    S = 30.0 * torch.randn(3, 7, n, generator=g, dtype=dtype)  # logits spread far past the cutoff
+    hid = None
+    if hidden != "none":
+        hid = torch.rand(3, 7, n, generator=g) < 0.3
+        if hidden == "row":
+            hid[1, 2] = True  # a query that sees no key
+        S.masked_fill_(hid, float("-inf"))
+    cutoff, scale = softmax_cutoff(dtype), 0.125
+    P, m, l_sum = _eager_block(S, hid, scale, cutoff)
+    Sk, mk, lk = S.clone(), torch.empty_like(m), torch.empty_like(l_sum)
+    out = kernels.active().cutoff_exp_(Sk, mk, lk, scale, cutoff)
+    assert out.data_ptr() == Sk.data_ptr()
+    tol = {"rtol": 2e-6, "atol": 0.0} if dtype == torch.float32 else {"rtol": 1e-14, "atol": 0.0}
+    torch.testing.assert_close(Sk, P, **tol)
+    torch.testing.assert_close(mk, m, rtol=0, atol=0)
+    torch.testing.assert_close(lk, l_sum, **tol)
+    assert n_subnormal(Sk) == 0
+    if hidden == "row":
+        assert float(mk[1, 2]) == 0.0 and float(lk[1, 2]) == 1.0 and not Sk[1, 2].any()
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("tau_rows", ["head", "row"])
+@pytest.mark.parametrize("alias", ["none", "in_place"])
+def test_update_equals_the_eager_ops(dtype: torch.dtype, tau_rows: str, alias: str) -> None:
+    g = torch.Generator().manual_seed(7)
+    nb, n, d = 4, 13, 21
+    K, L, R = (torch.randn(nb, n, d, generator=g, dtype=dtype) for _ in range(3))
+    tau = torch.rand(nb, 1 if tau_rows == "head" else n, 1, generator=g, dtype=dtype) + 0.2
+    ref = [torch.empty_like(K) for _ in range(3)]
+    with kernels.eager_only():
+        updates.update_into(K, L, R.clone(), tau, None, *ref)
+    if alias == "none":
+        out = [torch.empty_like(K) for _ in range(3)]
+        updates.update_into(K, L, R.clone(), tau, None, *out)
+    else:  # as update_step: X_{t+1} over R_t, R_{t+1} over C (the spare)
+        R2, spare = R.clone(), torch.empty_like(K)
+        updates.update_into(K, L, R2, tau, None, spare, R2, spare)
+        out = [None, R2, spare]
+        ref = [None, ref[1], ref[2]]
+    for a, b in zip(out, ref, strict=True):
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-6 if dtype == torch.float32 else 1e-14, atol=1e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", ["none", "padding", "additive", "causal", "empty_row"])
+@pytest.mark.parametrize("graph", [False, True])
+def test_pap_with_kernels_as_accurate_as_without(case: str, graph: bool) -> None:
+    # Values and gradients, every mask, the fused no-grad path and the graph paths (PAPSaved or a
+    # Function per step): in float64 the kernels give the eager ops' numbers to rounding; in float32 both
+    # are compared with float64, and the kernels' error is no larger than the eager ops' (these inputs
+    # are ill-conditioned on purpose: keys at 3x scale, 4 steps; float32 itself is off by ~1e-4 there).
+    g = torch.Generator().manual_seed(5)
+    n = 13
+    k, v = (3.0 * torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    gout = torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64)
+
+    def run(dtype: torch.dtype) -> list[torch.Tensor]:
+        kw = {key: (t.to(dtype) if torch.is_tensor(t) and t.is_floating_point() else t)
+              for key, t in masks(n, n)[case].items()}
+        kk, vv = (t.detach().to(dtype).clone().requires_grad_(graph) for t in (k, v))
+        with torch.set_grad_enabled(graph):
+            out = pap(kk, vv, 4, 4.0, **kw)
+            if graph:
+                out.backward(gout.to(dtype))
+        return [t.detach().double() for t in (out, kk.grad, vv.grad) if t is not None]
+
+    ref = run(torch.float64)
+    fast32 = run(torch.float32)
+    with kernels.eager_only():
+        ref_eager = run(torch.float64)
+        eager32 = run(torch.float32)
+    for a, b in zip(ref, ref_eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9 * float(b.abs().max()))
+    for fast, eager, exact in zip(fast32, eager32, ref, strict=True):
+        err_fast, err_eager = float((fast - exact).abs().max()), float((eager - exact).abs().max())
+        assert err_fast <= 2.0 * err_eager + 1e-6 * float(exact.abs().max()), (err_fast, err_eager)
+
+
+@needs_kernels
+def test_kernels_run_and_make_no_subnormal_on_growing_iterates() -> None:
+    k, v, g = growing()
+    k.requires_grad_()
+    spy = SubnormalSpy()
+    with spy:
+        out = pap(k, v, 4, 4.0)
+        out.backward(g)
+        with torch.no_grad():
+            pap(k, v, 4, 4.0)
+    assert "cutoff_exp_" in spy.ops and "update_" in spy.ops and CUTOFF_EXP & set(spy.ops)
+    assert spy.subnormal == {}
+    assert n_subnormal(k.grad) == 0
+
+
+def test_eager_only_switches_the_kernels_off() -> None:
+    before = kernels.active()
+    with kernels.eager_only():
+        assert kernels.active() is None
+    assert kernels.active() is before
