@@ -133,9 +133,43 @@ def test_kernels_run_and_make_no_subnormal_on_growing_iterates() -> None:
         out.backward(g)
         with torch.no_grad():
             pap(k, v, 4, 4.0)
-    assert "cutoff_exp_" in spy.ops and "update_" in spy.ops and CUTOFF_EXP & set(spy.ops)
+    # the graph path's blocks (cutoff_exp_, update_) and the no-grad path's one call (pap_forward)
+    assert {"cutoff_exp_", "update_", "pap_forward"} <= set(spy.ops) and CUTOFF_EXP & set(spy.ops)
     assert spy.subnormal == {}
     assert n_subnormal(k.grad) == 0
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n_iter", [1, 2, 3, 4])
+@pytest.mark.parametrize("tau_shape", ["scalar", "per_head", "per_row"])
+def test_compiled_forward_equals_the_python_loop(dtype: torch.dtype, n_iter: int, tau_shape: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # pap_forward (the whole no-grad loop in C++) against pap_fused's Python loop over the same blocks
+    # (with the block kernels), several blocks of heads and a last, smaller one; every buffer role of
+    # n_iter 1-4; tau one value, per head, per row
+    monkeypatch.setattr(softmax, "_BLOCK_FLOATS", 3 * 29 * 29)  # 3 heads a block: 8 heads -> 3, 3, 2
+    fused = importlib.import_module("kpca_attention.pap.fused")
+    g = torch.Generator().manual_seed(n_iter)
+    k, v = (2.0 * torch.randn(2, 4, 29, 12, generator=g, dtype=dtype) for _ in range(2))
+    tau = {"scalar": torch.full((1, 1, 1, 1), 0.7, dtype=dtype),
+           "per_head": torch.rand(2, 4, 1, 1, generator=g, dtype=dtype) + 0.3,
+           "per_row": torch.rand(2, 4, 29, 1, generator=g, dtype=dtype) + 0.3}[tau_shape]
+    spy = SubnormalSpy()
+    with spy:
+        out = fused.pap_fused(k, v, None, tau, None, False, 0.0, n_iter)
+    assert "pap_forward" in spy.ops
+    spy = SubnormalSpy()
+    with spy:
+        loop = fused.pap_fused(k, v, None, tau, None, False, 0.0, n_iter, compiled=False)
+    assert "pap_forward" not in spy.ops and "cutoff_exp_" in spy.ops  # the Python loop, its block kernels
+    if dtype == torch.float64:  # the same numbers to float64 rounding (amplified over the steps)
+        torch.testing.assert_close(out, loop, rtol=1e-10, atol=1e-10 * float(loop.abs().max()))
+    else:  # float32: as accurate as the Python loop, both against the float64 loop
+        exact = fused.pap_fused(k.double(), v.double(), None, tau.double(), None, False, 0.0, n_iter,
+                                compiled=False)
+        err_c, err_l = float((out.double() - exact).abs().max()), float((loop.double() - exact).abs().max())
+        assert err_c <= 2.0 * err_l + 1e-6 * float(exact.abs().max()), (err_c, err_l)
 
 
 def test_eager_only_switches_the_kernels_off() -> None:

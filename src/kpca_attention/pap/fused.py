@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from . import kernels
 from .softmax import (
     Scratch,
     block_slices,
@@ -28,7 +29,7 @@ __all__: list[str] = []
 
 def pap_fused(
     k: Tensor, v: Tensor, q: Tensor | None, tau: Tensor, sdpa_mask: Tensor | None, sdpa_causal: bool,
-    dropout_p: float, n_iter: int,
+    dropout_p: float, n_iter: int, *, compiled: bool = True,
 ) -> Tensor:
     """PAP without an autograd graph on the CPU (float32 / float64): inference and evaluation.
 
@@ -39,7 +40,9 @@ def pap_fused(
     the update's seven elementwise passes then run over ~1 MiB instead of over all of
     ``(B, H, N, D)`` in memory. Buffers: three ``(B, H, N, D)`` arrays for the whole call (X = R at
     step 1, the first update's spare, L) and one block of scores; the iterates swap between the
-    first two.
+    first two. Symmetric and unmasked, without dropout, with whole heads in a block, the loop runs as
+    one compiled call where the kernels are built (``kernels.py``; ``compiled=False``: this loop, with
+    the block kernels, as the tests compare).
     """
     b, h, nq, d = k.shape if q is None else q.shape
     n, dv = k.shape[-2], v.shape[-1]
@@ -50,6 +53,13 @@ def pap_fused(
     qf = None if q is None else q.reshape(bh, nq, d)
     tau_f, ntau_f = flat_tau(tau, b, h)
     blocks = block_slices(bh, nq, n)
+    kern = kernels.active() if compiled else None
+    if kern is not None and qf is None and hidden is None and bias is None and dropout_p == 0 \
+            and blocks[0][1].stop == nq and kf.is_contiguous() and vf.is_contiguous() and dv == d:
+        # the whole loop below, symmetric and unmasked, in one compiled call (csrc/pap_kernels.cpp)
+        step = blocks[0][0].stop - blocks[0][0].start
+        out = kern.pap_forward(kf, vf, tau_f.contiguous(), n_iter, step, scale, cutoff)
+        return out.view(b, h, nq, dv)
     buf = Scratch().get(0, blocks, nq, n, k)
     m = torch.empty(bh, nq, 1, dtype=k.dtype)
     l_sum = torch.empty_like(m)

@@ -17,6 +17,7 @@
 
 #include <torch/extension.h>
 #include <torch/library.h>
+#include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
@@ -28,12 +29,15 @@ namespace {
 
 using at::vec::Vectorized;
 
+constexpr int64_t kRowGrain = 64;  // rows per parallel task (at::parallel_for: torch's intra-op threads)
+
 template <typename T>
 void cutoff_exp_rows(T* S, T* m, T* l, int64_t rows, int64_t n, T scale, T cutoff) {
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t r0, int64_t r1) {
   using Vec = Vectorized<T>;
   const int64_t W = Vec::size();
   const T ninf = -std::numeric_limits<T>::infinity();
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     T* s = S + r * n;
     Vec vmax(ninf);
     int64_t j = 0;
@@ -66,15 +70,17 @@ void cutoff_exp_rows(T* S, T* m, T* l, int64_t rows, int64_t n, T scale, T cutof
     m[r] = mrow;
     l[r] = sum;
   }
+  });
 }
 
 template <typename T>
 void update_rows(const T* K, const T* L, const T* R, const T* tau, T* C, T* X, T* Rn, int64_t rows, int64_t d,
                  int64_t tau_rows_per_head, int64_t rows_per_head) {
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t r0, int64_t r1) {
   using Vec = Vectorized<T>;
   const int64_t W = Vec::size();
   const Vec two(T(2));
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     const int64_t head = r / rows_per_head, i = r % rows_per_head;
     const T t = tau[head * tau_rows_per_head + (tau_rows_per_head == 1 ? 0 : i)];
     const Vec vt(t), vnt(-t);
@@ -101,6 +107,7 @@ void update_rows(const T* K, const T* L, const T* R, const T* tau, T* C, T* X, T
       X[o + j] = x;
     }
   }
+  });
 }
 
 void check_block(const at::Tensor& t, const at::Tensor& like, const char* name) {
@@ -139,6 +146,83 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> update_(at::Tensor K, at::Tensor 
   return {C, X, R_next};
 }
 
+template <typename T>
+void clamp_rows(const T* K, const T* tau, T* A, int64_t rows, int64_t d, int64_t tau_rows_per_head,
+                int64_t rows_per_head) {
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t head = r / rows_per_head, i = r % rows_per_head;
+      const T t = tau[head * tau_rows_per_head + (tau_rows_per_head == 1 ? 0 : i)];
+      for (int64_t j = 0; j < d; ++j) A[r * d + j] = std::max(std::min(K[r * d + j], t), -t);
+    }
+  });
+}
+
+template <typename T>
+void divide_rows(T* O, const T* l, int64_t rows, int64_t d) {
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T inv = T(1) / l[r];
+      for (int64_t j = 0; j < d; ++j) O[r * d + j] *= inv;
+    }
+  });
+}
+
+// PAP's whole no-grad forward, symmetric and unmasked (fused.py's pap_fused, the same loop and buffer
+// roles): every step, block by block of `block` heads, S = X X^T (a GEMM), the cutoff softmax's
+// probabilities (cutoff_exp_rows), L = P V / l (a GEMM and a row scaling), then the update of the block's
+// rows while they are in the cache. No Python between the kernels.
+at::Tensor pap_forward(at::Tensor K, at::Tensor V, at::Tensor tau, int64_t n_iter, int64_t block, double scale,
+                       double cutoff) {
+  check_block(K, K, "K");
+  check_block(V, K, "V");
+  check_block(tau, K, "tau");
+  TORCH_CHECK(K.dim() == 3 && V.dim() == 3 && V.size(0) == K.size(0) && V.size(1) == K.size(1),
+              "pap_forward: K (BH, N, D) and V (BH, N, Dv) expected");
+  const int64_t bh = K.size(0), n = K.size(1), d = K.size(2), dv = V.size(2);
+  TORCH_CHECK(tau.dim() == 3 && tau.size(0) == bh && (tau.size(1) == 1 || tau.size(1) == n) && tau.size(2) == 1,
+              "pap_forward: tau (BH, 1 | N, 1) expected");
+  TORCH_CHECK(n_iter >= 1 && block >= 1 && scale > 0 && cutoff > 0, "pap_forward: bad n_iter, block, scale or cutoff");
+  TORCH_CHECK(n_iter == 1 || dv == d, "pap_forward: the update needs values of the keys' width");
+  at::Tensor A = at::empty_like(K), C = n_iter > 1 ? at::empty_like(K) : A;
+  at::Tensor L = at::empty({bh, n, dv}, K.options());
+  at::Tensor S = at::empty({std::min(block, bh), n, n}, K.options());
+  at::Tensor m = at::empty({bh, n}, K.options()), l = at::empty({bh, n}, K.options());
+  AT_DISPATCH_FLOATING_TYPES(K.scalar_type(), "pap_forward", [&] {
+    const int64_t tr = tau.size(1);
+    clamp_rows<scalar_t>(K.data_ptr<scalar_t>(), tau.data_ptr<scalar_t>(), A.data_ptr<scalar_t>(), bh * n, d, tr,
+                         n);  // step 1 (L0 = W0 = 0): X_1 = R_1 = clamp(K)
+    for (int64_t t = 0; t < n_iter; ++t) {
+      const bool last = t == n_iter - 1;
+      // roles as in pap_fused: step 1 X = R = A (spare C); then (X, R) = (A, C), (C, A), (A, C), ...
+      const bool x_is_a = t == 0 || t % 2 == 1, r_is_a = t % 2 == 0;
+      at::Tensor& X = x_is_a ? A : C;
+      at::Tensor& R = r_is_a ? A : C;
+      at::Tensor& spare = t == 0 ? C : X;
+      for (int64_t b0 = 0; b0 < bh; b0 += block) {
+        const int64_t nb = std::min(block, bh - b0);
+        at::Tensor Xb = X.narrow(0, b0, nb), Sb = S.narrow(0, 0, nb), Lb = L.narrow(0, b0, nb);
+        at::bmm_out(Sb, Xb, Xb.transpose(1, 2));
+        scalar_t* mb = m.data_ptr<scalar_t>() + b0 * n;
+        scalar_t* lb = l.data_ptr<scalar_t>() + b0 * n;
+        cutoff_exp_rows<scalar_t>(Sb.data_ptr<scalar_t>(), mb, lb, nb * n, n, static_cast<scalar_t>(scale),
+                                  static_cast<scalar_t>(cutoff));
+        at::bmm_out(Lb, Sb, V.narrow(0, b0, nb));
+        divide_rows<scalar_t>(Lb.data_ptr<scalar_t>(), lb, nb * n, dv);
+        if (last) continue;
+        // (K, L_t, R_t) -> (R_{t+1}, X_{t+1}) for these rows: C_t and R_{t+1} into the spare (R_{t+1}
+        // kept), X_{t+1} over R_t
+        const int64_t o = b0 * n * d;
+        scalar_t* sp = spare.data_ptr<scalar_t>() + o;
+        scalar_t* rp = R.data_ptr<scalar_t>() + o;
+        update_rows<scalar_t>(K.data_ptr<scalar_t>() + o, Lb.data_ptr<scalar_t>(), rp,
+                              tau.data_ptr<scalar_t>() + b0 * tr, sp, rp, sp, nb * n, d, tr, n);
+      }
+    }
+  });
+  return L;
+}
+
 }  // namespace
 
 // Registered as torch operators (torch.ops.kpca_attention.*): they go through the dispatcher, so
@@ -147,11 +231,13 @@ TORCH_LIBRARY(kpca_attention, m) {
   m.def("cutoff_exp_(Tensor(a!) S, Tensor(b!) m, Tensor(c!) l, float scale, float cutoff) -> Tensor(a!)");
   m.def("update_(Tensor K, Tensor L, Tensor R, Tensor tau, Tensor(a!) C, Tensor(b!) X, Tensor(c!) R_next)"
         " -> (Tensor(a!), Tensor(b!), Tensor(c!))");
+  m.def("pap_forward(Tensor K, Tensor V, Tensor tau, int n_iter, int block, float scale, float cutoff) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kpca_attention, CPU, m) {
   m.impl("cutoff_exp_", &cutoff_exp_);
   m.impl("update_", &update_);
+  m.impl("pap_forward", &pap_forward);
 }
 
 // importing the module (kernels.py) loads the library, which registers the operators above
