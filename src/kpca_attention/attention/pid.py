@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -66,9 +67,12 @@ class PIDAttention(StatefulAttention):
             return out, {**state, "v0": v}
         err = state["v0"] - v
         integral = err if "pid_integral" not in state else state["pid_integral"] + err
-        deriv = err if "pid_error" not in state else err - state["pid_error"]
         if self.apply:
-            out = out + self.kp * err + self.ki * integral + self.kd * deriv
+            # kp e + ki sum e + kd (e - e_prev) as (kp + kd) e + ki sum e - kd e_prev: three passes over the
+            # values instead of seven (a new tensor first: SDPA's backward keeps its output)
+            out = torch.add(out, err, alpha=self.kp + self.kd).add_(integral, alpha=self.ki)
+            if "pid_error" in state:
+                out.sub_(state["pid_error"], alpha=self.kd)
         return out, {**state, "pid_integral": integral, "pid_error": err}
 
     def extra_repr(self) -> str:
