@@ -125,6 +125,24 @@ def test_vision_large_study_is_the_vision_study_at_deit_tiny_size() -> None:
     assert cfg.epochs == 40 and cfg.augment and cfg.amp is False
 
 
+def test_zoo_large_study_is_the_zoo_at_deit_tiny_size() -> None:
+    small, large = get_study("zoo"), get_study("zoo-large")
+    assert large.suites.to_dict() == get_study("vision-large").suites.to_dict()
+    assert [v.slug for v in large.variants] == [v.slug for v in small.variants]
+    assert large.seeds == (0, 1, 2, 3, 4) and large.reuse == ("vision-large",)
+    assert large.margins == small.margins and large.baseline == "vit"
+    for v in large.variants:  # every mechanism builds at DeiT-Tiny width and depth
+        net = create_model(v.model, num_classes=10, in_chans=1, **v.kwargs)
+        assert len(net.blocks) == 12 and net.embed_dim == 192
+    cfg = large.train_config(large.variant("twicing"), 0, "x")
+    assert cfg.epochs == 40 and cfg.augment
+    # the variants vision-large also has are the same models (their results are reused)
+    vl = {v.slug: v for v in get_study("vision-large").variants}
+    for slug in ("symvit", "vit", "rpc_official"):
+        assert (large.variant(slug).model, dict(large.variant(slug).kwargs)) == (vl[slug].model,
+                                                                                 dict(vl[slug].kwargs))
+
+
 def test_no_checks_leaves_the_throughput_check_out(tmp_path) -> None:
     study = ablation_study(seeds=(0,), variants=("rpc_no_dual",), quick=True, train_subset=64)
     study = study.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)

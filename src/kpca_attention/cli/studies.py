@@ -152,7 +152,7 @@ def demo_cmd(
 def study_cmd(
     name: Annotated[str, typer.Argument(
         help="Study to run: demo | ablations | vision | vision-large | rpc-seeds | rpc-depth12 | zoo | "
-             "zoo-language | language | segmentation (kpca_attention.studies.STUDIES).")],
+             "zoo-large | zoo-language | language | segmentation (kpca_attention.studies.STUDIES).")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (default results/NAME).")] = None,
     runs: Annotated[Path | None, typer.Option(
         help="Folder for training runs and caches (default runs/studies/NAME).")] = None,

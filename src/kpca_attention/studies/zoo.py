@@ -31,9 +31,9 @@ from .language import LANGUAGE_RECIPE, LM_RPC
 from .margins import zoo_language_margins, zoo_margins
 from .rpc_seeds import MAIN_SEEDS
 from .spec import Leaderboard, Margin, Study, Variant
-from .vision import SIZE, VISION_RECIPE, image_suites
+from .vision import LARGE_ARCH, LARGE_RECIPE, SIZE, VISION_RECIPE, image_suites
 
-__all__ = ["zoo_study", "zoo_language_study", "ZOO_MECHANISMS", "ZOO_LEADERBOARD",
+__all__ = ["zoo_study", "zoo_large_study", "zoo_language_study", "ZOO_MECHANISMS", "ZOO_LEADERBOARD",
            "ZOO_LM_LEADERBOARD"]
 
 #: slug -> (label, registered family name prefix, what). Each at its paper's defaults (attention/ modules).
@@ -90,6 +90,25 @@ def zoo_study(*, seeds: tuple[int, ...] = MAIN_SEEDS[:3], corrupt_images: int = 
         margins=_flat(zoo_margins(), {v.slug for v in variants}), leaderboard=ZOO_LEADERBOARD,
         checks=(cost_check(7),),
     )
+
+
+def zoo_large_study(*, seeds: tuple[int, ...] = (0, 1, 2, 3, 4), corrupt_images: int = 500,
+                    attack_images: int = 500) -> Study:
+    """The zoo at GPU scale, as ``vision-large`` is the vision study's: every variant at DeiT-Tiny's width
+    and depth (:data:`~.vision.LARGE_ARCH`) with ``vision-large``'s recipe (40 epochs, augmentation), five
+    seeds, the same suites on the same images; SymViT, ViT and RPC-SymViT are taken from ``vision-large``
+    where it has them (identical settings). Margins and verdicts as ``zoo``. Minutes per run on one GPU,
+    days on two CPU cores (on a lent GPU: ``--variants`` / ``--seeds`` pick what fits the time)."""
+    small = zoo_study(seeds=seeds, corrupt_images=corrupt_images, attack_images=attack_images)
+    variants = tuple(Variant(v.slug, v.label, v.model, {**v.kwargs, **LARGE_ARCH}, v.what)
+                     for v in small.variants)
+    return small.replace(
+        name="zoo-large",
+        title="The robust-attention family at DeiT-Tiny size, trained on a GPU",
+        description="The zoo with DeiT-Tiny's width and depth (192 wide, 12 blocks, 3 heads) on 28 px images "
+                    "in 4 px patches, vision-large's recipe (40 epochs with crop / flip, label smoothing, "
+                    "stochastic depth); the runs of one seed share the seed and the batches.",
+        variants=variants, recipe=LARGE_RECIPE, reuse=("vision-large",))
 
 
 def zoo_language_study(*, seeds: tuple[int, ...] = (0, 1, 2), epochs: int = 6, tokens: int | None = 20000,
