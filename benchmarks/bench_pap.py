@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kpca_attention.pap import kernels, pap, softmax_cutoff
+from kpca_attention.pap import cutoff_attention, kernels, pap, softmax_cutoff
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pap_reference import pap_reference  # noqa: E402
@@ -219,6 +219,7 @@ def _cases(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, n_iter: int, lam: 
         "sdpa": lambda a, b: F.scaled_dot_product_attention(a, a, b),
         "pap": lambda a, b: pap(a, b, n_iter, lam),
         "pap_eager": eager,  # the same without the compiled kernels (what they buy)
+        "cutoff": lambda a, b: cutoff_attention(a, a, b),  # one softmax step alone (a few % of SDPA)
     }
     if extras:
         fns.update({
@@ -278,6 +279,8 @@ def report(name: str, med: dict, threads: int, targets: dict[str, float], extras
         if extras:
             line += f"   {med[(phase, 'naive')] / s:>9.1f}x"
         print(line)
+    print("  one cutoff softmax step alone / sdpa (target <= 1.05x): " + "; ".join(
+        f"{phase} {med[(phase, 'cutoff')] / med[(phase, 'sdpa')]:.2f}x" for phase in targets))
     if extras:
         for phase in targets:
             s = med[(phase, "sdpa")]

@@ -65,6 +65,23 @@ def test_cutoff_exp_equals_the_eager_ops(dtype: torch.dtype, n: int, hidden: str
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [5, 16, 197])
+def test_cutoff_probs_equals_the_eager_recomputation(dtype: torch.dtype, n: int) -> None:
+    # the backward's recomputation of P from the forward's row maxima and sums
+    g = torch.Generator().manual_seed(n + 1)
+    S = 30.0 * torch.randn(3, 7, n, generator=g, dtype=dtype)
+    cutoff, scale = softmax_cutoff(dtype), 0.125
+    _, m, l_sum = _eager_block(S, None, scale, cutoff)
+    ref = softmax._probabilities(S.clone(), m, None, cutoff, scale).div_(l_sum)
+    out = kernels.active().cutoff_probs_(S.clone(), m, l_sum, scale, cutoff)
+    tol = 2e-6 if dtype == torch.float32 else 1e-14
+    torch.testing.assert_close(out, ref, rtol=tol, atol=0.0)
+    torch.testing.assert_close(out.sum(-1), torch.ones_like(out.sum(-1)), rtol=tol * n, atol=0.0)
+    assert n_subnormal(out) == 0
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("tau_rows", ["head", "row"])
 @pytest.mark.parametrize("alias", ["none", "in_place"])
 def test_update_equals_the_eager_ops(dtype: torch.dtype, tau_rows: str, alias: str) -> None:

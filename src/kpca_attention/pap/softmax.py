@@ -371,7 +371,14 @@ class _CutoffAttention(torch.autograd.Function):
             bias_b = mask_block(bias, (b, h), bs, qs)
             s = _block_logits(qf[bs, qs], kf[bs], S, bias_b, scale)
             hid = mask_block(hidden, (b, h), bs, qs)
-            P = _probabilities(S, m[bs, qs], hid, ctx.cutoff, s).div_(l_sum[bs, qs])
+            mb, lb = m[bs, qs], l_sum[bs, qs]
+            kern = kernels.active()
+            if kern is not None and mb.is_contiguous() and lb.is_contiguous():
+                P = kern.cutoff_probs_(S, mb, lb, s, ctx.cutoff)  # one pass (kernels.py)
+                if hid is not None:
+                    P.masked_fill_(hid, 0.0)
+            else:
+                P = _probabilities(S, mb, hid, ctx.cutoff, s).div_(lb)
             gb = gf[bs, qs]
             dP = torch.bmm(gb, vf[bs].transpose(1, 2), out=block_view(buf_dp, *S.shape))
             Pd = P

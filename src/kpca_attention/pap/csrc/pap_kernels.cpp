@@ -7,6 +7,8 @@
 //     amax / subtract / clamp / exp / sum of softmax.py's softmax_block (five passes over the block and
 //     torch.exp's 1-ulp exp) in two passes over a row in the L1 cache, with ATen's exp_u20 (the exp
 //     SDPA's CPU flash kernel uses; float64 keeps the 1-ulp exp).
+//   cutoff_probs_(S, m, l, scale, cutoff): the backward's recomputation with the forward's m and l,
+//     S <- exp(max(scale * s - m, -cutoff)) / l, one pass (no hidden keys: the caller masks them after).
 //   update_(K, L, R, tau, C, X, R_next): PAP's update (K, L_t, R_t) -> C_t = clamp(K - L_t + W_t, +-tau),
 //     R_{t+1} = C_t + L_t, X_{t+1} = R_{t+1} + 2 (L_t - R_t), W_t = R_t - L_t, in one pass (updates.py's
 //     update_into takes five). Every element is read before any output is written, so X may be R and
@@ -73,6 +75,25 @@ void cutoff_exp_rows(T* S, T* m, T* l, int64_t rows, int64_t n, T scale, T cutof
   });
 }
 
+// The backward's recomputation: S <- exp(max(scale * s - m, -cutoff)) / l with the forward's m and l.
+template <typename T>
+void cutoff_probs_rows(T* S, const T* m, const T* l, int64_t rows, int64_t n, T scale, T cutoff) {
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t r0, int64_t r1) {
+    using Vec = Vectorized<T>;
+    const int64_t W = Vec::size();
+    for (int64_t r = r0; r < r1; ++r) {
+      T* s = S + r * n;
+      const T inv = T(1) / l[r];
+      const Vec vs(scale), vnm(-m[r]), vlo(-cutoff), vinv(inv);
+      int64_t j = 0;
+      for (; j + W <= n; j += W) {
+        (at::vec::maximum(at::vec::fmadd(Vec::loadu(s + j), vs, vnm), vlo).exp_u20() * vinv).store(s + j);
+      }
+      for (; j < n; ++j) s[j] = std::exp(std::max(s[j] * scale - m[r], -cutoff)) * inv;
+    }
+  });
+}
+
 template <typename T>
 void update_rows(const T* K, const T* L, const T* R, const T* tau, T* C, T* X, T* Rn, int64_t rows, int64_t d,
                  int64_t tau_rows_per_head, int64_t rows_per_head) {
@@ -125,6 +146,20 @@ at::Tensor cutoff_exp_(at::Tensor S, at::Tensor m, at::Tensor l, double scale, d
   AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "cutoff_exp_", [&] {
     cutoff_exp_rows<scalar_t>(S.data_ptr<scalar_t>(), m.data_ptr<scalar_t>(), l.data_ptr<scalar_t>(), rows, n,
                               static_cast<scalar_t>(scale), static_cast<scalar_t>(cutoff));
+  });
+  return S;
+}
+
+at::Tensor cutoff_probs_(at::Tensor S, at::Tensor m, at::Tensor l, double scale, double cutoff) {
+  check_block(S, S, "S");
+  check_block(m, S, "m");
+  check_block(l, S, "l");
+  const int64_t n = S.size(-1), rows = S.numel() / std::max<int64_t>(n, 1);
+  TORCH_CHECK(m.numel() == rows && l.numel() == rows, "m, l: one value per row of S expected");
+  TORCH_CHECK(scale > 0 && cutoff > 0, "scale and cutoff must be > 0");
+  AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "cutoff_probs_", [&] {
+    cutoff_probs_rows<scalar_t>(S.data_ptr<scalar_t>(), m.data_ptr<scalar_t>(), l.data_ptr<scalar_t>(), rows, n,
+                                static_cast<scalar_t>(scale), static_cast<scalar_t>(cutoff));
   });
   return S;
 }
@@ -229,6 +264,7 @@ at::Tensor pap_forward(at::Tensor K, at::Tensor V, at::Tensor tau, int64_t n_ite
 // TorchDispatchMode sees them (the tests' subnormal checks) like any aten op. Each returns what it wrote.
 TORCH_LIBRARY(kpca_attention, m) {
   m.def("cutoff_exp_(Tensor(a!) S, Tensor(b!) m, Tensor(c!) l, float scale, float cutoff) -> Tensor(a!)");
+  m.def("cutoff_probs_(Tensor(a!) S, Tensor m, Tensor l, float scale, float cutoff) -> Tensor(a!)");
   m.def("update_(Tensor K, Tensor L, Tensor R, Tensor tau, Tensor(a!) C, Tensor(b!) X, Tensor(c!) R_next)"
         " -> (Tensor(a!), Tensor(b!), Tensor(c!))");
   m.def("pap_forward(Tensor K, Tensor V, Tensor tau, int n_iter, int block, float scale, float cutoff) -> Tensor");
@@ -236,6 +272,7 @@ TORCH_LIBRARY(kpca_attention, m) {
 
 TORCH_LIBRARY_IMPL(kpca_attention, CPU, m) {
   m.impl("cutoff_exp_", &cutoff_exp_);
+  m.impl("cutoff_probs_", &cutoff_probs_);
   m.impl("update_", &update_);
   m.impl("pap_forward", &pap_forward);
 }
