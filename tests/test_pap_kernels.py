@@ -170,8 +170,9 @@ def test_kernels_run_and_make_no_subnormal_on_growing_iterates() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n_iter", [1, 2, 3, 4])
 @pytest.mark.parametrize("tau_shape", ["scalar", "per_head", "per_row"])
+@pytest.mark.parametrize("threads", [1, 2])  # the blocks run in parallel: each task its own score buffer
 def test_compiled_forward_equals_the_python_loop(dtype: torch.dtype, n_iter: int, tau_shape: str,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+                                                 threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # pap_forward (the whole no-grad loop in C++) against pap_fused's Python loop over the same blocks
     # (with the block kernels), several blocks of heads and a last, smaller one; every buffer role of
     # n_iter 1-4; tau one value, per head, per row
@@ -183,8 +184,13 @@ def test_compiled_forward_equals_the_python_loop(dtype: torch.dtype, n_iter: int
            "per_head": torch.rand(2, 4, 1, 1, generator=g, dtype=dtype) + 0.3,
            "per_row": torch.rand(2, 4, 29, 1, generator=g, dtype=dtype) + 0.3}[tau_shape]
     spy = SubnormalSpy()
-    with spy:
-        out = fused.pap_fused(k, v, None, tau, None, False, 0.0, n_iter)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with spy:
+            out = fused.pap_fused(k, v, None, tau, None, False, 0.0, n_iter)
+    finally:
+        torch.set_num_threads(before)
     assert "pap_forward" in spy.ops
     spy = SubnormalSpy()
     with spy:

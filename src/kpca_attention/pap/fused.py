@@ -56,8 +56,10 @@ def pap_fused(
     kern = kernels.active() if compiled else None
     if kern is not None and qf is None and hidden is None and bias is None and dropout_p == 0 \
             and blocks[0][1].stop == nq and kf.is_contiguous() and vf.is_contiguous() and dv == d:
-        # the whole loop below, symmetric and unmasked, in one compiled call (csrc/pap_kernels.cpp)
-        step = blocks[0][0].stop - blocks[0][0].start
+        # the whole loop below, symmetric and unmasked, in one compiled call (csrc/pap_kernels.cpp): each
+        # block runs all its steps, the blocks in parallel, so they take the one-thread size
+        one = block_slices(bh, nq, n, threads=1)[0][0]
+        step = one.stop - one.start
         out = kern.pap_forward(kf, vf, tau_f.contiguous(), n_iter, step, scale, cutoff)
         return out.view(b, h, nq, dv)
     buf = Scratch().get(0, blocks, nq, n, k)

@@ -203,10 +203,12 @@ void divide_rows(T* O, const T* l, int64_t rows, int64_t d) {
   });
 }
 
-// PAP's whole no-grad forward, symmetric and unmasked (fused.py's pap_fused, the same loop and buffer
-// roles): every step, block by block of `block` heads, S = X X^T (a GEMM), the cutoff softmax's
-// probabilities (cutoff_exp_rows), L = P V / l (a GEMM and a row scaling), then the update of the block's
-// rows while they are in the cache. No Python between the kernels.
+// PAP's whole no-grad forward, symmetric and unmasked (fused.py's pap_fused: the same arithmetic and
+// buffer roles). The heads are independent, so each block of `block` heads runs all its n_iter steps
+// before the next block starts - S = X X^T (a GEMM), the cutoff softmax's probabilities
+// (cutoff_exp_rows), L = P V / l (a GEMM and a row scaling), the update of the block's rows - while its
+// keys, values and iterates stay in the cache; the blocks run in parallel over torch's intra-op threads
+// (each with its own score buffer; GEMMs and kernels single-threaded inside, as SDPA's CPU kernel does).
 at::Tensor pap_forward(at::Tensor K, at::Tensor V, at::Tensor tau, int64_t n_iter, int64_t block, double scale,
                        double cutoff) {
   check_block(K, K, "K");
@@ -221,39 +223,39 @@ at::Tensor pap_forward(at::Tensor K, at::Tensor V, at::Tensor tau, int64_t n_ite
   TORCH_CHECK(n_iter == 1 || dv == d, "pap_forward: the update needs values of the keys' width");
   at::Tensor A = at::empty_like(K), C = n_iter > 1 ? at::empty_like(K) : A;
   at::Tensor L = at::empty({bh, n, dv}, K.options());
-  at::Tensor S = at::empty({std::min(block, bh), n, n}, K.options());
   at::Tensor m = at::empty({bh, n}, K.options()), l = at::empty({bh, n}, K.options());
+  const int64_t tr = tau.size(1), nblocks = (bh + block - 1) / block;
   AT_DISPATCH_FLOATING_TYPES(K.scalar_type(), "pap_forward", [&] {
-    const int64_t tr = tau.size(1);
-    clamp_rows<scalar_t>(K.data_ptr<scalar_t>(), tau.data_ptr<scalar_t>(), A.data_ptr<scalar_t>(), bh * n, d, tr,
-                         n);  // step 1 (L0 = W0 = 0): X_1 = R_1 = clamp(K)
-    for (int64_t t = 0; t < n_iter; ++t) {
-      const bool last = t == n_iter - 1;
-      // roles as in pap_fused: step 1 X = R = A (spare C); then (X, R) = (A, C), (C, A), (A, C), ...
-      const bool x_is_a = t == 0 || t % 2 == 1, r_is_a = t % 2 == 0;
-      at::Tensor& X = x_is_a ? A : C;
-      at::Tensor& R = r_is_a ? A : C;
-      at::Tensor& spare = t == 0 ? C : X;
-      for (int64_t b0 = 0; b0 < bh; b0 += block) {
-        const int64_t nb = std::min(block, bh - b0);
-        at::Tensor Xb = X.narrow(0, b0, nb), Sb = S.narrow(0, 0, nb), Lb = L.narrow(0, b0, nb);
-        at::bmm_out(Sb, Xb, Xb.transpose(1, 2));
+    at::parallel_for(0, nblocks, 1, [&](int64_t i0, int64_t i1) {
+      at::Tensor S = at::empty({std::min(block, bh), n, n}, K.options());  // this task's scores
+      for (int64_t bi = i0; bi < i1; ++bi) {
+        const int64_t b0 = bi * block, nb = std::min(block, bh - b0), o = b0 * n * d;
+        const scalar_t* taub = tau.data_ptr<scalar_t>() + b0 * tr;
+        at::Tensor Ab = A.narrow(0, b0, nb), Cb = C.narrow(0, b0, nb), Lb = L.narrow(0, b0, nb);
+        at::Tensor Vb = V.narrow(0, b0, nb), Sb = S.narrow(0, 0, nb);
+        const scalar_t* kp = K.data_ptr<scalar_t>() + o;
         scalar_t* mb = m.data_ptr<scalar_t>() + b0 * n;
         scalar_t* lb = l.data_ptr<scalar_t>() + b0 * n;
-        cutoff_exp_rows<scalar_t>(Sb.data_ptr<scalar_t>(), mb, lb, nb * n, n, static_cast<scalar_t>(scale),
-                                  static_cast<scalar_t>(cutoff));
-        at::bmm_out(Lb, Sb, V.narrow(0, b0, nb));
-        divide_rows<scalar_t>(Lb.data_ptr<scalar_t>(), lb, nb * n, dv);
-        if (last) continue;
-        // (K, L_t, R_t) -> (R_{t+1}, X_{t+1}) for these rows: C_t and R_{t+1} into the spare (R_{t+1}
-        // kept), X_{t+1} over R_t
-        const int64_t o = b0 * n * d;
-        scalar_t* sp = spare.data_ptr<scalar_t>() + o;
-        scalar_t* rp = R.data_ptr<scalar_t>() + o;
-        update_rows<scalar_t>(K.data_ptr<scalar_t>() + o, Lb.data_ptr<scalar_t>(), rp,
-                              tau.data_ptr<scalar_t>() + b0 * tr, sp, rp, sp, nb * n, d, tr, n);
+        clamp_rows<scalar_t>(kp, taub, Ab.data_ptr<scalar_t>(), nb * n, d, tr, n);  // X_1 = R_1 = clamp(K)
+        for (int64_t t = 0; t < n_iter; ++t) {
+          // roles as in pap_fused: step 1 X = R = A (spare C); then (X, R) = (A, C), (C, A), (A, C), ...
+          const bool x_is_a = t == 0 || t % 2 == 1, r_is_a = t % 2 == 0;
+          at::Tensor& X = x_is_a ? Ab : Cb;
+          at::Tensor& R = r_is_a ? Ab : Cb;
+          at::Tensor& spare = t == 0 ? Cb : X;
+          at::bmm_out(Sb, X, X.transpose(1, 2));
+          cutoff_exp_rows<scalar_t>(Sb.data_ptr<scalar_t>(), mb, lb, nb * n, n, static_cast<scalar_t>(scale),
+                                    static_cast<scalar_t>(cutoff));
+          at::bmm_out(Lb, Sb, Vb);
+          divide_rows<scalar_t>(Lb.data_ptr<scalar_t>(), lb, nb * n, dv);
+          if (t == n_iter - 1) break;
+          // (K, L_t, R_t) -> (R_{t+1}, X_{t+1}): C_t and R_{t+1} into the spare (R_{t+1} kept), X_{t+1} over R_t
+          scalar_t* sp = spare.data_ptr<scalar_t>();
+          scalar_t* rp = R.data_ptr<scalar_t>();
+          update_rows<scalar_t>(kp, Lb.data_ptr<scalar_t>(), rp, taub, sp, rp, sp, nb * n, d, tr, n);
+        }
       }
-    }
+    });
   });
   return L;
 }
