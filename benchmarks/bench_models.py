@@ -7,7 +7,7 @@ Timed side by side in one process with interleaved repeats (sym, rpc, sym, rpc, 
 * inference - ``model(x)`` under ``torch.inference_mode()`` in eval mode;
 * training  - forward, cross-entropy, backward and an AdamW step in train mode.
 
-Ratio = images/s of RPC-SymViT / images/s of SymViT; targets >= 0.9 for inference and >= 0.93 for
+Ratio = images/s of RPC-SymViT / images/s of SymViT; targets >= 0.9 for inference and >= 0.95 for
 training, each printed with PASS/FAIL (the paper's Table 11, on an A100, gives 1.00 for inference and
 0.96 for training). The CPU model and the load average are printed with the numbers.
 
@@ -49,7 +49,7 @@ from kpca_attention.models import create_model
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pap import cpu_model  # noqa: E402
 
-TARGETS = {"inference": 0.9, "training": 0.93}
+TARGETS = {"inference": 0.9, "training": 0.95}  # training: issue 28 (the paper: 0.963)
 PAPER = {"inference": 1.00, "training": 0.96}  # Table 11 (A100)
 ATTENTION = "attention"  # one SDPA pass at block 1's shape: the ceiling's unit
 
