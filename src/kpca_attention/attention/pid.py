@@ -72,7 +72,7 @@ class PIDAttention(StatefulAttention):
             # values instead of seven (a new tensor first: SDPA's backward keeps its output)
             out = torch.add(out, err, alpha=self.kp + self.kd).add_(integral, alpha=self.ki)
             if "pid_error" in state:
-                out.sub_(state["pid_error"], alpha=self.kd)
+                out = out.sub_(state["pid_error"], alpha=self.kd)  # assigned: FX keeps in-place results used
         return out, {**state, "pid_integral": integral, "pid_error": err}
 
     def extra_repr(self) -> str:
