@@ -167,3 +167,37 @@ def test_causal_lm_has_no_leak_from_the_future(name: str) -> None:
 @pytest.mark.parametrize("name", ["kde_vit_mini_patch4_28", "rkde_vit_mini_patch4_28"])
 def test_timm_model_forward(name: str) -> None:
     timm_forward(name)
+
+
+@pytest.mark.parametrize("which", ["both", "keys", "joint"])
+def test_robust_kernels_backward_equals_autograd_of_the_formula(which: str) -> None:
+    # the hand-written backward of RKDE's two Gram kernels against autograd through the plain formula
+    # exp(-scale ||x_j - x_l||^2), float64, upstream gradients that are not symmetric; and gradcheck
+    from kpca_attention.attention.kde import robust_kernels
+
+    g = torch.Generator().manual_seed(3)
+    khat = torch.nn.functional.normalize(torch.randn(2, 3, 7, 5, generator=g, dtype=torch.float64), dim=-1)
+    v = torch.randn(2, 3, 7, 5, generator=g, dtype=torch.float64)
+    gk, gkv = (torch.randn(2, 3, 7, 7, generator=g, dtype=torch.float64) for _ in range(2))
+    scale = 0.4
+
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(-scale * (x.unsqueeze(-2) - x.unsqueeze(-3)).pow(2).sum(-1))
+
+    a, b = khat.clone().requires_grad_(), v.clone().requires_grad_()
+    kk, kkv = robust_kernels(a, b, scale)
+    torch.testing.assert_close(kk, plain(khat), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(kkv, plain(khat) * plain(v), rtol=1e-12, atol=1e-12)
+    loss = {"both": (kk * gk).sum() + (kkv * gkv).sum(), "keys": (kk * gk).sum(), "joint": (kkv * gkv).sum()}
+    loss[which].backward()
+    a2, b2 = khat.clone().requires_grad_(), v.clone().requires_grad_()
+    rk, rkv = plain(a2), plain(a2) * plain(b2)
+    ref = {"both": (rk * gk).sum() + (rkv * gkv).sum(), "keys": (rk * gk).sum(), "joint": (rkv * gkv).sum()}
+    ref[which].backward()
+    torch.testing.assert_close(a.grad, a2.grad, rtol=1e-10, atol=1e-12)
+    if which == "keys":
+        assert b.grad is None or not b.grad.any()
+    else:
+        torch.testing.assert_close(b.grad, b2.grad, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x, y: robust_kernels(x, y, scale), (a.detach().requires_grad_(),
+                                                                             b.detach().requires_grad_()))
