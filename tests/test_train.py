@@ -196,3 +196,17 @@ def test_deit_recipe_runs_on_an_image_folder(tmp_path):
     assert lrs[0] == lrs[1] == pytest.approx(1e-6) and lrs[2] == lrs[3] > lrs[0]
     model, _ = load_model(tmp_path / "run", ema=True)
     assert model(torch.rand(2, 3, 32, 32)).shape == (2, 2) and res.global_step == 4
+
+
+def test_compiled_training_steps_follow_the_eager_run(tmp_path):
+    """``compile=True`` (torch.compile of the training steps' module, inductor's C++ on the CPU) trains the
+    same model: the same weights to float32 rounding after 12 steps, the same keys in the checkpoint (no
+    ``_orig_mod.`` prefix), and a run without the field keeps its trajectory key (older runs stay reusable)."""
+    from kpca_attention.train.rundir import trajectory_settings
+
+    eager = train(tiny(tmp_path, "eager"))
+    compiled = train(tiny(tmp_path, "compiled", compile=True))
+    assert compiled.global_step == eager.global_step == 12
+    assert_same_weights(eager, compiled, atol=1e-4)
+    assert "compile" not in trajectory_settings(tiny(tmp_path, "x"))
+    assert trajectory_settings(tiny(tmp_path, "x", compile=True))["compile"] is True

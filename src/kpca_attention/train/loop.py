@@ -175,6 +175,8 @@ class _Trainer:
         net: nn.Module = model
         if dist.distributed:
             net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+        # the training steps' module: compiled (cfg.compile) or the same; evaluation and checkpoints use net
+        step_net: nn.Module = torch.compile(net) if cfg.compile else net
 
         logger = MetricLogger(self.run_dir, enabled=dist.is_main,
                               resume_epoch=progress["epoch"] if state is not None else None,
@@ -229,7 +231,7 @@ class _Trainer:
                 if objective.mix is not None:
                     x, y = objective.mix(x, y)
                 with autocast():
-                    loss = objective.loss(net, x, y)
+                    loss = objective.loss(step_net, x, y)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"loss is {loss.item()} at step {progress['global_step']} "
                                              f"(epoch {epoch}); lower the lr or check the data")

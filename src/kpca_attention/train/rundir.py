@@ -49,7 +49,7 @@ RESUMABLE_CHANGES = TRAJECTORY_FREE | {"epochs", "max_steps"}
 #: config fields added after runs were committed, with the value an older ``config.json`` (which lacks
 #: them) means: at that value a field is left out of :func:`trajectory_settings`, so older runs keep the
 #: key their stored results were made under (and still count as reusable)
-LEGACY_VALUES: dict[str, Any] = {"val_size": None, "val_seed": 0}
+LEGACY_VALUES: dict[str, Any] = {"val_size": None, "val_seed": 0, "compile": False}
 
 
 def trajectory_settings(cfg: TrainConfig) -> dict[str, Any]:
