@@ -117,7 +117,7 @@ def test_the_per_epoch_evaluation_measures_the_validation_split(tmp_path) -> Non
 
 def test_configs_without_the_fields_load_as_the_legacy_setting_with_their_old_key() -> None:
     old = get_preset("fmnist-cpu", output_dir="x").to_dict()
-    del old["val_size"], old["val_seed"]  # a config.json written before the split existed
+    del old["val_size"], old["val_seed"], old["compile"]  # a config.json written before these fields
     cfg = TrainConfig.from_json(json.dumps(old))
     assert cfg.val_size is None and cfg.val_seed == 0
     # the key of its weights is what it was: every field but the trajectory-free ones
