@@ -131,6 +131,12 @@ def main() -> None:
     print(f"torch {torch.__version__}, {os.cpu_count()} logical CPUs ({cpu_model()}), "
           f"load average {os.getloadavg()[0]:.1f}; shape B,H,N,D = {shape}; {args.repeats} repeats, "
           "medians, interleaved with one SDPA call")
+    # a throwaway round first: in a fresh process the first row measured paid for the heap's first touches
+    # (three quiet runs put NeuTRENO, always first, at 1.21-1.35x and its SDPA at 35-48 ms, others' at 33)
+    for t in threads:
+        torch.set_num_threads(t)
+        for backward in (False, True):
+            measure(MECHANISMS[keys[0]], shape, backward, 3)
     head = " | ".join(f"{t} thr fwd | {t} thr fwd+bwd" for t in threads)
     print(f"| mechanism | target | {head} | verdict |")
     print("|---|---|" + "---|---|" * len(threads) + "---|")
