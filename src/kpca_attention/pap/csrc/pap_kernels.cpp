@@ -136,32 +136,35 @@ void check_block(const at::Tensor& t, const at::Tensor& like, const char* name) 
               name, ": a contiguous CPU tensor of the block's dtype expected");
 }
 
-at::Tensor cutoff_exp_(at::Tensor S, at::Tensor m, at::Tensor l, double scale, double cutoff) {
+// The checks both row kernels share; returns the number of rows of S.
+int64_t check_rows(const at::Tensor& S, const at::Tensor& m, const at::Tensor& l, double scale, double cutoff) {
   check_block(S, S, "S");
   check_block(m, S, "m");
   check_block(l, S, "l");
   const int64_t n = S.size(-1), rows = S.numel() / std::max<int64_t>(n, 1);
   TORCH_CHECK(m.numel() == rows && l.numel() == rows, "m, l: one value per row of S expected");
   TORCH_CHECK(scale > 0 && cutoff > 0, "scale and cutoff must be > 0");
-  AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "cutoff_exp_", [&] {
-    cutoff_exp_rows<scalar_t>(S.data_ptr<scalar_t>(), m.data_ptr<scalar_t>(), l.data_ptr<scalar_t>(), rows, n,
-                              static_cast<scalar_t>(scale), static_cast<scalar_t>(cutoff));
+  return rows;
+}
+
+// A row kernel (cutoff_exp_rows, cutoff_probs_rows) on S, m, l after the shared checks, in S's dtype.
+template <typename RowKernel>
+at::Tensor on_rows(at::Tensor S, const at::Tensor& m, const at::Tensor& l, double scale, double cutoff,
+                   RowKernel kernel) {
+  const int64_t rows = check_rows(S, m, l, scale, cutoff);
+  AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "pap_kernels_rows", [&] {
+    kernel(S.data_ptr<scalar_t>(), m.data_ptr<scalar_t>(), l.data_ptr<scalar_t>(), rows, S.size(-1),
+           static_cast<scalar_t>(scale), static_cast<scalar_t>(cutoff));
   });
   return S;
 }
 
+at::Tensor cutoff_exp_(at::Tensor S, at::Tensor m, at::Tensor l, double scale, double cutoff) {
+  return on_rows(S, m, l, scale, cutoff, [](auto... a) { cutoff_exp_rows(a...); });
+}
+
 at::Tensor cutoff_probs_(at::Tensor S, at::Tensor m, at::Tensor l, double scale, double cutoff) {
-  check_block(S, S, "S");
-  check_block(m, S, "m");
-  check_block(l, S, "l");
-  const int64_t n = S.size(-1), rows = S.numel() / std::max<int64_t>(n, 1);
-  TORCH_CHECK(m.numel() == rows && l.numel() == rows, "m, l: one value per row of S expected");
-  TORCH_CHECK(scale > 0 && cutoff > 0, "scale and cutoff must be > 0");
-  AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "cutoff_probs_", [&] {
-    cutoff_probs_rows<scalar_t>(S.data_ptr<scalar_t>(), m.data_ptr<scalar_t>(), l.data_ptr<scalar_t>(), rows, n,
-                                static_cast<scalar_t>(scale), static_cast<scalar_t>(cutoff));
-  });
-  return S;
+  return on_rows(S, m, l, scale, cutoff, [](auto... a) { cutoff_probs_rows(a...); });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> update_(at::Tensor K, at::Tensor L, at::Tensor R, at::Tensor tau,
