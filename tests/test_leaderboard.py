@@ -111,3 +111,26 @@ def test_committed_benchmark_jsons_are_rows(tmp_path):
     tables, _ = leaderboard_rows(tmp_path)
     (row,) = tables[("digits", "Linf", "4/255", "pixel", "AutoAttack standard")]
     assert (row["robust_acc"], row["seeds"], row["interval"]) == (40.0, [0], "Wilson, 1000 images")
+
+
+def test_a_study_s_copy_of_another_s_runs_is_listed_once(tmp_path) -> None:
+    # Study.reuse copies another study's result files byte for byte: one row, under the study that ran them
+    import json
+    import shutil
+    from pathlib import Path
+
+    from kpca_attention.studies.leaderboard import leaderboard_rows
+
+    src = Path(__file__).resolve().parents[1] / "results" / "rpc-seeds"
+    shutil.copytree(src, tmp_path / "rpc-seeds")
+    alone, _ = leaderboard_rows(tmp_path)
+    shutil.copytree(src, tmp_path / "zz-copy")
+    settings = json.loads((tmp_path / "zz-copy" / "settings.json").read_text())
+    settings["name"] = "zz-copy"
+    (tmp_path / "zz-copy" / "settings.json").write_text(json.dumps(settings))
+    both, _ = leaderboard_rows(tmp_path)
+    def names(t: dict) -> dict:
+        return {k: [r["name"] for r in v] for k, v in t.items()}
+
+    assert names(both) == names(alone)
+    assert all(r["name"].startswith("rpc-seeds/") for rows in both.values() for r in rows)

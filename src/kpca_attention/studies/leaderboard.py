@@ -24,6 +24,7 @@ are listed as skipped.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -138,6 +139,7 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
 
     tables: dict[tuple, list[dict[str, Any]]] = {}
     notes: list[str] = []
+    listed: set[str] = set()  # result files already listed: a study's copy of another's (Study.reuse) is not
     for folder in sorted(p for p in Path(results).iterdir() if (p / "settings.json").is_file()):
         settings = read_json(folder / "settings.json")
         try:
@@ -157,6 +159,10 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
                 m = re.fullmatch(re.escape(v["slug"]) + r"-s(\d+)\.json", path.name)
                 if not m:
                     continue
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                if digest in listed:
+                    continue  # the same run, copied from another study: one row, under the study that ran it
+                listed.add(digest)
                 raw = ResultStore(path).records()  # verified: hashes and summaries
                 items = {k: x["result"] for k, x in raw.items() if isinstance(x, dict) and "result" in x}
                 keys = [x.get("key", {}) for x in raw.values() if isinstance(x, dict)]
