@@ -8,30 +8,18 @@ import json
 import shutil
 
 import pytest
-import torch
+from run_fixtures import untrained_run
 from typer.testing import CliRunner
 
-from kpca_attention import tasks
 from kpca_attention.cli import app
 from kpca_attention.io import output_path
-from kpca_attention.train.checkpoint import save_checkpoint
-from kpca_attention.train.config import get_preset
 
 pytestmark = pytest.mark.usefixtures("single_thread_module")
 
 
-def _checkpoint(run_dir, model_name="symvit_mini_patch4_28", seed=0):
-    cfg = get_preset("digits-cpu", model=model_name, output_dir=str(run_dir))
-    torch.manual_seed(seed)
-    model = tasks.get(cfg.task).build_model(cfg)
-    save_checkpoint(run_dir, model=model, config=cfg,
-                    state={"progress": {"epoch": 0, "step_in_epoch": 0, "global_step": 0}}, finished=True)
-    return run_dir
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    return _checkpoint(tmp_path_factory.mktemp("runs") / "run")
+    return untrained_run(tmp_path_factory.mktemp("runs") / "run")
 
 
 @pytest.fixture
@@ -129,7 +117,7 @@ def test_claims_checks_every_model_before_analysing_any(run, tmp_path) -> None:
 
 
 def test_claims_refuses_two_models_with_the_same_name(run, tmp_path) -> None:
-    other = _checkpoint(tmp_path / "elsewhere" / "run", seed=1)
+    other = untrained_run(tmp_path / "elsewhere" / "run", seed=1)
     res = _invoke(["claims", run, other, "-o", tmp_path / "c", "--max-samples", 4])
     _one_line_error(res, "same name")
 

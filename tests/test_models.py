@@ -241,7 +241,8 @@ def test_registered_names_unchanged_and_each_one_function() -> None:
     from kpca_attention.models import segmenter, vit
 
     ours = {n for n in timm.list_models() if model_entrypoint(n).__module__.startswith("kpca_attention")}
-    from kpca_attention.models import family, fan  # the family's names are pinned in tests/test_family_models.py
+    # the family's names are pinned in tests/test_family_models.py
+    from kpca_attention.models import family, fan
 
     assert set(fan.FAN_MODELS) == {"fan_vit_mini_patch4_28", "fan_vit_tiny_patch16_224",
                                    "rpc_fan_vit_mini_patch4_28", "rpc_fan_vit_tiny_patch16_224"}

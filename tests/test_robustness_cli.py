@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from run_fixtures import untrained_run
 from typer.testing import CliRunner
 
 from kpca_attention import tasks
@@ -18,25 +19,15 @@ from kpca_attention.studies.engine import run_study
 from kpca_attention.studies.sources import LoadedSource
 from kpca_attention.tasks.classification.suites import same_images, structure_items
 from kpca_attention.train.checkpoint import save_checkpoint
-from kpca_attention.train.config import get_preset
 
 pytestmark = pytest.mark.usefixtures("single_thread_module")
-
-
-def _checkpoint(run_dir, model_name, seed):
-    cfg = get_preset("digits-cpu", model=model_name, output_dir=str(run_dir))
-    torch.manual_seed(seed)
-    model = tasks.get(cfg.task).build_model(cfg)
-    save_checkpoint(run_dir, model=model, config=cfg,
-                    state={"progress": {"epoch": 0, "step_in_epoch": 0, "global_step": 0}}, finished=True)
-    return run_dir
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return [_checkpoint(root / "symvit", "symvit_mini_patch4_28", 0),
-            _checkpoint(root / "rpc", "rpc_symvit_mini_patch4_28", 1)]
+    return [untrained_run(root / "symvit", "symvit_mini_patch4_28", 0),
+            untrained_run(root / "rpc", "rpc_symvit_mini_patch4_28", 1)]
 
 
 def _invoke(args):
@@ -124,7 +115,7 @@ def test_ood_skips_absent_sets_with_a_message(runs, tmp_path):
     assert "skipped" in (out / "report.md").read_text()
 
 
-def _lm_checkpoint(run_dir, monkeypatch):
+def _lmuntrained_run(run_dir, monkeypatch):
     from kpca_attention.data.text import TextCorpus, Vocab
     from kpca_attention.train.config import TrainConfig
 
@@ -145,7 +136,7 @@ def _lm_checkpoint(run_dir, monkeypatch):
 
 
 def test_wordswap_through_the_study_engine(tmp_path, monkeypatch):
-    run = _lm_checkpoint(tmp_path / "symlm", monkeypatch)
+    run = _lmuntrained_run(tmp_path / "symlm", monkeypatch)
     out = tmp_path / "rob"
     args = [run, "--suite", "wordswap", "--lm-splits", "valid", "--stride", 8, "--max-tokens", 120,
             "--rate", 0.1, "--no-progress", "-o", out]
@@ -195,7 +186,6 @@ def test_a_timm_model_with_a_local_weights_file(tmp_path):
     # the same weights evaluated directly give the same clean accuracy on the same images
     from kpca_attention.data.images import build_image_dataset
     from kpca_attention.models.normalize import NormalizedModel
-
     from kpca_attention.tasks.classification.suites import fixed_subset
 
     # the attacked images: 8 drawn once with data seed (--seed 0) + 1, the same for every model

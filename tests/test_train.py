@@ -201,7 +201,8 @@ def test_deit_recipe_runs_on_an_image_folder(tmp_path):
 def test_compiled_training_steps_follow_the_eager_run(tmp_path):
     """``compile=True`` (torch.compile of the training steps' module, inductor's C++ on the CPU) trains the
     same model: the same weights to float32 rounding after 12 steps, the same keys in the checkpoint (no
-    ``_orig_mod.`` prefix), and a run without the field keeps its trajectory key (older runs stay reusable)."""
+    ``_orig_mod.`` prefix), and a run without the field keeps its trajectory key (older runs stay
+    reusable)."""
     from kpca_attention.train.rundir import trajectory_settings
 
     eager = train(tiny(tmp_path, "eager"))
