@@ -18,11 +18,16 @@ if x86 and os.environ.get("KPCA_ATTENTION_BUILD_KERNELS", "1") != "0":
     except ImportError:
         pass
     else:
-        kernels = CppExtension(
-            "kpca_attention.pap.cpu_kernels", ["src/kpca_attention/pap/csrc/pap_kernels.cpp"],
-            extra_compile_args=["-O3", "-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"])
-        kernels.optional = True  # a compiler error is a warning: the eager ops run instead
-        ext_modules = [kernels]
+        # one source, two builds (ATen's own scheme): AVX2 + FMA, and AVX512 where torch's kernels use it
+        # (on Intel Xeons, 512-bit vectors run the exp twice as fast as 256-bit ones; kernels.py loads one)
+        flags = {"cpu_kernels": ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+                 "cpu_kernels_avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma",
+                                        "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]}
+        for name, isa in flags.items():
+            ext = CppExtension(f"kpca_attention.pap.{name}", ["src/kpca_attention/pap/csrc/pap_kernels.cpp"],
+                               extra_compile_args=["-O3", *isa])
+            ext.optional = True  # a compiler error is a warning: the eager ops run instead
+            ext_modules.append(ext)
         # without ninja, a compiler error is distutils' CompileError, which an optional extension tolerates
         cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}
 

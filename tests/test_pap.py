@@ -271,6 +271,40 @@ def test_saved_probabilities_path_taken_only_where_it_applies(monkeypatch: pytes
     assert calls == ["saved"]
 
 
+def test_saved_probabilities_reuse_a_buffer_only_once_its_graph_is_done() -> None:
+    # PAPSaved keeps its probabilities in a pooled buffer (fresh ones are ~29,000 page faults a call at
+    # ViT sizes): a later call reuses it once the graph that saved it ran its backward or was freed,
+    # never while a graph still holds it (two graphs alive at once, retain_graph, backward twice).
+    fused = importlib.import_module("kpca_attention.pap.fused")
+    fused.saved_buffers.clear()
+    k, v = kv(b=2, h=3, n=9, d=4, dtype=torch.float64, seed=36)
+    g = rand(*k.shape, seed=37, dtype=torch.float64)
+
+    def grads(kk: torch.Tensor, out: torch.Tensor, retain: bool = False) -> torch.Tensor:
+        return torch.autograd.grad(out, kk, g, retain_graph=retain)[0]
+
+    k1, k2 = k.clone().requires_grad_(), (k * 1.5).requires_grad_()
+    want1 = grads(k1, pap(k1, v, 4, 0.1))
+    want2 = grads(k2, pap(k2, v, 4, 0.1))
+    assert len(fused.saved_buffers.bufs) == 1, "the second call reuses the first call's buffer"
+    out1, out2 = pap(k1, v, 4, 0.1), pap(k2, v, 4, 0.1)  # both graphs alive: two buffers
+    assert len(fused.saved_buffers.bufs) == 2
+    torch.testing.assert_close(grads(k1, out1, retain=True), want1, rtol=0, atol=0)
+    grads(k2, pap(k2, v, 4, 0.1))  # a call between two backward passes of out1's graph
+    torch.testing.assert_close(grads(k1, out1), want1, rtol=0, atol=0)
+    torch.testing.assert_close(grads(k2, out2), want2, rtol=0, atol=0)
+    del out1, out2
+    fused.saved_buffers.clear()
+    small = fused.SavedBuffers(budget_bytes=60 * 8)  # float64: room for one buffer of 50
+    assert small.take(200, k).numel() == 200 and small.bufs == []  # past the budget: fresh, not kept
+    a = small.take(50, k)
+    assert len(small.bufs) == 1 and a.data_ptr() == small.bufs[0].data_ptr()
+    b = small.take(50, k)  # the kept buffer is held by a: a fresh one (and no room to keep it)
+    assert b.data_ptr() != a.data_ptr() and len(small.bufs) == 1
+    del a, b
+    assert small.take(40, k).data_ptr() == small.bufs[0].data_ptr()
+
+
 # ----------------------------------------------------------------------------- masks
 
 

@@ -6,8 +6,12 @@ with the kernels on, is tests/test_pap_numerics.py.)"""
 from __future__ import annotations
 
 import importlib
+import os
 import platform
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +32,21 @@ def test_kernels_are_built_where_they_can_be() -> None:
     # the install builds them wherever a compiler and AVX2 exist: a broken build must fail here, not
     # silently fall back to the eager ops
     assert kernels.available() == BUILDABLE
+    if BUILDABLE:  # the build whose vectors match torch's own kernels (the same source, 16 or 8 floats)
+        capability = torch.backends.cpu.get_cpu_capability()
+        assert kernels.BUILD == ("cpu_kernels_avx512" if capability == "AVX512" else "cpu_kernels")
+
+
+@pytest.mark.skipif(kernels.BUILD != "cpu_kernels_avx512", reason="only the AVX2 build is loaded here")
+def test_the_avx2_build_passes_these_tests_too() -> None:
+    # on an AVX512 machine the AVX512 build runs everywhere else; torch told to use AVX2
+    # (ATEN_CPU_CAPABILITY) loads the other build: this file's tests on it, in a new process
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                           "-k", "not avx2_build"], env=env, capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1]
 
 
 def _eager_block(S: torch.Tensor, hid: torch.Tensor | None, s: float, cutoff: float):
@@ -198,11 +217,15 @@ def test_compiled_forward_equals_the_python_loop(dtype: torch.dtype, n_iter: int
     assert "pap_forward" not in spy.ops and "cutoff_exp_" in spy.ops  # the Python loop, its block kernels
     if dtype == torch.float64:  # the same numbers to float64 rounding (amplified over the steps)
         torch.testing.assert_close(out, loop, rtol=1e-10, atol=1e-10 * float(loop.abs().max()))
-    else:  # float32: as accurate as the Python loop, both against the float64 loop
+    else:  # float32: as accurate as the Python loop and the eager ops, all against the float64 loop
+        # (float32 rounding grows ~10x a step here, and equally valid summation orders - the AVX2 and
+        # AVX512 builds, blocked or whole GEMMs - land within ~2x of each other: seen 0.5-2.05x)
         exact = fused.pap_fused(k.double(), v.double(), None, tau.double(), None, False, 0.0, n_iter,
                                 compiled=False)
-        err_c, err_l = float((out.double() - exact).abs().max()), float((loop.double() - exact).abs().max())
-        assert err_c <= 2.0 * err_l + 1e-6 * float(exact.abs().max()), (err_c, err_l)
+        with kernels.eager_only():
+            eager = fused.pap_fused(k, v, None, tau, None, False, 0.0, n_iter, compiled=False)
+        err_c, err_l, err_e = (float((x.double() - exact).abs().max()) for x in (out, loop, eager))
+        assert err_c <= 2.5 * max(err_l, err_e) + 1e-6 * float(exact.abs().max()), (err_c, err_l, err_e)
 
 
 def test_eager_only_switches_the_kernels_off() -> None:

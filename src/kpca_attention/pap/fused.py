@@ -7,6 +7,7 @@ block by block, every step the cutoff softmax of :mod:`.softmax`; the same numbe
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 from torch import Tensor
@@ -97,6 +98,7 @@ def pap_fused(
     return L.view(b, h, nq, dv)
 
 
+_BACKWARD_BLOCK_SCALE = 4  # PAPSaved's backward blocks, in forward blocks
 _SAVED_P_FLOATS = 1 << 26  # probabilities PAPSaved may keep for its backward: 256 MiB of float32
 
 
@@ -107,6 +109,48 @@ def saves_probabilities(k: Tensor, q: Tensor | None, dropout_p: float, n_iter: i
     if q is not None or dropout_p > 0 or n_iter * b * h * n * n > _SAVED_P_FLOATS:
         return False
     return all(qs.stop - qs.start == n for _, qs in block_slices(b * h, n, n))
+
+
+def _holders(t: Tensor) -> int:
+    """How many tensors share ``t``'s storage (``t`` included), or a large number where torch cannot say."""
+    if not hasattr(torch._C, "_storage_Use_Count"):
+        return 1 << 30
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata) - 1  # minus the temporary storage object
+
+
+class SavedBuffers:
+    """Flat buffers for :class:`PAPSaved`'s probabilities, reused by a later call once nothing else holds
+    them (the graph that saved them has run its backward or was freed). ``n_iter * B * H * N * N`` fresh
+    floats on every training step are page faults on first touch: ~29,000 a call at DeiT-tiny's first
+    layer, batch 64 (119 MB), 60-150 ms on an Intel Xeon VM, half an SDPA call (docs/benchmarks.md).
+    At most ``budget_bytes`` are kept; a call past it gets a fresh buffer as before."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self.bufs: list[Tensor] = []
+        self.lock = threading.Lock()
+
+    def take(self, numel: int, like: Tensor) -> Tensor:
+        """A flat buffer of ``numel`` elements of ``like``'s dtype and device (its contents undefined)."""
+        with self.lock:
+            for buf in self.bufs:
+                if buf.dtype == like.dtype and buf.device == like.device and buf.numel() >= numel \
+                        and _holders(buf) == 1:
+                    return buf[:numel]
+            buf = like.new_empty(numel)
+            kept = sum(b.numel() * b.element_size() for b in self.bufs)
+            if kept + numel * buf.element_size() <= self.budget_bytes:
+                self.bufs.append(buf)
+            return buf[:numel]  # a view: its own tensor, counted by _holders while a caller keeps it
+
+    def clear(self) -> None:
+        """Forget every kept buffer (those still saved by a graph live on with it)."""
+        with self.lock:
+            self.bufs.clear()
+
+
+#: PAPSaved's probabilities: up to four calls' worth at the largest size it takes (1 GiB of float32)
+saved_buffers = SavedBuffers(budget_bytes=4 * 4 * _SAVED_P_FLOATS)
 
 
 class PAPSaved(torch.autograd.Function):
@@ -135,7 +179,7 @@ class PAPSaved(torch.autograd.Function):
         tau_f, ntau_f = flat_tau(tau, b, h)
         blocks = block_slices(bh, n, n)
         masks = [tuple(mask_block(mask, (b, h), bs, qs) for mask in (hidden, bias)) for bs, qs in blocks]
-        P = k.new_empty(n_iter, bh, n, n)
+        P = saved_buffers.take(n_iter * bh * n * n, k).view(n_iter, bh, n, n)
         m = k.new_empty(bh, n, 1)
         l_sum = torch.empty_like(m)
         X0 = clamp_tau(kf, tau_f)  # step 1 (L0 = W0 = 0): X_1 = R_1 = C_0 = clamp(K)
@@ -156,7 +200,7 @@ class PAPSaved(torch.autograd.Function):
                 if not last:  # (K, L_t, R_t) -> (C_t, R_{t+1}, X_{t+1}) for these rows
                     update_into(kf[bs], Lb, R_in[bs], tau_f[bs], ntau_f[bs], Cs[-1][bs], Xs[-1][bs], R[bs])
         ctx.save_for_backward(kf, vf, tau_f, P, *Xs, *Ls, *Cs)
-        ctx.n_iter, ctx.blocks, ctx.tau_shape = n_iter, blocks, tau.shape
+        ctx.n_iter, ctx.tau_shape = n_iter, tau.shape
         return Ls[-1].view(b, h, n, d)
 
     @staticmethod
@@ -173,13 +217,16 @@ class PAPSaved(torch.autograd.Function):
         g_k, g_v, g_tau = torch.empty_like(kf), torch.empty_like(vf), torch.zeros_like(tau_f)
         dL = torch.empty_like(kf) if n_iter > 1 else None  # dLoss / dL_{t-1}, from update t-1's backward
         dR = torch.empty_like(kf) if n_iter > 1 else None  # dLoss / dR_{t-1}
-        nb_max = max(bs.stop - bs.start for bs, _ in ctx.blocks)
+        # larger blocks than the forward's: the backward is a dozen small ops a block, bound by their
+        # dispatch more than by the cache (4x: PAP forward + backward 690 -> 641 ms at B 64, 1 thread, Xeon)
+        blocks = block_slices(bh, n, n, scale=_BACKWARD_BLOCK_SCALE)
+        nb_max = max(bs.stop - bs.start for bs, _ in blocks)
         buf_dp = kf.new_empty(nb_max * n * n)
         buf_dx, buf_in, buf_out = (kf.new_empty(nb_max * n * d) for _ in range(3))
         for t in reversed(range(n_iter)):
             last = t == n_iter - 1
             X, L, C, G = Xs[t], Ls[t], Cs[t], (gf if last else dL)
-            for bs, _ in ctx.blocks:
+            for bs, _ in blocks:
                 nb = bs.stop - bs.start
                 Xb, Gb, Pb = X[bs], G[bs], P[t, bs]
                 delta = torch.bmm(Gb.reshape(-1, 1, d), L[bs].reshape(-1, d, 1)).view(nb, n, 1)

@@ -4,8 +4,9 @@ Two kernels, each one pass over a block where the eager ops take several (docs/p
 ``cutoff_exp_`` (the cutoff softmax's max / subtract / clamp / exp / sum, with the exp of SDPA's CPU
 kernel) and ``update_`` (PAP's update between two softmax steps). They are built by the normal install
 (``setup.py``; optional: where no C++ compiler is found, or torch is not importable at build time, the
-package installs without them) for AVX2 + FMA, and used only where torch reports AVX2 or AVX512, on
-CPU tensors of float32 / float64, outside ``torch.compile`` / FX tracing. Set
+package installs without them) twice, for AVX2 + FMA and for AVX512; the build matching the vectors of torch's
+own kernels is loaded (:data:`BUILD`), only where torch reports AVX2 or AVX512, and used on CPU tensors of
+float32 / float64, outside ``torch.compile`` / FX tracing. Set
 ``KPCA_ATTENTION_KERNELS=0`` (or use :func:`eager_only`) to run the eager ops: both give the same numbers
 to rounding (tests/test_pap_kernels.py).
 """
@@ -13,23 +14,35 @@ to rounding (tests/test_pap_kernels.py).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["available", "active", "eager_only"]
+__all__ = ["available", "active", "eager_only", "BUILD"]
+
+#: which build was loaded ("cpu_kernels_avx512" or "cpu_kernels"), None without kernels
+BUILD: str | None = None
 
 
 def _load() -> Any:
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return None  # built for AVX2 + FMA: not loaded where those instructions may be missing
-    try:
-        from . import cpu_kernels  # type: ignore[attr-defined]  # noqa: F401  (registers the operators)
-    except ImportError:
-        return None
-    return torch.ops.kpca_attention  # cutoff_exp_, update_: dispatcher operators, seen by TorchDispatchMode
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return None  # built for AVX2 + FMA and AVX512: not loaded where those instructions may be missing
+    # one of the two builds of the same source (both register the same operators): 512-bit vectors where
+    # torch's own kernels use them, else 256-bit; the AVX2 build where the AVX512 one was not built
+    names = ["cpu_kernels_avx512", "cpu_kernels"] if capability == "AVX512" else ["cpu_kernels"]
+    for name in names:
+        try:
+            importlib.import_module(f"{__package__}.{name}")  # registers the operators
+        except ImportError:
+            continue
+        global BUILD
+        BUILD = name
+        return torch.ops.kpca_attention  # cutoff_exp_, update_, ...: dispatcher operators
+    return None
 
 
 _MODULE = _load()

@@ -184,16 +184,18 @@ def _passive_wait() -> bool:
     return os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
 
 
-def block_slices(bh: int, nq: int, n: int, threads: int | None = None) -> list[tuple[slice, slice]]:
-    """(batch-head slice, query slice) pairs covering ``(bh, nq)`` with ~_BLOCK_FLOATS logits each, for
-    ``threads`` intra-op threads (default: torch's)."""
+def block_slices(bh: int, nq: int, n: int, threads: int | None = None, scale: int = 1
+                 ) -> list[tuple[slice, slice]]:
+    """(batch-head slice, query slice) pairs covering ``(bh, nq)`` with ~``scale * _BLOCK_FLOATS`` logits
+    each, for ``threads`` intra-op threads (default: torch's)."""
     # With several threads every op is a parallel region ending in a barrier: fewer, larger blocks than at
     # one thread. How much larger depends on how OpenMP's idle threads wait. Spinning (the default), 4x the
     # single-thread block at 2 threads was fastest on a 2-core Xeon (PAP forward 4.6x SDPA, against 5.1x
     # with 16x blocks); with OMP_WAIT_POLICY=PASSIVE each region must wake a sleeping thread, and 16x
     # blocks were fastest (5.9x, against 7.2x with 4x) - docs/benchmarks.md.
     threads = torch.get_num_threads() if threads is None else threads
-    budget = _BLOCK_FLOATS if threads <= 1 else _BLOCK_FLOATS * threads * (8 if _passive_wait() else 2)
+    per_thread = 1 if threads <= 1 else threads * (8 if _passive_wait() else 2)
+    budget = scale * per_thread * _BLOCK_FLOATS
     if nq * n <= budget:
         step = budget // (nq * n)
         return [(slice(i, min(i + step, bh)), slice(0, nq)) for i in range(0, bh, step)]

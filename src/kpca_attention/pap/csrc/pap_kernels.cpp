@@ -14,8 +14,9 @@
 //     update_into takes five). Every element is read before any output is written, so X may be R and
 //     R_next may be C (then R_next is kept).
 //
-// Built by the normal install (setup.py, optional: without a compiler the eager ops run) for AVX2 + FMA;
-// kernels.py loads it only where torch reports AVX2 or AVX512.
+// Built by the normal install (setup.py, optional: without a compiler the eager ops run) twice, for
+// AVX2 + FMA and for AVX512 (the same source: Vectorized<T> is 8 or 16 floats wide);
+// kernels.py loads the build matching torch's CPU capability.
 
 #include <torch/extension.h>
 #include <torch/library.h>
