@@ -4,8 +4,10 @@ to mix settings, and that its numbers equal the library's own evaluation functio
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import re
 import shutil
 
 import numpy as np
@@ -150,6 +152,29 @@ def test_no_checks_leaves_the_throughput_check_out(tmp_path) -> None:
     assert not (tmp_path / "checks").exists()
     names = sorted(p.name for p in (tmp_path / "results").iterdir())
     assert names == ["rpc_no_dual-s0.json", "symvit-s0.json"]
+
+
+def test_a_study_trains_on_one_kind_of_machine(tmp_path, monkeypatch) -> None:
+    # runs of one study trained on two kinds of machine differ by more than their seeds (an AMD EPYC and
+    # an Intel Xeon take other floating-point paths): training a run on another kind is refused with one
+    # line unless asked for; finished runs are still reused there, and the report says which kinds
+    engine = importlib.import_module("kpca_attention.studies.engine")
+    study = ablation_study(seeds=(0, 1), variants=("rpc_no_dual",), quick=True, train_subset=64)
+    study = study.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)
+    run_study(study, tmp_path, progress=False, checks=False, seeds=(0,), only=("symvit",))
+    real = engine.machine_kind
+    here = real()
+    monkeypatch.setattr(engine, "machine_kind", lambda info=None: real(info) if info else "Another CPU")
+    run_study(study, tmp_path, progress=False, checks=False, seeds=(0,), only=("symvit",))  # reused
+    with pytest.raises(ValueError, match=f"trained on {re.escape(here)} \\(1 run\\), this machine is "
+                                         "Another CPU; a study trains on one kind of machine"):
+        run_study(study, tmp_path, progress=False, checks=False, seeds=(1,), only=("symvit",))
+    assert not (tmp_path / "results" / "symvit-s1.json").exists()
+    assert "Trained on one kind of machine: " + here in (tmp_path / "report.md").read_text()
+    monkeypatch.setattr(engine, "machine_info", lambda: {"cpu": "Another CPU"})
+    run_study(study, tmp_path, progress=False, checks=False, seeds=(1,), only=("symvit",), any_machine=True)
+    assert engine.trained_on(tmp_path) == {here: ["symvit-s0"], "Another CPU": ["symvit-s1"]}
+    assert "**Trained on 2 kinds of machine**" in (tmp_path / "report.md").read_text()
 
 
 @pytest.fixture(scope="module")

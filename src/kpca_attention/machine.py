@@ -7,7 +7,7 @@ import platform
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["cpu_model", "machine_info"]
+__all__ = ["cpu_model", "machine_info", "machine_kind"]
 
 
 @lru_cache(maxsize=1)
@@ -32,3 +32,13 @@ def machine_info() -> dict[str, Any]:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
+
+
+def machine_kind(info: dict[str, Any] | None = None) -> str:
+    """The kind of machine of :func:`machine_info` (default: this one): the GPU's name where one was
+    present, else the CPU model. A study trains on one kind: the same run on an AMD EPYC and on an
+    Intel Xeon takes other floating-point paths (seen: epoch-1 loss 0.98994 against 0.98986 for the same
+    seed, and held-out accuracy a point apart by epoch 2), so runs of two kinds differ by more than their
+    seeds."""
+    info = machine_info() if info is None else info
+    return str(info.get("gpu") or info.get("cpu") or "unknown")

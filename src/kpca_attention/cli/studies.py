@@ -108,7 +108,7 @@ def regenerate_command(argv: list[str], out: Path) -> str:
 
 def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progress: bool,
          only: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
-         record: bool = True, checks: bool = True) -> None:
+         record: bool = True, checks: bool = True, any_machine: bool = False) -> None:
     from ..studies import run_study
 
     if out.exists() and not out.is_dir():
@@ -116,7 +116,7 @@ def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progr
     # the command that regenerates the whole study (a run restricted to some variants is not one)
     command = regenerate_command(sys.argv[1:], out) if record else None
     report = run_study(study, out, runs, jobs=jobs, force=force, progress=progress, only=only,
-                       seeds=seeds, command=command, checks=checks)
+                       seeds=seeds, command=command, checks=checks, any_machine=any_machine)
     typer.echo(str(report))
 
 
@@ -164,6 +164,9 @@ def study_cmd(
     progress: Annotated[bool, typer.Option(help="Progress bars (only shown on a terminal).")] = True,
     checks: Annotated[bool, typer.Option(
         help="Run the study-wide checks (throughput side by side) on this machine.")] = True,
+    any_machine: Annotated[bool, typer.Option(
+        help="Train here even if the study's finished runs were trained on another kind of machine "
+             "(CPU model or GPU; refused by default: other floating-point paths).")] = False,
 ) -> None:
     """Run a registered study: train every (variant, seed), evaluate, write OUT/report.md. Finished runs
     and evaluations (also committed ones) are reused; killed runs resume exactly."""
@@ -184,7 +187,7 @@ def study_cmd(
         study = study.replace(seeds=tuple(sorted(set(study.seeds) | set(chosen))))
     only = parse_list(variants) or None
     _run(study, out or Path("results") / name, runs or Path("runs/studies") / name, jobs, force, progress,
-         only=only, seeds=chosen, record=only is None and whole, checks=checks)
+         only=only, seeds=chosen, record=only is None and whole, checks=checks, any_machine=any_machine)
 
 
 def ablate_cmd(

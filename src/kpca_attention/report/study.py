@@ -17,6 +17,7 @@ checkpoints, e.g. from results committed to a repository.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..io import read_json, write_json_atomic, write_text_atomic
+from ..machine import machine_kind
 from ..plotting import new_figure, save_figure
 from ..robustness.store import ResultStore
 from ..tables import fmt_num, fmt_p, fmt_pm, markdown_table
@@ -391,6 +393,20 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
 
 # ----------------------------------------------------------------------------- the report
 
+def _machines_line(res: Runs, slugs: Sequence[str]) -> str:
+    """Which kinds of machine trained the runs (one kind per study: other kinds take other floating-point
+    paths, :func:`~kpca_attention.machine.machine_kind`)."""
+    kinds = Counter(machine_kind(r["run"]["machine"]) for s in slugs for r in res[s].values()
+                    if isinstance(r.get("run"), dict) and "machine" in r["run"])
+    if not kinds:
+        return ""
+    said = ", ".join(f"{k} ({n} run{'s' * (n > 1)})" for k, n in kinds.most_common())
+    if len(kinds) == 1:
+        return f"Trained on one kind of machine: {said}."
+    return (f"**Trained on {len(kinds)} kinds of machine**: {said} - the same seed takes other "
+            "floating-point paths on each, so the spread over seeds includes the machine.")
+
+
 def write_study_report(out: str | os.PathLike) -> Path:
     """Write ``report.md``, ``summary.json`` and the plots of a study folder; returns the report."""
     out = Path(out)
@@ -421,7 +437,9 @@ def write_study_report(out: str | os.PathLike) -> Path:
     trained = any(not variants[s].get("source") for s in slugs)
     if trained:
         lines += [f"Training: preset `{s_['preset']}` with {recipe}; seeds {s_['seeds']}{sec.training_note}. "
-                  f"Parameters: {any_run['params'] / 1e6:.3f} M ({label[slugs[0]]}).", sec.evaluation()]
+                  f"Parameters: {any_run['params'] / 1e6:.3f} M ({label[slugs[0]]}). "
+                  + _machines_line(res, [s for s in slugs if not variants[s].get("source")]),
+                  sec.evaluation()]
     else:  # existing models (a run directory, NAME@FILE): evaluated as they are
         lines += ["Models, evaluated as they are (not trained by this study): " + "; ".join(
             f"{label[s]} = `{variants[s]['source']['path']}` ({res[s][0]['run']['params'] / 1e6:.3f} M "

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from ..io import read_json, write_json_atomic
-from ..machine import machine_info
+from ..machine import machine_info, machine_kind
 from ..robustness.store import ResultStore, normalise_key
 from ..tasks import Task
 from ..tasks import get as get_task
@@ -83,9 +83,34 @@ def _run_key(study: Study, variant: Variant, seed: int, runs: Path) -> dict[str,
     return normalise_key({"train": trajectory_settings(cfg), "version": RESULTS_VERSION})
 
 
+def trained_on(out: Path) -> dict[str, list[str]]:
+    """``{machine kind: [run, ...]}`` of the finished runs in a study's results folder (``out``)."""
+    kinds: dict[str, list[str]] = {}
+    for path in sorted((out / "results").glob("*-s*.json")):
+        try:
+            machine = read_json(path)["items"]["run"]["result"]["machine"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not finished, or an existing model (no training)
+        kinds.setdefault(machine_kind(machine), []).append(path.stem)
+    return kinds
+
+
+def check_machine_kind(out: Path, any_machine: bool = False) -> None:
+    """Refuse to train a study's run on another kind of machine than its finished runs' (one kind per
+    study: :func:`~kpca_attention.machine.machine_kind` says why), unless ``any_machine``."""
+    here = machine_kind()
+    others = {k: v for k, v in trained_on(out).items() if k != here}
+    if others and not any_machine:
+        where = "; ".join(f"{k} ({len(v)} run{'s' * (len(v) > 1)})" for k, v in others.items())
+        raise ValueError(f"{out}: its runs were trained on {where}, this machine is {here}; a study trains "
+                         "on one kind of machine (other floating-point paths): train it there, or pass "
+                         "--any-machine to mix them")
+
+
 def ensure_trained(study: Study, variant: Variant, seed: int, runs: Path, *, progress: bool,
-                   log: Callable[[str], None]) -> Path:
-    """Train, resume or reuse the run of (variant, seed); returns its run directory."""
+                   log: Callable[[str], None], before_training: Callable[[], None] | None = None) -> Path:
+    """Train, resume or reuse the run of (variant, seed); returns its run directory. ``before_training``
+    is called before a run is trained or resumed (not when a finished one is reused)."""
     run_dir = run_dir_of(runs, variant, seed)
     cfg = study.train_config(variant, seed, str(run_dir))
     cfg.progress = progress
@@ -108,6 +133,8 @@ def ensure_trained(study: Study, variant: Variant, seed: int, runs: Path, *, pro
             else:
                 log(f"finished checkpoint in {run_dir}: not retrained")
                 return run_dir
+    if before_training is not None:
+        before_training()
     resume = rd.has_checkpoint()
     log(f"{'resuming' if resume else 'training'} {cfg.model} {dict(cfg.model_kwargs) or ''} "
         f"({cfg.epochs} epochs, {cfg.train_subset or 'all'} {study.task.unit}, seed {seed}, "
@@ -134,10 +161,11 @@ def _training_summary(task: Task, run_dir: Path, model: nn.Module) -> dict[str, 
 
 def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: str | os.PathLike, *,
             progress: bool = True, threads: int | None = None, device: str | None = None,
-            cache: bool = True) -> Path:
+            cache: bool = True, any_machine: bool = False) -> Path:
     """Train (when needed) and evaluate one (variant, seed) of ``study``; returns its results file.
     An existing model (``variant.source``) is loaded on ``device`` and evaluated only; ``cache``: keep
-    expensive inputs (corrupted images) under ``<runs>/cache``."""
+    expensive inputs (corrupted images) under ``<runs>/cache``; ``any_machine``: train here even if the
+    study's finished runs were trained on another kind of machine."""
     if threads is not None:
         torch.set_num_threads(threads)
     out, runs = Path(out), Path(runs)
@@ -154,7 +182,8 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
 
     def run_dir() -> Path:
         if "dir" not in state:
-            state["dir"] = ensure_trained(study, variant, seed, runs, progress=progress, log=log)
+            state["dir"] = ensure_trained(study, variant, seed, runs, progress=progress, log=log,
+                                          before_training=lambda: check_machine_kind(out, any_machine))
         return state["dir"]
 
     def model() -> nn.Module:
@@ -298,9 +327,10 @@ def _evaluate_source(study: Study, variant: Variant, out: Path, runs: Path, *, p
     return store.path
 
 
-def _worker(args: tuple[Study, str, int, str, str, str | None, bool]) -> str:
-    study, slug, seed, out, runs, device, cache = args
-    return str(run_one(study, slug, seed, out, runs, progress=False, threads=1, device=device, cache=cache))
+def _worker(args: tuple[Study, str, int, str, str, str | None, bool, bool]) -> str:
+    study, slug, seed, out, runs, device, cache, any_machine = args
+    return str(run_one(study, slug, seed, out, runs, progress=False, threads=1, device=device, cache=cache,
+                       any_machine=any_machine))
 
 
 def _check_settings(study: Study, out: Path, force: bool, command: str | None = None) -> None:
@@ -392,6 +422,7 @@ def run_study(
     checks: bool = True,
     device: str | None = None,
     cache: bool = True,
+    any_machine: bool = False,
 ) -> Path:
     """Run every (variant, seed) of ``study`` (``only``: these variant slugs; ``seeds``: these of the
     study's seeds), then the checks, then write the report; returns the report's path.
@@ -408,6 +439,8 @@ def run_study(
             machine runs them later, reusing every finished run).
         device: where existing models (``Variant.source``) are evaluated (default cpu).
         cache: keep corrupted test images under ``<runs>/cache``.
+        any_machine: train even where the study's finished runs were trained on another kind of machine
+            (refused otherwise: :func:`check_machine_kind`).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
@@ -436,7 +469,8 @@ def run_study(
           + (f", {jobs} in parallel" if jobs > 1 else ""), flush=True)
     if jobs == 1:
         for v, s in todo:
-            run_one(study, v.slug, s, out, runs, progress=progress, device=device, cache=cache)
+            run_one(study, v.slug, s, out, runs, progress=progress, device=device, cache=cache,
+                    any_machine=any_machine)
             if report:
                 _report(out)
     else:
@@ -447,8 +481,8 @@ def run_study(
         os.environ["OMP_NUM_THREADS"] = "1"
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = [pool.submit(_worker, (study, v.slug, s, str(out), str(runs), device, cache))
-                       for v, s in todo]
+            futures = [pool.submit(_worker, (study, v.slug, s, str(out), str(runs), device, cache,
+                                             any_machine)) for v, s in todo]
             for fut in as_completed(futures):
                 fut.result()
                 if report:
