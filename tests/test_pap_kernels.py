@@ -101,6 +101,23 @@ def test_cutoff_probs_equals_the_eager_recomputation(dtype: torch.dtype, n: int)
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 13, 16, 37])  # within one 16 x 16 tile, at its edge, across three
+def test_softmax_backward_sym_equals_the_eager_ops(dtype: torch.dtype, n: int) -> None:
+    # a symmetric step's softmax backward: scale (dS + dS^T) with dS = (dP - delta) P, in place
+    g = torch.Generator().manual_seed(n)
+    dP, P = (torch.randn(3, n, n, generator=g, dtype=dtype) for _ in range(2))
+    delta = torch.randn(3, n, 1, generator=g, dtype=dtype)
+    dS = (dP - delta) * P
+    want = 0.125 * (dS + dS.transpose(1, 2))
+    got = torch.ops.kpca_attention.softmax_backward_sym_(dP, P, delta, 0.125)
+    assert got.data_ptr() == dP.data_ptr()
+    tol = {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-14, "atol": 1e-14}
+    torch.testing.assert_close(dP, want, **tol)
+    assert torch.equal(dP, dP.transpose(1, 2))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("tau_rows", ["head", "row"])
 @pytest.mark.parametrize("alias", ["none", "in_place"])
 def test_update_equals_the_eager_ops(dtype: torch.dtype, tau_rows: str, alias: str) -> None:
@@ -147,7 +164,11 @@ def test_pap_with_kernels_as_accurate_as_without(case: str, graph: bool) -> None
                 out.backward(gout.to(dtype))
         return [t.detach().double() for t in (out, kk.grad, vv.grad) if t is not None]
 
-    ref = run(torch.float64)
+    spy = SubnormalSpy()
+    with spy:
+        ref = run(torch.float64)
+    for op in ("update_backward_", "softmax_backward_sym_"):  # PAPSaved's backward through the kernels
+        assert (op in spy.ops) == graph
     fast32 = run(torch.float32)
     with kernels.eager_only():
         ref_eager = run(torch.float64)
@@ -226,6 +247,45 @@ def test_compiled_forward_equals_the_python_loop(dtype: torch.dtype, n_iter: int
             eager = fused.pap_fused(k, v, None, tau, None, False, 0.0, n_iter, compiled=False)
         err_c, err_l, err_e = (float((x.double() - exact).abs().max()) for x in (out, loop, eager))
         assert err_c <= 2.5 * max(err_l, err_e) + 1e-6 * float(exact.abs().max()), (err_c, err_l, err_e)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("tau_rows", ["head", "row"])
+@pytest.mark.parametrize("step", ["only", "last", "middle", "first"])
+@pytest.mark.parametrize("need_tau", [True, False])
+def test_update_backward_equals_the_eager_ops(dtype: torch.dtype, tau_rows: str, step: str,
+                                              need_tau: bool) -> None:
+    # PAPSaved's backward through one clamp + update, one pass (update_backward_) against clamp_backward +
+    # update_backward; the step decides what flows: dR_t in (every step but the last), dL / dR_{t-1} out
+    # (every step but the first); odd D for the vector loop's tail; tau per head (summed over its rows)
+    # and per row
+    g = torch.Generator().manual_seed(3)
+    nb, n, d = 5, 13, 19
+    dX, dR0, Z, gk0 = (torch.randn(nb, n, d, generator=g, dtype=dtype) for _ in range(4))
+    tau = torch.rand(nb, 1 if tau_rows == "head" else n, 1, generator=g, dtype=dtype) + 0.3
+    C = torch.maximum(torch.minimum(Z, tau), -tau)  # a clamp's output: inside, and at +-tau outside
+    dr_in, prev = step in ("middle", "first"), step in ("last", "middle")
+    dC = dX + dR0 if dr_in else dX.clone()
+    dZ, part = updates.clamp_backward(dC, C, tau, need_tau)
+    want_k = gk0 + dZ if dr_in else dZ
+    gtau0 = torch.randn(tau.shape, generator=g, dtype=dtype)
+    dR, gk, dL, gtau = dR0.clone(), gk0.clone(), torch.full_like(dX, float("nan")), gtau0.clone()
+    assert updates.update_backward_fused(dX, dR if dr_in or prev else None, C, tau, gk, dL if prev else None,
+                                         gtau if need_tau else None, dr_in=dr_in, accumulate_k=dr_in)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    torch.testing.assert_close(gk, want_k, **tol)
+    if prev:
+        want_L, want_R = updates.update_backward(dC, dX, dZ)
+        torch.testing.assert_close(dL, want_L, **tol)
+        torch.testing.assert_close(dR, want_R, **tol)
+    else:
+        assert torch.isnan(dL).all()  # not written
+        assert torch.equal(dR, dR0)
+    if need_tau:
+        torch.testing.assert_close(gtau, gtau0 + part, **tol)
+    else:
+        assert torch.equal(gtau, gtau0)
 
 
 def test_eager_only_switches_the_kernels_off() -> None:

@@ -14,6 +14,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from . import kernels
+from .inputs import tracing
 from .softmax import (
     Scratch,
     block_slices,
@@ -23,7 +24,15 @@ from .softmax import (
     softmax_block,
     softmax_cutoff,
 )
-from .updates import clamp_backward, clamp_tau, flat_tau, update_backward, update_into, update_step
+from .updates import (
+    clamp_backward,
+    clamp_tau,
+    flat_tau,
+    update_backward,
+    update_backward_fused,
+    update_into,
+    update_step,
+)
 
 __all__: list[str] = []
 
@@ -98,7 +107,7 @@ def pap_fused(
     return L.view(b, h, nq, dv)
 
 
-_BACKWARD_BLOCK_SCALE = 4  # PAPSaved's backward blocks, in forward blocks
+_BACKWARD_BLOCK_SCALE = 2  # PAPSaved's backward blocks at several threads, in forward blocks
 _SAVED_P_FLOATS = 1 << 26  # probabilities PAPSaved may keep for its backward: 256 MiB of float32
 
 
@@ -217,12 +226,15 @@ class PAPSaved(torch.autograd.Function):
         g_k, g_v, g_tau = torch.empty_like(kf), torch.empty_like(vf), torch.zeros_like(tau_f)
         dL = torch.empty_like(kf) if n_iter > 1 else None  # dLoss / dL_{t-1}, from update t-1's backward
         dR = torch.empty_like(kf) if n_iter > 1 else None  # dLoss / dR_{t-1}
-        # larger blocks than the forward's: the backward is a dozen small ops a block, bound by their
-        # dispatch more than by the cache (4x: PAP forward + backward 690 -> 641 ms at B 64, 1 thread, Xeon)
-        blocks = block_slices(bh, n, n, scale=_BACKWARD_BLOCK_SCALE)
+        # the forward's blocks at one thread; at several, 2x larger (each op a parallel region): backward
+        # at B 64 on a 2-core Xeon, 1 thread: 292 / 315 / 321 ms with 1x / 2x / 4x blocks; 2 threads: 237 /
+        # 208 / 214 ms (with the update's backward in one kernel, update_backward_fused)
+        threads = torch.get_num_threads()
+        blocks = block_slices(bh, n, n, threads=threads, scale=1 if threads <= 1 else _BACKWARD_BLOCK_SCALE)
         nb_max = max(bs.stop - bs.start for bs, _ in blocks)
         buf_dp = kf.new_empty(nb_max * n * n)
         buf_dx, buf_in, buf_out = (kf.new_empty(nb_max * n * d) for _ in range(3))
+        sym_ops = kernels.active() if kf.dtype in (torch.float32, torch.float64) and not tracing() else None
         for t in reversed(range(n_iter)):
             last = t == n_iter - 1
             X, L, C, G = Xs[t], Ls[t], Cs[t], (gf if last else dL)
@@ -235,12 +247,20 @@ class PAPSaved(torch.autograd.Function):
                     torch.bmm(Pb.transpose(1, 2), Gb, out=g_v[bs])
                 else:
                     g_v[bs].baddbmm_(Pb.transpose(1, 2), Gb)
-                dS = dP.sub_(delta).mul_(Pb)  # d(loss)/d(logits), unscaled
-                dX = torch.bmm(dS, Xb, out=block_view(buf_dx, nb, n, d))
-                dX.baddbmm_(dS.transpose(1, 2), Xb).mul_(scale)  # X is the queries and the keys
+                if sym_ops is not None and Pb.is_contiguous():  # scale (dS + dS^T) in place, one GEMM
+                    dX = torch.bmm(sym_ops.softmax_backward_sym_(dP, Pb, delta, scale), Xb,
+                                   out=block_view(buf_dx, nb, n, d))
+                else:
+                    dS = dP.sub_(delta).mul_(Pb)  # d(loss)/d(logits), unscaled
+                    dX = torch.bmm(dS, Xb, out=block_view(buf_dx, nb, n, d))
+                    dX.baddbmm_(dS.transpose(1, 2), Xb).mul_(scale)  # X is the queries and the keys
                 # back through the clamp that made X_t and R_t (C_0 = clamp(K), or update t-1):
                 # dC = dR_t + dX_t; dZ = dC inside the clamp; dK += dZ; tau gets sum(dC * C / tau) outside.
                 # dR[bs] holds dR_t until dC is formed in it, then dR_{t-1}.
+                if update_backward_fused(dX, None if last and t == 0 else dR[bs], C[bs], tau_f[bs], g_k[bs],
+                                         dL[bs] if t > 0 else None, g_tau[bs] if need_tau else None,
+                                         dr_in=not last, accumulate_k=not last):
+                    continue  # the eleven steps below in one pass
                 dC = dX if last else dR[bs].add_(dX)
                 dZ, part = clamp_backward(dC, C[bs], tau_f[bs], need_tau, out=block_view(buf_in, nb, n, d),
                                            tmp=block_view(buf_out, nb, n, d))

@@ -100,6 +100,26 @@ def update_backward(g_c: Tensor, g_x: Tensor | None, g_z: Tensor, g_L: Tensor | 
     return g_L, torch.add(g_z, g_x, alpha=-2.0, out=g_R)
 
 
+def update_backward_fused(dX: Tensor, dR: Tensor | None, C: Tensor, tau: Tensor, g_k: Tensor,
+                          dL: Tensor | None, g_tau: Tensor | None, *, dr_in: bool,
+                          accumulate_k: bool) -> bool:
+    """:func:`clamp_backward` then :func:`update_backward` on one block of PAPSaved's backward in one pass
+    (the compiled ``update_backward_``), where the kernels run and the blocks fit; returns whether it ran.
+
+    dC = dX (+ dR when ``dr_in``); dZ = dC inside the clamp (|C| < tau); ``g_k`` = dZ (+ ``g_k`` when
+    ``accumulate_k``); ``g_tau`` += sum(dC * C / tau) outside (when given); when ``dL`` is given (a step
+    after the first): ``dL`` = dC + 2 dX - 2 dZ and ``dR`` = dZ - 2 dX (over dR_t)."""
+    ops = kernels.active()
+    others = [t for t in (dR, dL) if t is not None]
+    if ops is None or not _kernel_fits(dX, C, g_k, tau, *others) \
+            or (g_tau is not None and not (g_tau.is_contiguous() and g_tau.shape == tau.shape)):
+        return False
+    empty = dX.new_empty(0)
+    ops.update_backward_(dX, empty if dR is None else dR, C, tau, g_k, empty if dL is None else dL,
+                         empty if g_tau is None else g_tau, dr_in, accumulate_k, dL is not None)
+    return True
+
+
 class ClampTau(torch.autograd.Function):
     """``clamp(z, -tau, tau)`` with a cheap backward (the first PAP step, X_1 = clamp(K))."""
 

@@ -9,6 +9,10 @@
 //     SDPA's CPU flash kernel uses; float64 keeps the 1-ulp exp).
 //   cutoff_probs_(S, m, l, scale, cutoff): the backward's recomputation with the forward's m and l,
 //     S <- exp(max(scale * s - m, -cutoff)) / l, one pass (no hidden keys: the caller masks them after).
+//   softmax_backward_sym_(dP, P, delta, scale): a symmetric step's softmax backward, scale (dS + dS^T), in
+//     place (PAPSaved's backward; see the function).
+//   update_backward_(dX, dR, C, tau, g_k, dL, g_tau, ...): that update's backward after its clamp's, in one
+//     pass (PAPSaved's backward; see the function).
 //   update_(K, L, R, tau, C, X, R_next): PAP's update (K, L_t, R_t) -> C_t = clamp(K - L_t + W_t, +-tau),
 //     R_{t+1} = C_t + L_t, X_{t+1} = R_{t+1} + 2 (L_t - R_t), W_t = R_t - L_t, in one pass (updates.py's
 //     update_into takes five). Every element is read before any output is written, so X may be R and
@@ -185,6 +189,148 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> update_(at::Tensor K, at::Tensor 
   return {C, X, R_next};
 }
 
+// The softmax's backward of one step of symmetric PAP, for PAPSaved (fused.py), in place on a block
+// (nb, N, N): with dS = (dP - delta) * P (delta_i = sum_d dL_i L_i, per row), the keys' and queries'
+// gradients are dS X + dS^T X = (dS + dS^T) X, so dP <- scale * (dS + dS^T): one GEMM where two were
+// needed, and the subtract / multiply / scale in two passes over the block (rows, then 16 x 16 tiles).
+template <typename T>
+void softmax_backward_sym_heads(T* dP, const T* P, const T* delta, int64_t heads, int64_t n, T scale) {
+  at::parallel_for(0, heads, 1, [&](int64_t h0, int64_t h1) {
+  using Vec = Vectorized<T>;
+  const int64_t W = Vec::size();
+  const Vec vs(scale);
+  constexpr int64_t kTile = 16;
+  for (int64_t h = h0; h < h1; ++h) {
+    T* A = dP + h * n * n;
+    const T* Ph = P + h * n * n;
+    for (int64_t i = 0; i < n; ++i) {  // A <- scale * (dP - delta) * P, row by row
+      const T di = delta[h * n + i];
+      const Vec vd(di);
+      T* a = A + i * n;
+      const T* p = Ph + i * n;
+      int64_t j = 0;
+      for (; j + W <= n; j += W) (((Vec::loadu(a + j) - vd) * Vec::loadu(p + j)) * vs).store(a + j);
+      for (; j < n; ++j) a[j] = ((a[j] - di) * p[j]) * scale;
+    }
+    for (int64_t bi = 0; bi < n; bi += kTile) {  // A <- A + A^T, tile pairs in the L1 cache
+      const int64_t ei = std::min(bi + kTile, n);
+      for (int64_t bj = bi; bj < n; bj += kTile) {
+        const int64_t ej = std::min(bj + kTile, n);
+        for (int64_t i = bi; i < ei; ++i) {
+          for (int64_t j = (bi == bj ? i : bj); j < ej; ++j) {
+            const T v = A[i * n + j] + A[j * n + i];
+            A[i * n + j] = v;
+            A[j * n + i] = v;
+          }
+        }
+      }
+    }
+  }
+  });
+}
+
+at::Tensor softmax_backward_sym_(at::Tensor dP, at::Tensor P, at::Tensor delta, double scale) {
+  check_block(dP, dP, "dP");
+  check_block(P, dP, "P");
+  check_block(delta, dP, "delta");
+  TORCH_CHECK(dP.dim() == 3 && dP.size(1) == dP.size(2) && P.sizes() == dP.sizes(),
+              "softmax_backward_sym_: dP, P (nb, N, N) expected");
+  TORCH_CHECK(delta.numel() == dP.size(0) * dP.size(1), "softmax_backward_sym_: delta (nb, N, 1) expected");
+  AT_DISPATCH_FLOATING_TYPES(dP.scalar_type(), "softmax_backward_sym_", [&] {
+    softmax_backward_sym_heads<scalar_t>(dP.data_ptr<scalar_t>(), P.data_ptr<scalar_t>(),
+                                         delta.data_ptr<scalar_t>(), dP.size(0), dP.size(1),
+                                         static_cast<scalar_t>(scale));
+  });
+  return dP;
+}
+
+// The update's backward after its clamp's, for PAPSaved (fused.py), on one block of heads (nb, N, D):
+//   dC = dX (+ dR_t when dr_in); dZ = dC where |C| < tau, else 0; g_k = dZ (+ g_k when accumulate_k);
+//   g_tau += sum over the outside elements of dC * C / tau (per row or per head, as tau; when defined);
+//   when prev: dL_{t-1} = dC + 2 dX - 2 dZ and dR_{t-1} = dZ - 2 dX, the latter over dR_t in place.
+// One pass where updates.py's clamp_backward + update_backward take eleven. Parallel over heads (a
+// per-head tau sums over a head's rows: one task owns them).
+template <typename T>
+void update_backward_heads(const T* dX, T* dR, const T* C, const T* tau, T* gK, T* dL, T* gTau, int64_t heads,
+                           int64_t n, int64_t d, int64_t tau_rows, bool dr_in, bool acc_k, bool prev) {
+  at::parallel_for(0, heads, 1, [&](int64_t h0, int64_t h1) {
+  using Vec = Vectorized<T>;
+  const int64_t W = Vec::size();
+  const Vec zero(T(0)), two(T(2)), minus_two(T(-2));
+  T lanes[Vec::size()];
+  for (int64_t h = h0; h < h1; ++h) {
+    T head_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t o = (h * n + i) * d;
+      const T t = tau[h * tau_rows + (tau_rows == 1 ? 0 : i)];
+      const Vec vt(t);
+      Vec vsum(T(0));
+      T sum = 0;
+      int64_t j = 0;
+      for (; j + W <= d; j += W) {
+        const Vec dx = Vec::loadu(dX + o + j), c = Vec::loadu(C + o + j);
+        const Vec dc = dr_in ? dx + Vec::loadu(dR + o + j) : dx;
+        const Vec dz = Vec::blendv(zero, dc, c.abs() < vt);
+        if (gTau) vsum = at::vec::fmadd(dc - dz, c, vsum);
+        (acc_k ? Vec::loadu(gK + o + j) + dz : dz).store(gK + o + j);
+        if (prev) {
+          at::vec::fmadd(two, dx - dz, dc).store(dL + o + j);
+          at::vec::fmadd(minus_two, dx, dz).store(dR + o + j);
+        }
+      }
+      for (; j < d; ++j) {
+        const T dx = dX[o + j], c = C[o + j];
+        const T dc = dr_in ? dx + dR[o + j] : dx;
+        const T dz = std::abs(c) < t ? dc : T(0);
+        sum += (dc - dz) * c;
+        gK[o + j] = acc_k ? gK[o + j] + dz : dz;
+        if (prev) {
+          dL[o + j] = dc + T(2) * (dx - dz);
+          dR[o + j] = dz - T(2) * dx;
+        }
+      }
+      if (gTau) {
+        vsum.store(lanes);
+        for (int64_t w = 0; w < W; ++w) sum += lanes[w];
+        if (tau_rows == 1) head_sum += sum;
+        else gTau[h * n + i] += sum / t;
+      }
+    }
+    if (gTau && tau_rows == 1) gTau[h] += head_sum / tau[h];
+  }
+  });
+}
+
+void update_backward_(at::Tensor dX, at::Tensor dR, at::Tensor C, at::Tensor tau, at::Tensor g_k, at::Tensor dL,
+                      at::Tensor g_tau, bool dr_in, bool accumulate_k, bool prev) {
+  check_block(dX, dX, "dX");
+  for (auto* p : {&C, &tau, &g_k}) check_block(*p, dX, "update_backward_");
+  TORCH_CHECK(dX.dim() == 3 && C.sizes() == dX.sizes() && g_k.sizes() == dX.sizes(),
+              "update_backward_: dX, C, g_k (nb, N, D) expected");
+  const int64_t nb = dX.size(0), n = dX.size(1), d = dX.size(2);
+  TORCH_CHECK(tau.dim() == 3 && tau.size(0) == nb && (tau.size(1) == 1 || tau.size(1) == n) && tau.size(2) == 1,
+              "update_backward_: tau (nb, 1 | N, 1) expected");
+  if (dr_in || prev) {
+    check_block(dR, dX, "dR");
+    TORCH_CHECK(dR.sizes() == dX.sizes(), "update_backward_: dR (nb, N, D) expected");
+  }
+  if (prev) {
+    check_block(dL, dX, "dL");
+    TORCH_CHECK(dL.sizes() == dX.sizes(), "update_backward_: dL (nb, N, D) expected");
+  }
+  const bool need_tau = g_tau.numel() > 0;
+  if (need_tau) {
+    check_block(g_tau, dX, "g_tau");
+    TORCH_CHECK(g_tau.sizes() == tau.sizes(), "update_backward_: g_tau shaped as tau expected");
+  }
+  AT_DISPATCH_FLOATING_TYPES(dX.scalar_type(), "update_backward_", [&] {
+    update_backward_heads<scalar_t>(
+        dX.data_ptr<scalar_t>(), (dr_in || prev) ? dR.data_ptr<scalar_t>() : nullptr, C.data_ptr<scalar_t>(),
+        tau.data_ptr<scalar_t>(), g_k.data_ptr<scalar_t>(), prev ? dL.data_ptr<scalar_t>() : nullptr,
+        need_tau ? g_tau.data_ptr<scalar_t>() : nullptr, nb, n, d, tau.size(1), dr_in, accumulate_k, prev);
+  });
+}
+
 template <typename T>
 void clamp_rows(const T* K, const T* tau, T* A, int64_t rows, int64_t d, int64_t tau_rows_per_head,
                 int64_t rows_per_head) {
@@ -274,6 +420,9 @@ TORCH_LIBRARY(kpca_attention, m) {
   m.def("update_(Tensor K, Tensor L, Tensor R, Tensor tau, Tensor(a!) C, Tensor(b!) X, Tensor(c!) R_next)"
         " -> (Tensor(a!), Tensor(b!), Tensor(c!))");
   m.def("pap_forward(Tensor K, Tensor V, Tensor tau, int n_iter, int block, float scale, float cutoff) -> Tensor");
+  m.def("softmax_backward_sym_(Tensor(a!) dP, Tensor P, Tensor delta, float scale) -> Tensor(a!)");
+  m.def("update_backward_(Tensor dX, Tensor(a!) dR, Tensor C, Tensor tau, Tensor(b!) g_k, Tensor(c!) dL,"
+        " Tensor(d!) g_tau, bool dr_in, bool accumulate_k, bool prev) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kpca_attention, CPU, m) {
@@ -281,6 +430,8 @@ TORCH_LIBRARY_IMPL(kpca_attention, CPU, m) {
   m.impl("cutoff_probs_", &cutoff_probs_);
   m.impl("update_", &update_);
   m.impl("pap_forward", &pap_forward);
+  m.impl("update_backward_", &update_backward_);
+  m.impl("softmax_backward_sym_", &softmax_backward_sym_);
 }
 
 // importing the module (kernels.py) loads the library, which registers the operators above
