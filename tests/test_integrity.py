@@ -6,9 +6,12 @@ agree with (the stored accuracy against its correctness bits); a legacy folder i
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -152,3 +155,31 @@ def test_the_leaderboard_reads_results_through_the_verifying_store(tmp_path) -> 
     _flip_clean(study / "results" / "vit-s0.json", fix_summary=True)
     with pytest.raises(ResultIntegrityError, match="'clean'"):
         leaderboard_rows(tmp_path / "results")
+
+
+def test_written_files_get_the_usual_permissions_and_a_failed_write_leaves_nothing(tmp_path) -> None:
+    # results, plots and cached images are written to a temporary file and renamed into place; mkstemp's
+    # temporary files are 0600, which the renamed file kept (a collaborator could not read the results)
+    from kpca_attention.io import atomic_path, write_json_atomic
+    from kpca_attention.plotting import new_figure, save_figure
+    from kpca_attention.robustness.corruptions import _atomic_save_npy
+
+    old = os.umask(0o022)
+    try:
+        json_file = write_json_atomic(tmp_path / "r" / "a.json", {"x": 1})
+        fig, _ = new_figure()
+        png = save_figure(fig, tmp_path / "p.png")
+        npy = tmp_path / "c.npy"
+        _atomic_save_npy(npy, np.zeros(3))
+        plain = tmp_path / "plain.txt"
+        plain.write_text("x")
+    finally:
+        os.umask(old)
+    want = stat.S_IMODE(plain.stat().st_mode)
+    assert want == 0o644
+    for f in (json_file, png, npy):
+        assert stat.S_IMODE(f.stat().st_mode) == want, f
+    with pytest.raises(RuntimeError), atomic_path(tmp_path / "b.json") as tmp:
+        Path(tmp).write_text("half")
+        raise RuntimeError("crash mid-write")
+    assert not (tmp_path / "b.json").exists() and not list(tmp_path.glob(".b.json.*"))

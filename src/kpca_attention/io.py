@@ -13,17 +13,18 @@ absolute path, a symbolic link pointing out) is refused before anything is writt
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_json_atomic", "write_text_atomic", "read_json", "json_ready", "fsync_dir", "sha256_file",
-           "output_path"]
+__all__ = ["atomic_path", "write_json_atomic", "write_text_atomic", "read_json", "json_ready", "fsync_dir",
+           "sha256_file", "output_path"]
 
 
 def output_path(out: str | os.PathLike, *names: str | os.PathLike, what: str = "name") -> Path:
@@ -81,20 +82,46 @@ def json_ready(obj: Any) -> Any:
     return obj
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+def _file_mode() -> int:
+    """The permissions open() gives a new file now (0o666 less the umask): mkstemp's temporary files are
+    0600, which a result, a plot or a cache file renamed into place would keep (unreadable to a
+    collaborator). The umask is read from /proc (Linux), else by setting and restoring it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
+    """A temporary file beside ``path`` (folders created, the process's usual permissions) to write to;
+    renamed over ``path`` when the block ends without an error, deleted otherwise."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        os.fchmod(fd, _file_mode())
+        os.close(fd)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     fsync_dir(path.parent)
     return path
 

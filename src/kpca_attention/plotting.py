@@ -9,9 +9,10 @@ pyplot's registry. Every plot of the package is made with :func:`new_figure` and
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from .io import atomic_path
 
 __all__ = ["new_figure", "save_figure"]
 
@@ -32,12 +33,6 @@ def save_figure(fig: Any, path: str | os.PathLike, *, dpi: int = 110, tight: boo
     path.parent.mkdir(parents=True, exist_ok=True)
     if tight:
         fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix or ".png")
-    os.close(fd)
-    try:
+    with atomic_path(path, suffix=path.suffix or ".png") as tmp:
         fig.savefig(tmp, dpi=dpi, format=(path.suffix.lstrip(".") or "png"))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,6 +38,7 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from ..checks import check_int
+from ..io import atomic_path
 
 # The 15 ImageNet-C corruptions (the benchmark, used for mCE) in the paper's order, then the 4
 # "extra"/validation corruptions of Hendrycks & Dietterich (not part of mCE).
@@ -157,15 +157,8 @@ def uint8_to_tensor(image: np.ndarray) -> Tensor:
 
 
 def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, array)
 
 
 class CorruptedDataset(Dataset):
