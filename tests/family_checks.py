@@ -36,10 +36,14 @@ def case_mask(case: str, n: int, keep: int) -> Tensor | None:
 
 def assert_stack_matches(layers: Sequence[nn.Module], xs: Sequence[Tensor], reference: Callable[..., list],
                          mask: Tensor | None = None, causal: bool = False) -> None:
-    """Every layer's output of :func:`run_stack` equals ``reference(layers, xs, mask, causal)``'s."""
-    got = run_stack(layers, xs, attn_mask=mask, is_causal=causal)
-    for g, w in zip(got, reference(layers, xs, mask, causal), strict=True):
-        torch.testing.assert_close(g, w)
+    """Every layer's output of :func:`run_stack` equals ``reference(layers, xs, mask, causal)``'s, with
+    gradients recorded and without (where mechanisms may update their attention output in place)."""
+    want = reference(layers, xs, mask, causal)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            got = run_stack(layers, xs, attn_mask=mask, is_causal=causal)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
 
 
 def stack_gradcheck(layers: Sequence[nn.Module], xs: Sequence[Tensor], raise_exception: bool = True) -> bool:

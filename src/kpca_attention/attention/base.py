@@ -21,12 +21,20 @@ from ..checks import describe_range
 from ..pap import check_options
 from .hooks import HookPoint
 
-__all__ = ["HeadsAttention", "QueryOptionalAttention", "Option", "is_proxy"]
+__all__ = ["HeadsAttention", "QueryOptionalAttention", "Option", "is_proxy", "fresh_or_inplace_add"]
 
 
 def is_proxy(x: object) -> bool:
     """True for an FX symbolic-tracing proxy: its shape is no concrete number to check."""
     return isinstance(x, torch.fx.Proxy)
+
+
+def fresh_or_inplace_add(out: Tensor, other: Tensor, alpha: float) -> Tensor:
+    """``out + alpha * other`` in one pass: into ``out`` itself when nothing records it (no gradient, not
+    traced; an attention output that SDPA's backward keeps must not change), else into a new tensor."""
+    if is_proxy(out) or out.requires_grad:
+        return torch.add(out, other, alpha=alpha)
+    return out.add_(other, alpha=alpha)
 
 
 @dataclass(frozen=True)

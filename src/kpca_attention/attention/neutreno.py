@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Option
+from .base import Option, fresh_or_inplace_add
 from .registry import register_mechanism
 from .stateful import State, StatefulAttention
 
@@ -55,7 +56,7 @@ class NeuTRENOAttention(StatefulAttention):
         if "v0" not in state:  # the first layer: record V^0, no fidelity term (it would be 0)
             return out, {**state, "v0": v}
         if self.apply:
-            out = out + self.lam * (state["v0"] - v)
+            out = fresh_or_inplace_add(out, torch.sub(state["v0"], v), self.lam)
         return out, state
 
     def extra_repr(self) -> str:

@@ -29,11 +29,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Option
+from .base import Option, fresh_or_inplace_add
 from .registry import register_mechanism
 from .stateful import State, StatefulAttention
 
@@ -69,8 +68,8 @@ class PIDAttention(StatefulAttention):
         integral = err if "pid_integral" not in state else state["pid_integral"] + err
         if self.apply:
             # kp e + ki sum e + kd (e - e_prev) as (kp + kd) e + ki sum e - kd e_prev: three passes over the
-            # values instead of seven (a new tensor first: SDPA's backward keeps its output)
-            out = torch.add(out, err, alpha=self.kp + self.kd).add_(integral, alpha=self.ki)
+            # values instead of seven (a new tensor first where SDPA's backward keeps its output)
+            out = fresh_or_inplace_add(out, err, self.kp + self.kd).add_(integral, alpha=self.ki)
             if "pid_error" in state:
                 out = out.sub_(state["pid_error"], alpha=self.kd)  # assigned: FX keeps in-place results used
         return out, {**state, "pid_integral": integral, "pid_error": err}
