@@ -33,7 +33,7 @@ from kpca_attention.attention import (
     RobustAttention,
     TwicingAttention,
 )
-from kpca_attention.machine import cpu_model
+from kpca_attention.machine import cpu_model, retain_freed_memory
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,9 @@ def main() -> None:
     shape = (args.batch, args.heads, args.tokens, args.head_dim)
     threads = [int(t) for t in args.threads.split(",")]
     keys = [k for k in args.only.split(",") if k] or list(MECHANISMS)
+    retained = retain_freed_memory()  # as the command line does (kpca_attention.machine)
     print(f"torch {torch.__version__}, {os.cpu_count()} logical CPUs ({cpu_model()}), "
+          f"freed memory {'retained' if retained else 'returned to the OS'}, "
           f"load average {os.getloadavg()[0]:.1f}; shape B,H,N,D = {shape}; {args.repeats} repeats, "
           "medians, interleaved with one SDPA call")
     # a throwaway round first: in a fresh process the first row measured paid for the heap's first touches

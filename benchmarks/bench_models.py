@@ -47,7 +47,7 @@ import kpca_attention  # noqa: F401  (registers the models in timm)
 from kpca_attention.models import create_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pap import cpu_model  # noqa: E402
+from bench_pap import cpu_model, memory_line  # noqa: E402
 
 TARGETS = {"inference": 0.9, "training": 0.95}  # training: issue 28 (the paper: 0.963)
 PAPER = {"inference": 1.00, "training": 0.96}  # Table 11 (A100)
@@ -154,7 +154,7 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     fns[ATTENTION] = _attention_fns(model, x)
     n_iter = MODELS["RPC-SymViT-tiny"][1]["rpc_iters"]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} logical CPUs "
-          f"({cpu_model()}), load average {os.getloadavg()[0]:.1f}, "
+          f"({cpu_model()}), {memory_line()}, load average {os.getloadavg()[0]:.1f}, "
           f"batch {args.batch}, {args.img_size} px")
 
     results: dict[str, dict[str, float]] = {}

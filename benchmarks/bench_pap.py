@@ -42,7 +42,6 @@ import argparse
 import importlib
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -52,6 +51,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from kpca_attention.machine import cpu_model, retain_freed_memory
 from kpca_attention.pap import cutoff_attention, kernels, pap, softmax_cutoff
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -60,22 +60,17 @@ from pap_reference import pap_reference  # noqa: E402
 pap_module = importlib.import_module("kpca_attention.pap.algorithm")  # where pap() dispatches its steps
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what platform reports."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_line() -> str:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     built = "compiled kernels on" if kernels.available() else "no compiled kernels (eager ops only)"
     return (f"{cpu_model()}, {os.cpu_count()} logical CPUs, torch CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()}, {built}, load average {load}")
+            f"{torch.backends.cpu.get_cpu_capability()}, {built}, {memory_line()}, load average {load}")
+
+
+def memory_line() -> str:
+    """Applies :func:`kpca_attention.machine.retain_freed_memory` (as the command line does) and says so."""
+    return ("freed memory retained (glibc mallopt)" if retain_freed_memory()
+            else "freed memory returned to the OS (C library default)")
 
 
 def _timed(fn: Callable[[], object]) -> float:

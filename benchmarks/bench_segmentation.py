@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 
@@ -22,22 +21,13 @@ import torch
 import torch.nn.functional as F
 
 from kpca_attention.data.segmentation import FashionMNISTScenes, SceneSpec, segmentation_info
+from kpca_attention.machine import cpu_model
 from kpca_attention.models import NormalizedModel, create_model
 
 ENCODERS = {
     "Segmenter-SymViT-mini": ("segmenter_symvit_mini_patch4_32", {}),
     "Segmenter-RPC-SymViT-mini": ("segmenter_rpc_symvit_mini_patch4_32", {"rpc_iters": 4, "rpc_lambda": 4.0}),
 }
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> None:

@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     DEBUG = "--debug" in args
     args = [a for a in args if a != "--debug"]
+    from ..machine import retain_freed_memory
+
+    retain_freed_memory()  # the steps free and reallocate the same tensors: keep the pages (see its doc)
     try:
         app(args=args, prog_name="kpca-attention")
     except KeyboardInterrupt:
