@@ -183,3 +183,15 @@ def test_written_files_get_the_usual_permissions_and_a_failed_write_leaves_nothi
         Path(tmp).write_text("half")
         raise RuntimeError("crash mid-write")
     assert not (tmp_path / "b.json").exists() and not list(tmp_path.glob(".b.json.*"))
+
+
+def test_two_writers_of_one_store_keep_each_others_items(tmp_path) -> None:
+    """Two evaluations of one model at once (``benchmark`` at 4/255 and at 8/255): each store read the
+    file before the other wrote; both items survive (before: the last writer's file replaced the other's)."""
+    f = tmp_path / "model.json"
+    clean = {"correct": encode_bits([1, 0, 1, 1]), "n": 4, "top1": 0.75}
+    first, second = ResultStore(f), ResultStore(f)
+    first.put("attack-4", {"eps": 4}, clean)
+    second.put("attack-8", {"eps": 8}, clean)
+    first.put("attack-2", {"eps": 2}, clean)
+    assert sorted(ResultStore(f).items()) == ["attack-2", "attack-4", "attack-8"]

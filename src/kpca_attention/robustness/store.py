@@ -23,11 +23,12 @@ written into it are hashed; ``kpca-attention results seal`` verifies it and adds
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,19 @@ def seal_store(path: str | os.PathLike) -> tuple[int, int]:
     return len(items), new
 
 
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on the folder itself (no lock file left among the results); waits."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
 class ResultStore:
     """The items of one model in one JSON file (see the module docstring)."""
 
@@ -199,12 +213,22 @@ class ResultStore:
         return None
 
     def put(self, item: str, key: Mapping[str, Any], result: Any) -> None:
+        """Store one item. Two processes may evaluate the same model at once (e.g. ``benchmark`` at two
+        budgets): under a lock on the folder, the items another process wrote since this store was read
+        are taken in before the file is rewritten, so neither loses the other's."""
         nkey = normalise_key(key)
-        self._items[item] = {"key": nkey, "result": result, "sha256": item_hash(nkey, result)}
-        data: dict[str, Any] = {"items": self._items}
-        if self._sealed:  # a legacy file stays unsealed (its old items have no hash) until `results seal`
-            data["sealed"] = True
-        write_json_atomic(self.path, data, indent=None)
+        mine = {"key": nkey, "result": result, "sha256": item_hash(nkey, result)}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with _folder_lock(self.path.parent):
+            on_disk = _read_store(self.path)
+            if on_disk is not None:
+                _verify(self.path, on_disk, require_hashes=bool(on_disk.get("sealed")))
+                self._items = {**self._items, **on_disk.get("items", {})}
+            self._items[item] = mine
+            data: dict[str, Any] = {"items": self._items}
+            if self._sealed:  # a legacy file stays unsealed (its old items have no hash) until `results seal`
+                data["sealed"] = True
+            write_json_atomic(self.path, data, indent=None)
 
     def get_or_compute(self, item: str, key: Mapping[str, Any],
                        compute: Callable[[], Any]) -> tuple[Any, bool]:
