@@ -201,3 +201,16 @@ def test_reuse_of_another_studys_results_and_fixed_margins(tmp_path: Path, capsy
     with pytest.raises(ValueError, match=r"symlm: ppl/valid none -> 2.0"):
         _check_settings(later.replace(margins={**later.margins, ("symlm", "ppl/valid"): Margin(2.0, "p")}),
                         tmp_path / "mine", False)
+
+
+@pytest.mark.parametrize("slug", ["symlm", "lm", "rpc_symlm"])
+def test_zoo_language_reuses_the_committed_language_runs(slug: str) -> None:
+    """zoo-language trains its three shared rows with the language study's recipe and suites: every
+    committed language run holds all of its items under zoo-language's keys (so it is copied, not
+    retrained, and both studies stay on the language study's kind of machine)."""
+    root = Path(__file__).resolve().parents[1]
+    study = zoo_language_study()
+    assert "language" in study.reuse
+    for path in sorted((root / "results" / "language" / "results").glob(f"{slug}-s*.json")):
+        seed = int(path.stem.rsplit("-s", 1)[1])
+        assert _holds_everything(study, study.variant(slug), seed, root / "runs" / "none", path), path

@@ -134,5 +134,5 @@ def zoo_language_study(*, seeds: tuple[int, ...] = (0, 1, 2), epochs: int = 6, t
         variants=variants, seeds=tuple(seeds), preset="lm", recipe={**LANGUAGE_RECIPE, "epochs": epochs},
         suites=LMSuites(tokens=tokens, positions=positions), baseline="lm", trace=positions,
         also_against=("symlm",), margins=_flat(zoo_language_margins(), {v.slug for v in variants}),
-        leaderboard=ZOO_LM_LEADERBOARD,
+        leaderboard=ZOO_LM_LEADERBOARD, reuse=("language",),
     )
