@@ -159,17 +159,20 @@ def test_a_study_trains_on_one_kind_of_machine(tmp_path, monkeypatch) -> None:
     # an Intel Xeon take other floating-point paths): training a run on another kind is refused with one
     # line unless asked for; finished runs are still reused there, and the report says which kinds
     engine = importlib.import_module("kpca_attention.studies.engine")
-    study = ablation_study(seeds=(0, 1), variants=("rpc_no_dual",), quick=True, train_subset=64)
+    study = ablation_study(seeds=(0,), variants=("rpc_no_dual",), quick=True, train_subset=64)
     study = study.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)
     run_study(study, tmp_path, progress=False, checks=False, seeds=(0,), only=("symvit",))
     real = engine.machine_kind
     here = real()
     monkeypatch.setattr(engine, "machine_kind", lambda info=None: real(info) if info else "Another CPU")
     run_study(study, tmp_path, progress=False, checks=False, seeds=(0,), only=("symvit",))  # reused
+    settings = (tmp_path / "settings.json").read_text()
+    study = study.replace(seeds=(0, 1))  # as `--seeds 1` adds a seed to the study
     with pytest.raises(ValueError, match=f"trained on {re.escape(here)} \\(1 run\\), this machine is "
                                          "Another CPU; a study trains on one kind of machine"):
         run_study(study, tmp_path, progress=False, checks=False, seeds=(1,), only=("symvit",))
     assert not (tmp_path / "results" / "symvit-s1.json").exists()
+    assert (tmp_path / "settings.json").read_text() == settings  # refused before it declared seed 1
     assert "Trained on one kind of machine: " + here in (tmp_path / "report.md").read_text()
     monkeypatch.setattr(engine, "machine_info", lambda: {"cpu": "Another CPU"})
     run_study(study, tmp_path, progress=False, checks=False, seeds=(1,), only=("symvit",), any_machine=True)
