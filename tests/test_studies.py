@@ -180,6 +180,17 @@ def test_a_study_trains_on_one_kind_of_machine(tmp_path, monkeypatch) -> None:
     assert "**Trained on 2 kinds of machine**" in (tmp_path / "report.md").read_text()
 
 
+def test_the_clock_in_a_cpu_name_is_not_a_kind_of_machine() -> None:
+    # measured: the same Symlm seed on "Intel(R) Xeon(R) Processor @ 2.80GHz" and on "Intel(R) Xeon(R)
+    # Processor" gave identical losses over a whole epoch (kpca_attention.machine.machine_kind)
+    from kpca_attention.machine import machine_kind
+
+    assert machine_kind({"cpu": "Intel(R) Xeon(R) Processor @ 2.80GHz"}) == "Intel(R) Xeon(R) Processor"
+    assert machine_kind({"cpu": "Intel(R) Xeon(R) CPU E5-2690 v4 @ 2.60GHz"}) == "Intel(R) Xeon(R) CPU E5-2690 v4"
+    assert machine_kind({"cpu": "AMD EPYC"}) != machine_kind({"cpu": "Intel(R) Xeon(R) Processor"})
+    assert machine_kind({"cpu": "AMD EPYC", "gpu": "NVIDIA H100 80GB HBM3"}) == "NVIDIA H100 80GB HBM3"
+
+
 @pytest.fixture(scope="module")
 def quick_demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
