@@ -23,7 +23,12 @@ from kpca_attention.robustness.image_ids import (
 )
 from kpca_attention.robustness.store import ResultStore
 from kpca_attention.studies.benchmark import benchmark, check_model, parse_eps, wilson_interval
-from kpca_attention.tasks.classification.suites import AutoAttackSuite, ImageSuites, evaluate_image_suites
+from kpca_attention.tasks.classification.suites import (
+    AutoAttackSuite,
+    ImageSuites,
+    evaluate_autoattack,
+    evaluate_image_suites,
+)
 
 torch.set_num_threads(1)
 INFO = dataset_info("digits")
@@ -96,7 +101,8 @@ def test_benchmark_linf_writes_a_robustbench_json_and_reuses_its_items(net, tmp_
     assert rec["checks"]["top1_given"] > 80  # the known batch: a trained model
     store = ResultStore(tmp_path / "results" / "mlp.json")
     items = store.items()
-    assert set(items) == {"autoattack/clean", "autoattack/standard-Linf/64"}
+    assert set(items) == {"autoattack/clean", "autoattack/standard-Linf/64",
+                          "autoattack/standard-Linf/64/images-0-6"}  # one chunk (batch size >= 6)
     assert len(items["autoattack/standard-Linf/64"]["correct"]) == 6
     again = benchmark(good, dataset="digits", n=6, eps=64 / 255, out=tmp_path, name="mlp", **QUIET)
     assert again["autoattack_acc"] == rec["autoattack_acc"]
@@ -203,3 +209,45 @@ def test_autoattack_suite_items_carry_the_list_and_protocol(net, tmp_path):
     key = store._items["autoattack/standard-Linf/64"]["key"]
     assert key["ids_sha256"] == image_ids_sha256("digits") and key["protocol"] == "pixel"
     assert key["version"] == "standard" and key["n"] == 4
+
+
+def test_autoattack_resumes_at_its_first_missing_chunk(net, tmp_path, monkeypatch):
+    """AutoAttack runs chunk by chunk (each chunk one seeded run), each stored when done: an evaluation
+    stopped part-way resumes without redoing a finished chunk and gives the uninterrupted numbers."""
+    import kpca_attention.robustness.attacks as attacks
+
+    good = NormalizedModel(net, INFO.mean, INFO.std).eval()
+    test_set = build_image_dataset("digits", "test")
+    suite = AutoAttackSuite(eps=(64 / 255,), n=6, seeds=None)
+    whole = ResultStore(tmp_path / "whole.json")
+    ref = evaluate_autoattack(good, test_set, suite, whole, {"w": 1}, dataset="digits", batch_size=2, **QUIET)
+    assert sorted(whole.items()) == ["autoattack/clean", "autoattack/standard-Linf/64",
+                                     *(f"autoattack/standard-Linf/64/images-{a}-{a + 2}" for a in (0, 2, 4))]
+
+    real, calls = attacks.attack_logits, []
+
+    def stops_at_the_third_chunk(model, data, *a, **kw):
+        calls.append(len(calls))
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the session ends
+        return real(model, data, *a, **kw)
+
+    monkeypatch.setattr(attacks, "attack_logits", stops_at_the_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_autoattack(good, test_set, suite, ResultStore(tmp_path / "cut.json"), {"w": 1},
+                            dataset="digits", batch_size=2, **QUIET)
+    calls.clear()
+    again = evaluate_autoattack(good, test_set, suite, ResultStore(tmp_path / "cut.json"), {"w": 1},
+                                dataset="digits", batch_size=2, **QUIET)
+    assert len(calls) == 1  # only the chunk that was missing
+    assert again == ref
+    # and the joined chunks equal one call over all images (as the committed results were computed)
+    from kpca_attention.robustness.image_ids import load_image_ids
+    from kpca_attention.robustness.store import example_result
+
+    xs, ys = zip(*(test_set[i] for i in load_image_ids("digits", 6)), strict=True)
+    lg, lb, nm = real(good, (torch.stack(xs), torch.as_tensor(ys)), "autoattack", 64 / 255, batch_size=2,
+                      progress=False, seed=0, version="standard", norm="Linf")
+    r = ref["autoattack"]["standard-Linf"]["64"]
+    assert {k: r[k] for k in ("top1", "top5", "n", "correct")} == example_result(lg, lb)
+    assert (r["mean_norm"], r["max_norm"]) == (nm.mean().item(), nm.max().item())

@@ -38,7 +38,8 @@ from torch import Tensor
 from ..io import json_ready, write_json_atomic
 
 __all__ = ["ResultStore", "ResultIntegrityError", "encode_bits", "decode_bits", "example_result",
-           "normalise_key", "item_hash", "check_summary", "seal_store", "store_files"]
+           "example_hits", "join_hits", "normalise_key", "item_hash", "check_summary", "seal_store",
+           "store_files"]
 
 
 class ResultIntegrityError(ValueError):
@@ -63,6 +64,30 @@ def example_result(logits: Tensor, labels: Tensor, ks: tuple[int, ...] = (1, 5))
 
     correct = logits.argmax(1) == labels
     return {**topk_accuracy(logits, labels, ks), "n": int(labels.numel()), "correct": encode_bits(correct)}
+
+
+def example_hits(logits: Tensor, labels: Tensor, ks: tuple[int, ...] = (1, 5)) -> dict[str, Any]:
+    """Per-example top-k hits of logits ``(N, K)`` as bits, ``{"correct": top-1, "correct5": top-5, "n"}``:
+    what a chunk of examples stores so that :func:`join_hits` of the chunks gives :func:`example_result`
+    of all their logits at once (k larger than the number of classes is clipped)."""
+    top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
+    out: dict[str, Any] = {"n": int(labels.numel())}
+    for k in ks:
+        hit = (top[:, : min(k, logits.shape[1])] == labels.view(-1, 1)).any(dim=1)
+        out["correct" if k == 1 else f"correct{k}"] = encode_bits(hit)
+    return out
+
+
+def join_hits(chunks: Iterable[Mapping[str, Any]], ks: tuple[int, ...] = (1, 5)) -> dict[str, Any]:
+    """:func:`example_result` (``top1``, ``top5``, ``n``, ``correct``) of the examples of :func:`example_hits`
+    chunks, in order."""
+    import torch
+
+    chunks = list(chunks)
+    bits = {k: "".join(c["correct" if k == 1 else f"correct{k}"] for c in chunks) for k in ks}
+    out: dict[str, Any] = {f"top{k}": torch.from_numpy(decode_bits(b)).float().mean().item()
+                           for k, b in bits.items()}
+    return {**out, "n": len(bits[1]), "correct": bits[1]}
 
 
 def normalise_key(key: Mapping[str, Any]) -> dict[str, Any]:

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
-from ...robustness.store import ResultStore, example_result
+from ...robustness.store import ResultStore, example_hits, example_result, join_hits
 
 __all__ = ["Corruptions", "Attack", "OODSets", "same_images", "AutoAttackSuite", "ImageSuites",
            "fixed_subset",
@@ -250,6 +250,8 @@ def structure_items(items: Mapping[str, Any]) -> dict[str, Any]:
             out.setdefault("ood", {})[parts[1]] = r
         elif parts[0] in ("corruptions", "attacks", "autoattack") and len(parts) == 3:
             out.setdefault(parts[0], {}).setdefault(parts[1], {})[parts[2]] = r
+        elif parts[0] == "autoattack" and len(parts) == 4:
+            continue  # a chunk of an AutoAttack item (``.../images-0-250``): kept to resume, joined above
         else:
             out[name] = r
     return out
@@ -478,17 +480,33 @@ def evaluate_autoattack(
         "autoattack/clean", {}, lambda: _clean(net(), subset, batch_size))}
     res: dict[str, Any] = {}
     for eps in suite.eps:
-        def compute(eps: float = eps) -> dict[str, Any]:
-            # chunks of batch_size images, each one AutoAttack run (its attacks are per example)
-            lg, lb, nm = attack_logits(net(), (x_all, y_all), "autoattack", eps, batch_size=batch_size,
-                                       progress=False, seed=0, version=suite.version, norm=suite.norm)
-            return {**example_result(lg, lb), "norm": suite.norm, "protocol": "pixel",
+        item = f"autoattack/{suite.name}/{eps_label(eps)}"
+        extra = {"version": suite.version, "norm": suite.norm, "eps": eps, "protocol": "pixel",
+                 "attack_seed": 0}
+
+        def compute(eps: float = eps, item: str = item, extra: dict[str, Any] = extra) -> dict[str, Any]:
+            # chunks of batch_size images, each one AutoAttack run seeded alike (its attacks are per
+            # example), each stored when done: an evaluation stopped part-way (an hour on one CPU core)
+            # resumes at its first missing chunk, with the numbers an uninterrupted one gives
+            chunks = []
+            for start in range(0, len(y_all), batch_size):
+                stop = min(start + batch_size, len(y_all))
+
+                def chunk(start: int = start, stop: int = stop) -> dict[str, Any]:
+                    lg, lb, nm = attack_logits(net(), (x_all[start:stop], y_all[start:stop]), "autoattack",
+                                               eps, batch_size=batch_size, progress=False, seed=0,
+                                               version=suite.version, norm=suite.norm)
+                    return {**example_hits(lg, lb), "norms": nm.tolist()}
+
+                chunks.append(get(f"{item}/images-{start}-{stop}", {**extra, "images": [start, stop]}, chunk))
+                log(f"  AutoAttack {suite.name} eps {eps_label(eps)}/255: images {start}-{stop} of "
+                    f"{len(y_all)} done")
+            nm = torch.tensor([v for c in chunks for v in c["norms"]], dtype=torch.float32)
+            return {**join_hits(chunks), "norm": suite.norm, "protocol": "pixel",
                     "mean_norm": nm.mean().item(), "max_norm": nm.max().item()}
 
         t_a = time.perf_counter()
-        r = res[eps_label(eps)] = get(f"autoattack/{suite.name}/{eps_label(eps)}",
-                                      {"version": suite.version, "norm": suite.norm, "eps": eps,
-                                       "protocol": "pixel", "attack_seed": 0}, compute)
+        r = res[eps_label(eps)] = get(item, extra, compute)
         log(f"  AutoAttack {suite.name} eps {eps_label(eps)}/255 on {suite.n} images: top-1 "
             f"{100 * r['top1']:.1f}% ({time.perf_counter() - t_a:.0f} s)")
     out["autoattack"] = {suite.name: res}
