@@ -462,7 +462,7 @@ def run_study(
             result_path(out, v, s).unlink(missing_ok=True)
             shutil.rmtree(run_dir_of(runs, v, s), ignore_errors=True)
         shutil.rmtree(out / "checks", ignore_errors=True)
-    if not any_machine and any(not RunDir(run_dir_of(runs, v, s)).finished()
+    if not any_machine and any(v.source is None and not RunDir(run_dir_of(runs, v, s)).finished()
                                and not _holds_everything(study, v, s, runs, result_path(out, v, s))
                                for v, s in todo):
         check_machine_kind(out)  # a run will train: refuse before settings.json changes, not in the middle
