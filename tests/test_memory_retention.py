@@ -20,11 +20,12 @@ applied = retain_freed_memory()
 def step():  # five 10 MiB tensors, filled, then freed together: a training step's pattern in miniature
     ts = [torch.empty(10 << 18).fill_(1.0) for _ in range(5)]
     del ts
-step(); step()
-r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+for _ in range(3):
     step()
-print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / 5)
+r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    step()
+print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / 20)
 """
 
 
@@ -39,8 +40,10 @@ def test_freed_memory_is_reused_without_page_faults() -> None:
     applied, retained = faults_per_step("1")
     off, default = faults_per_step("0")
     assert applied and not off
-    assert default > 1000, f"the C library's default did not fault ({default}): the probe shows nothing"
-    assert retained < default / 10, (retained, default)
+    # kept: no page faults once warm (0 in every run seen); glibc's default faults ~10,000 times a step in
+    # most runs of this probe and none in some (its thresholds adapt to what was freed before), so the
+    # default is measured, not required to fault
+    assert retained < 100, (retained, default)
 
 
 def test_the_command_line_applies_it() -> None:
