@@ -59,11 +59,17 @@ def collect_logits(
     return torch.cat(logits), torch.cat(labels).long()
 
 
+def topk_hits(logits: Tensor, labels: Tensor, ks: tuple[int, ...] = (1, 5)) -> dict[int, Tensor]:
+    """``{k: per-example bool hits}`` of logits ``(N, K)``; k larger than the number of classes is clipped."""
+    top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
+    return {k: (top[:, : min(k, logits.shape[1])] == labels.view(-1, 1)).any(dim=1) for k in ks}
+
+
+def accuracy_of_hits(hits: dict[int, Tensor]) -> dict[str, float]:
+    """``{"top1": ..., "top5": ...}`` as fractions of :func:`topk_hits`."""
+    return {f"top{k}": hit.float().mean().item() for k, hit in hits.items()}
+
+
 def topk_accuracy(logits: Tensor, labels: Tensor, ks: tuple[int, ...] = (1, 5)) -> dict[str, float]:
     """``{"top1": ..., "top5": ...}`` as fractions; k larger than the number of classes is clipped."""
-    out = {}
-    top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
-    for k in ks:
-        hit = (top[:, : min(k, logits.shape[1])] == labels.view(-1, 1)).any(dim=1)
-        out[f"top{k}"] = hit.float().mean().item()
-    return out
+    return accuracy_of_hits(topk_hits(logits, labels, ks))

@@ -69,13 +69,11 @@ def example_result(logits: Tensor, labels: Tensor, ks: tuple[int, ...] = (1, 5))
 def example_hits(logits: Tensor, labels: Tensor, ks: tuple[int, ...] = (1, 5)) -> dict[str, Any]:
     """Per-example top-k hits of logits ``(N, K)`` as bits, ``{"correct": top-1, "correct5": top-5, "n"}``:
     what a chunk of examples stores so that :func:`join_hits` of the chunks gives :func:`example_result`
-    of all their logits at once (k larger than the number of classes is clipped)."""
-    top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
-    out: dict[str, Any] = {"n": int(labels.numel())}
-    for k in ks:
-        hit = (top[:, : min(k, logits.shape[1])] == labels.view(-1, 1)).any(dim=1)
-        out["correct" if k == 1 else f"correct{k}"] = encode_bits(hit)
-    return out
+    of all their logits at once."""
+    from .common import topk_hits
+
+    hits = topk_hits(logits, labels, ks)
+    return {"n": int(labels.numel()), **{_bits_name(k): encode_bits(h) for k, h in hits.items()}}
 
 
 def join_hits(chunks: Iterable[Mapping[str, Any]], ks: tuple[int, ...] = (1, 5)) -> dict[str, Any]:
@@ -83,11 +81,16 @@ def join_hits(chunks: Iterable[Mapping[str, Any]], ks: tuple[int, ...] = (1, 5))
     chunks, in order."""
     import torch
 
+    from .common import accuracy_of_hits
+
     chunks = list(chunks)
-    bits = {k: "".join(c["correct" if k == 1 else f"correct{k}"] for c in chunks) for k in ks}
-    out: dict[str, Any] = {f"top{k}": torch.from_numpy(decode_bits(b)).float().mean().item()
-                           for k, b in bits.items()}
-    return {**out, "n": len(bits[1]), "correct": bits[1]}
+    bits = {k: "".join(c[_bits_name(k)] for c in chunks) for k in ks}
+    top = accuracy_of_hits({k: torch.from_numpy(decode_bits(b)) for k, b in bits.items()})
+    return {**top, "n": len(bits[1]), "correct": bits[1]}
+
+
+def _bits_name(k: int) -> str:
+    return "correct" if k == 1 else f"correct{k}"
 
 
 def normalise_key(key: Mapping[str, Any]) -> dict[str, Any]:
