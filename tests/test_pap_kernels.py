@@ -116,40 +116,6 @@ def test_softmax_backward_sym_equals_the_eager_ops(dtype: torch.dtype, n: int) -
     assert torch.equal(dP, dP.transpose(1, 2))
 
 
-def _mkl_max_threads() -> int | None:
-    """MKL's thread count for GEMMs called from this thread (None: torch is not built with MKL)."""
-    import ctypes
-
-    if not torch.backends.mkl.is_available():
-        return None
-    lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
-    fn = getattr(lib, "MKL_Get_Max_Threads", None)
-    return None if fn is None else int(fn())
-
-
-@needs_kernels
-def test_compiled_forward_leaves_the_blas_threads_as_it_found_them() -> None:
-    # pap_forward runs each block of heads as a parallel task with one BLAS thread (no nested team of
-    # threads per GEMM); the calling thread runs tasks too, so its BLAS setting must come back after
-    if _mkl_max_threads() is None:
-        pytest.skip("torch is not built with MKL here")
-    fused = importlib.import_module("kpca_attention.pap.fused")
-    k, v = (torch.randn(2, 8, 29, 12, generator=torch.Generator().manual_seed(i)) for i in range(2))
-    tau = torch.full((1, 1, 1, 1), 0.7)
-    before = torch.get_num_threads()
-    try:
-        for threads in (2, 1):
-            torch.set_num_threads(threads)
-            blas = _mkl_max_threads()
-            spy = SubnormalSpy()
-            with spy:
-                fused.pap_fused(k, v, None, tau, None, False, 0.0, 4)
-            assert "pap_forward" in spy.ops
-            assert _mkl_max_threads() == blas == threads
-    finally:
-        torch.set_num_threads(before)
-
-
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("tau_rows", ["head", "row"])

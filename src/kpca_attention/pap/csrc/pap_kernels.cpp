@@ -32,32 +32,7 @@
 #include <cmath>
 #include <limits>
 
-// MKL's per-thread thread count. mkl_service.h maps the C name mkl_set_num_threads_local to this symbol
-// (the lower-case one libtorch_cpu exports is the Fortran form, which takes a pointer); weak, so the
-// module loads where torch is built without MKL (then the GEMMs keep the BLAS's own setting).
-extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
-
 namespace {
-
-// One BLAS thread on this thread while the object lives (when `shared`: other tasks run beside this
-// one), the previous per-thread setting restored after (0: back to the global one). Inside an intra-op parallel task a GEMM that starts its own team of
-// threads nests one OpenMP region in another: torch keeps MKL at all its threads there
-// (mkl_set_dynamic(false)) and libgomp allows nesting, so each task's GEMM oversubscribed the cores.
-class OneBlasThread {
- public:
-  explicit OneBlasThread(bool shared) : set_(shared && MKL_Set_Num_Threads_Local != nullptr) {
-    if (set_) prev_ = MKL_Set_Num_Threads_Local(1);
-  }
-  ~OneBlasThread() {
-    if (set_) MKL_Set_Num_Threads_Local(prev_);
-  }
-  OneBlasThread(const OneBlasThread&) = delete;
-  OneBlasThread& operator=(const OneBlasThread&) = delete;
-
- private:
-  bool set_;
-  int prev_ = 0;
-};
 
 using at::vec::Vectorized;
 
@@ -383,8 +358,7 @@ void divide_rows(T* O, const T* l, int64_t rows, int64_t d) {
 // before the next block starts - S = X X^T (a GEMM), the cutoff softmax's probabilities
 // (cutoff_exp_rows), L = P V / l (a GEMM and a row scaling), the update of the block's rows - while its
 // keys, values and iterates stay in the cache; the blocks run in parallel over torch's intra-op threads
-// (each with its own score buffer; GEMMs and kernels single-threaded inside, as SDPA's CPU kernel does:
-// OneBlasThread for the GEMMs, torch's nested parallel_for runs inline for the kernels).
+// (each with its own score buffer; GEMMs and kernels single-threaded inside, as SDPA's CPU kernel does).
 at::Tensor pap_forward(at::Tensor K, at::Tensor V, at::Tensor tau, int64_t n_iter, int64_t block, double scale,
                        double cutoff) {
   check_block(K, K, "K");
@@ -403,7 +377,6 @@ at::Tensor pap_forward(at::Tensor K, at::Tensor V, at::Tensor tau, int64_t n_ite
   const int64_t tr = tau.size(1), nblocks = (bh + block - 1) / block;
   AT_DISPATCH_FLOATING_TYPES(K.scalar_type(), "pap_forward", [&] {
     at::parallel_for(0, nblocks, 1, [&](int64_t i0, int64_t i1) {
-      const OneBlasThread one_blas_thread(i1 - i0 < nblocks);  // one task with every block: all threads
       at::Tensor S = at::empty({std::min(block, bh), n, n}, K.options());  // this task's scores
       for (int64_t bi = i0; bi < i1; ++bi) {
         const int64_t b0 = bi * block, nb = std::min(block, bh - b0), o = b0 * n * d;
