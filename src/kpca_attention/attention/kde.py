@@ -46,7 +46,8 @@ its visible keys (each causal prefix is its own sample, so the future never ente
 
 Speed: RKDE forms two N x N Gram kernels (keys, and values: their product is the joint kernel) for its
 weights, each a batched matmul and an exp over N x N, before the final fused attention call; at B 64, H 3,
-N 197, D 64 on one CPU thread that measured about 4.7x one SDPA call forward (issue 25's target: 3.5x).
+N 197, D 64 that measures 3.1-3.3x one SDPA call forward on an AMD EPYC and 3.5-4.1x on an Intel Xeon
+(issue 25's target: 3.5x; docs/benchmarks.md).
 """
 
 from __future__ import annotations
