@@ -195,3 +195,23 @@ def test_two_writers_of_one_store_keep_each_others_items(tmp_path) -> None:
     second.put("attack-8", {"eps": 8}, clean)
     first.put("attack-2", {"eps": 2}, clean)
     assert sorted(ResultStore(f).items()) == ["attack-2", "attack-4", "attack-8"]
+
+
+def test_a_put_verifies_what_another_writer_left(tmp_path) -> None:
+    """A put takes in the other writers' items only after verifying them: an item edited on disk since this
+    store read the file stops the put, whether this store held it or not."""
+    f = tmp_path / "model.json"
+    clean = {"correct": encode_bits([1, 0, 1, 1]), "n": 4, "top1": 0.75}
+    mine, theirs = ResultStore(f), ResultStore(f)
+    mine.put("attack-4", {"eps": 4}, clean)
+    theirs.put("attack-8", {"eps": 8}, clean)
+    for victim in ("attack-8", "attack-4"):  # the other's item, then one this store wrote itself
+        data = json.loads(f.read_text())
+        saved = json.loads(json.dumps(data))
+        data["items"][victim]["result"]["top1"] = 1.0
+        f.write_text(json.dumps(data))
+        with pytest.raises(ResultIntegrityError, match=victim):
+            mine.put("attack-2", {"eps": 2}, clean)
+        f.write_text(json.dumps(saved))
+    mine.put("attack-2", {"eps": 2}, clean)
+    assert sorted(ResultStore(f).items()) == ["attack-2", "attack-4", "attack-8"]

@@ -250,8 +250,11 @@ class ResultStore:
         with _folder_lock(self.path.parent):
             on_disk = _read_store(self.path)
             if on_disk is not None:
-                _verify(self.path, on_disk, require_hashes=bool(on_disk.get("sealed")))
-                self._items = {**self._items, **on_disk.get("items", {})}
+                # verify what this store does not already hold as read (and verified): another writer's
+                # items, or an edit since - not the whole file again on every put
+                new = {k: v for k, v in on_disk.get("items", {}).items() if self._items.get(k) != v}
+                _verify(self.path, {"items": new}, require_hashes=bool(on_disk.get("sealed")))
+                self._items = {**self._items, **new}
             self._items[item] = mine
             data: dict[str, Any] = {"items": self._items}
             if self._sealed:  # a legacy file stays unsealed (its old items have no hash) until `results seal`
