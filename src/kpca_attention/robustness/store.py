@@ -33,9 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from ..io import json_ready, write_json_atomic
+from .common import accuracy_of_hits, topk_hits
 
 __all__ = ["ResultStore", "ResultIntegrityError", "encode_bits", "decode_bits", "example_result",
            "example_hits", "join_hits", "normalise_key", "item_hash", "check_summary", "seal_store",
@@ -59,19 +61,16 @@ def decode_bits(bits: str) -> np.ndarray:
 
 def example_result(logits: Tensor, labels: Tensor, ks: tuple[int, ...] = (1, 5)) -> dict[str, Any]:
     """``{"top1", "top5", "n", "correct"}`` of logits ``(N, K)`` against labels ``(N,)``; ``correct``
-    is the per-example top-1 correctness as bits (:func:`encode_bits`)."""
-    from .common import topk_accuracy
-
-    correct = logits.argmax(1) == labels
-    return {**topk_accuracy(logits, labels, ks), "n": int(labels.numel()), "correct": encode_bits(correct)}
+    is the per-example top-1 correctness as bits (:func:`encode_bits`), the same hits ``top1`` counts."""
+    hits = topk_hits(logits, labels, (1, *(k for k in ks if k != 1)))
+    return {**accuracy_of_hits({k: hits[k] for k in ks}), "n": int(labels.numel()),
+            "correct": encode_bits(hits[1])}
 
 
 def example_hits(logits: Tensor, labels: Tensor, ks: tuple[int, ...] = (1, 5)) -> dict[str, Any]:
     """Per-example top-k hits of logits ``(N, K)`` as bits, ``{"correct": top-1, "correct5": top-5, "n"}``:
     what a chunk of examples stores so that :func:`join_hits` of the chunks gives :func:`example_result`
     of all their logits at once."""
-    from .common import topk_hits
-
     hits = topk_hits(logits, labels, ks)
     return {"n": int(labels.numel()), **{_bits_name(k): encode_bits(h) for k, h in hits.items()}}
 
@@ -79,10 +78,6 @@ def example_hits(logits: Tensor, labels: Tensor, ks: tuple[int, ...] = (1, 5)) -
 def join_hits(chunks: Iterable[Mapping[str, Any]], ks: tuple[int, ...] = (1, 5)) -> dict[str, Any]:
     """:func:`example_result` (``top1``, ``top5``, ``n``, ``correct``) of the examples of :func:`example_hits`
     chunks, in order."""
-    import torch
-
-    from .common import accuracy_of_hits
-
     chunks = list(chunks)
     bits = {k: "".join(c[_bits_name(k)] for c in chunks) for k in ks}
     top = accuracy_of_hits({k: torch.from_numpy(decode_bits(b)) for k, b in bits.items()})
