@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kpca_attention.cli import app
-from kpca_attention.robustness.store import ResultIntegrityError, ResultStore, encode_bits
+from kpca_attention.robustness.store import ResultIntegrityError, ResultStore, encode_bits, write_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 SEALED = ("vision", "language", "segmentation")
@@ -215,3 +215,66 @@ def test_a_put_verifies_what_another_writer_left(tmp_path) -> None:
         f.write_text(json.dumps(saved))
     mine.put("attack-2", {"eps": 2}, clean)
     assert sorted(ResultStore(f).items()) == ["attack-2", "attack-4", "attack-8"]
+
+
+def _two_studies(tmp_path: Path) -> tuple[Path, Path]:
+    """``results/ran/results/v-s0.json`` (two items) and the path of the same run in ``results/took``."""
+    theirs = tmp_path / "results" / "ran" / "results" / "v-s0.json"
+    store = ResultStore(theirs)
+    store.put("clean", {"n": 4}, {"correct": encode_bits([1, 0, 1, 1]), "n": 4, "top1": 0.75})
+    store.put("run", {"n": 4}, {"loss": 0.5})
+    return theirs, tmp_path / "results" / "took" / "results" / "v-s0.json"
+
+
+def test_a_reference_reads_the_other_studys_items_and_keeps_its_own(tmp_path) -> None:
+    """A study that reuses another's run refers to its items by hash (no copy); what it computes itself is
+    stored beside the reference; sealing keeps the reference; the records read back are the other file's."""
+    theirs, mine = _two_studies(tmp_path)
+    assert write_reference(mine, theirs) == 2
+    data = json.loads(mine.read_text())
+    assert data["items"] == {} and data["reuses"]["study"] == "ran" and data["reuses"]["file"] == "v-s0.json"
+    ref = ResultStore(mine)
+    assert ref.records() == ResultStore(theirs).records() and ref.taken_from == theirs
+    ref.put("trace", {"n": 2}, {"density": 0.1})
+    data = json.loads(mine.read_text())
+    assert sorted(data["items"]) == ["trace"] and "reuses" in data  # only its own item is written
+    assert sorted(ResultStore(mine).items()) == ["clean", "run", "trace"]
+    assert sorted(ResultStore(theirs).items()) == ["clean", "run"]  # the other study's file is untouched
+    res = CliRunner().invoke(app, ["results", "seal", str(mine.parent.parent)])
+    assert res.exit_code == 0 and "3 items" in res.output, res.output
+    assert "reuses" in json.loads(mine.read_text())
+    assert CliRunner().invoke(app, ["results", "verify", str(mine.parent.parent)]).exit_code == 0
+
+
+def test_a_reference_fails_loudly_when_the_other_file_changes_moves_or_escapes(tmp_path) -> None:
+    theirs, mine = _two_studies(tmp_path)
+    write_reference(mine, theirs)
+    saved = theirs.read_text()
+    # the other study re-evaluated an item (a valid file, another result): the reference no longer holds
+    ResultStore(theirs).put("run", {"n": 4}, {"loss": 0.25})
+    with pytest.raises(ResultIntegrityError, match="'run' .* changed since it was taken") as e:
+        ResultStore(mine)
+    assert str(mine) in str(e.value) and str(theirs) in str(e.value)
+    # an item dropped from the other file, then the file itself gone
+    data = json.loads(saved)
+    del data["items"]["clean"]
+    theirs.write_text(json.dumps(data))
+    with pytest.raises(ResultIntegrityError, match="no longer holds it"):
+        ResultStore(mine)
+    theirs.unlink()
+    with pytest.raises(ResultIntegrityError, match="which is missing"):
+        ResultStore(mine)
+    theirs.write_text(saved)
+    ResultStore(mine)  # whole again
+    # a hand-made reference may name a plain study folder and file only: nothing outside the results root
+    ref = json.loads(mine.read_text())
+    for study, name in (("..", "v-s0.json"), ("ran/../..", "x.json"), ("/etc", "passwd.json"),
+                        ("ran", "../v-s0.json"), ("ran", "v-s0.txt")):
+        mine.write_text(json.dumps({**ref, "reuses": {**ref["reuses"], "study": study, "file": name}}))
+        with pytest.raises(ResultIntegrityError, match="no paths"):
+            ResultStore(mine)
+    # and a reference to a reference is refused when written and when read
+    with pytest.raises(ValueError, match="itself a reference"):
+        write_reference(tmp_path / "results" / "third" / "results" / "v-s0.json", mine)
+    with pytest.raises(ValueError, match="not a result file of a study beside"):
+        write_reference(tmp_path / "elsewhere" / "results" / "v-s0.json", theirs)

@@ -167,8 +167,14 @@ def test_reuse_of_another_studys_results_and_fixed_margins(tmp_path: Path, capsy
     v = mine.variant("symlm")
     theirs, ours = result_path(tmp_path / "other", v, 0), result_path(tmp_path / "mine", v, 0)
     assert "results of study 'other' reused" in log and "nothing to train or evaluate" in log
-    assert ours.read_bytes() == theirs.read_bytes()
+    # a reference to the other study's items by hash, not a copy: the same records, a fraction of the bytes
+    assert read_json(ours)["reuses"]["study"] == "other" and read_json(ours)["items"] == {}
+    assert ResultStore(ours).records() == ResultStore(theirs).records()
+    assert ours.stat().st_size < theirs.stat().st_size / 10
+    assert ResultStore(ours).taken_from == theirs
     assert not (tmp_path / "runs-mine" / "symlm-s0").exists()  # neither trained nor evaluated
+    report = write_study_report(tmp_path / "mine").read_text()  # it reads the run through the reference
+    assert "Taken from the study `other`" in report and "symlm-s0" in report
     # other suites: the other study's items do not have this study's keys - not taken
     other_suites = mine.replace(suites=LMSuites(tokens=200, positions=4, batch_size=32))
     assert not _holds_everything(other_suites, v, 0, tmp_path / "runs-x", theirs)

@@ -92,6 +92,19 @@ def _sections(out: str | os.PathLike) -> tuple[StudySections, Runs]:
     return sec, sec.select(load_runs(out, sec.settings, sec.keep))
 
 
+def _taken_runs(out: Path) -> list[str]:
+    """A line per study whose runs this study's result files refer to instead of holding them
+    (``Study.reuse``; robustness.store's references)."""
+    taken: dict[str, list[str]] = {}
+    for f in sorted((out / "results").glob("*.json")):
+        reuses = (read_json(f) or {}).get("reuses")
+        if isinstance(reuses, dict):
+            taken.setdefault(str(reuses.get("study")), []).append(f.stem)
+    return [f"Taken from the study `{other}` (the same model, training and suites: not trained again): "
+            f"{', '.join(runs)}. Their files here refer to its result files (`../{other}/results/`) item by "
+            "item, by SHA-256.\n" for other, runs in taken.items()]
+
+
 def load_study_results(out: str | os.PathLike) -> tuple[dict[str, Any], Runs]:
     """``(settings, {slug: {seed: results}})`` of a study folder as its report reads them: only the
     items the settings ask for, only runs evaluated on all of them (image studies list a run still in
@@ -516,5 +529,6 @@ def write_study_report(out: str | os.PathLike) -> Path:
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})\n" for p in plots]
     lines += [sec.footer if trained else sec.footer.replace("<variant>-s<seed>.json", "<variant>.json"), ""]
+    lines += _taken_runs(out)
     write_json_atomic(out / "summary.json", summary)
     return write_text_atomic(out / "report.md", "\n".join(lines))

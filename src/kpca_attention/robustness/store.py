@@ -19,6 +19,14 @@ accuracy against the correctness bits, a perplexity against its mean NLL) and, i
 no item lacks a hash; any failure is a :class:`ResultIntegrityError` naming the file and the item.
 A legacy file (no hashes, written before hashes existed) still loads, its summaries checked; new items
 written into it are hashed; ``kpca-attention results seal`` verifies it and adds the missing hashes.
+
+Reuse without copies: a study that takes another study's results for a run (``Study.reuse``: the same model,
+training and suites) writes a *reference* (:func:`write_reference`) instead of a copy of the file:
+``{"items": {}, "reuses": {"study": OTHER, "file": NAME, "sha256": {item: hash}}}``, the other file being
+``<results root>/OTHER/results/NAME`` (``OTHER`` a study folder beside this study's, ``NAME`` a file name:
+no paths). Loading it reads the named items from that file and checks each against the hash recorded when
+it was taken: a changed, missing or moved file is a :class:`ResultIntegrityError`, never a silent
+substitute. Items the study computes itself are stored in its own file beside the reference.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,7 +50,7 @@ from .common import accuracy_of_hits, topk_hits
 
 __all__ = ["ResultStore", "ResultIntegrityError", "encode_bits", "decode_bits", "example_result",
            "example_hits", "join_hits", "normalise_key", "item_hash", "check_summary", "seal_store",
-           "store_files"]
+           "store_files", "write_reference"]
 
 
 class ResultIntegrityError(ValueError):
@@ -190,14 +199,92 @@ def seal_store(path: str | os.PathLike) -> tuple[int, int]:
     if data is None:
         raise FileNotFoundError(f"no result file {path}")
     _verify(path, data, require_hashes=bool(data.get("sealed")))
+    reuses = data.get("reuses")
+    taken = _reused_items(path, reuses) if reuses is not None else {}
     items = data.get("items", {})
     new = 0
     for stored in items.values():
         if "sha256" not in stored:
             stored["sha256"] = item_hash(stored["key"], stored["result"])
             new += 1
-    write_json_atomic(path, {"items": items, "sealed": True}, indent=None)
-    return len(items), new
+    write_json_atomic(path, _file_data(items, reuses, sealed=True), indent=None)
+    return len(taken.keys() | items.keys()), new
+
+
+#: a study folder or a result file name in a reference (a plain name: no separators, no leading dot)
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _file_data(items: dict[str, Any], reuses: dict[str, Any] | None, *, sealed: bool) -> dict[str, Any]:
+    data: dict[str, Any] = {"items": items}
+    if reuses is not None:
+        data["reuses"] = reuses
+    if sealed:
+        data["sealed"] = True
+    return data
+
+
+def _referenced_path(path: Path, study: str, name: str) -> Path:
+    """``<results root>/<study>/results/<name>`` for the result file ``<results root>/<this study>/results/
+    <file>`` at ``path``."""
+    return path.parent.parent.parent / study / "results" / name
+
+
+def _reused_items(path: Path, reuses: Any) -> dict[str, dict[str, Any]]:
+    """The items the reference in the result file ``path`` takes from another study's file, each checked
+    against the hash recorded when it was taken (module docstring)."""
+    if not (isinstance(reuses, dict) and isinstance(reuses.get("study"), str)
+            and isinstance(reuses.get("file"), str) and isinstance(reuses.get("sha256"), dict)):
+        raise ResultIntegrityError(f"{path}: its \"reuses\" entry is damaged (expected study, file and "
+                                   "sha256)")
+    study, name = reuses["study"], reuses["file"]
+    if not (_PLAIN_NAME.fullmatch(study) and _PLAIN_NAME.fullmatch(name) and name.endswith(".json")):
+        raise ResultIntegrityError(f"{path}: \"reuses\" names {study!r} / {name!r}; valid: the folder name "
+                                   "of a study beside this one and a result file name (*.json), no paths")
+    theirs = _referenced_path(path, study, name)
+    data = _read_store(theirs)
+    if data is None:
+        raise ResultIntegrityError(f"{path} reuses the items of {theirs}, which is missing (a study's "
+                                   "results refer to the files of the studies beside it: keep the results "
+                                   "folder whole)")
+    if "reuses" in data:
+        raise ResultIntegrityError(f"{path} reuses {theirs}, which is itself a reference (one level only)")
+    stored = data.get("items", {})
+    wanted: dict[str, Any] = reuses["sha256"]
+    missing = sorted(set(wanted) - set(stored))
+    if missing:
+        raise ResultIntegrityError(f"{path} reuses item {missing[0]!r} of {theirs}, which no longer holds "
+                                   "it; run the study again to take or compute it anew")
+    taken = {item: stored[item] for item in wanted}
+    _verify(theirs, {"items": taken}, require_hashes=False)
+    for item, digest in wanted.items():
+        if item_hash(taken[item]["key"], taken[item]["result"]) != digest:
+            raise ResultIntegrityError(f"{path} reuses item {item!r} of {theirs}, which changed since it was "
+                                       "taken (its SHA-256 differs); run the study again to take it anew")
+    return taken
+
+
+def write_reference(path: str | os.PathLike, theirs: str | os.PathLike) -> int:
+    """Make ``path`` a result file that reuses every item of ``theirs`` - the same run's result file in
+    another study folder beside this one - by name and hash instead of a copy (module docstring); returns
+    the number of items. Items ``path`` held before are replaced."""
+    path, theirs = Path(path), Path(theirs)
+    if theirs.resolve().parent.parent.parent != path.resolve().parent.parent.parent \
+            or theirs.parent.name != "results":
+        raise ValueError(f"{theirs} is not a result file of a study beside {path.parent.parent}")
+    data = _read_store(theirs)
+    if data is None:
+        raise FileNotFoundError(f"no result file {theirs}")
+    if "reuses" in data:
+        raise ValueError(f"{theirs} is itself a reference; refer to the file it reuses")
+    _verify(theirs, data, require_hashes=bool(data.get("sealed")))
+    hashes = {item: stored.get("sha256") or item_hash(stored["key"], stored["result"])
+              for item, stored in data.get("items", {}).items()}
+    reuses = {"study": theirs.parent.parent.name, "file": theirs.name, "sha256": hashes}
+    _reused_items(path, reuses)  # the reference resolves from where it is written
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, _file_data({}, reuses, sealed=True), indent=None)
+    return len(hashes)
 
 
 @contextlib.contextmanager
@@ -221,7 +308,14 @@ class ResultStore:
         data = _read_store(self.path) or {}
         self._sealed = bool(data.get("sealed")) or not data.get("items")  # a new file is sealed
         _verify(self.path, data, require_hashes=self._sealed)
-        self._items: dict[str, dict[str, Any]] = dict(data.get("items", {}))
+        self._reuses: dict[str, Any] | None = data.get("reuses")
+        #: items taken from another study's file (a reference), and this file's own items
+        self._taken = _reused_items(self.path, self._reuses) if self._reuses is not None else {}
+        self._own: dict[str, dict[str, Any]] = dict(data.get("items", {}))
+        self._items: dict[str, dict[str, Any]] = {**self._taken, **self._own}
+        #: the other study's result file this one takes items from (a reference), or None
+        self.taken_from = None if self._reuses is None else _referenced_path(
+            self.path, self._reuses["study"], self._reuses["file"])
         self.reused = 0
         self.computed = 0
 
@@ -247,13 +341,13 @@ class ResultStore:
             if on_disk is not None:
                 # verify what this store does not already hold as read (and verified): another writer's
                 # items, or an edit since - not the whole file again on every put
-                new = {k: v for k, v in on_disk.get("items", {}).items() if self._items.get(k) != v}
+                new = {k: v for k, v in on_disk.get("items", {}).items() if self._own.get(k) != v}
                 _verify(self.path, {"items": new}, require_hashes=bool(on_disk.get("sealed")))
-                self._items = {**self._items, **new}
-            self._items[item] = mine
-            data: dict[str, Any] = {"items": self._items}
-            if self._sealed:  # a legacy file stays unsealed (its old items have no hash) until `results seal`
-                data["sealed"] = True
+                self._own = {**self._own, **new}
+            self._own[item] = mine
+            self._items = {**self._taken, **self._own}
+            # a legacy file stays unsealed (its old items have no hash) until `results seal`
+            data = _file_data(self._own, self._reuses, sealed=self._sealed)
             write_json_atomic(self.path, data, indent=None)
 
     def get_or_compute(self, item: str, key: Mapping[str, Any],

@@ -18,8 +18,10 @@ A study's declared margins (``Study.margins``) are fixed once its folder holds r
 refused like other settings (``--force`` starts again); ``margins_note`` is kept.
 
 Reuse across studies (``Study.reuse``): before a (variant, seed) is trained or evaluated, the results file
-``<out>/../<other>/results/<slug>-s<seed>.json`` of another study named there is copied into this study's
-results when it holds every item of the run with this study's key (the rule below), and the log says so.
+``<out>/../<other>/results/<slug>-s<seed>.json`` of another study named there is taken into this study's
+results when it holds every item of the run with this study's key (the rule below), and the log says so:
+this study's file becomes a reference to those items, by name and SHA-256 (``store.write_reference``),
+not a copy - a study's folder stays small and one result is stored once.
 
 Reuse, so a study can be continued on another machine from committed results: a run whose results
 file holds every item with the same key (the training settings that change the weights, and the
@@ -45,7 +47,7 @@ from torch import nn
 
 from ..io import read_json, write_json_atomic
 from ..machine import machine_info, machine_kind
-from ..robustness.store import ResultStore, normalise_key
+from ..robustness.store import ResultStore, normalise_key, write_reference
 from ..tasks import Task
 from ..tasks import get as get_task
 from ..train import CheckpointError, load_model, train
@@ -263,8 +265,8 @@ def _holds_everything(study: Study, variant: Variant, seed: int, runs: Path, pat
 
 def _take_from_other_studies(study: Study, variant: Variant, seed: int, out: Path, runs: Path,
                              log: Callable[[str], None]) -> None:
-    """``Study.reuse``: copy ``<out>/../<other>/results/<slug>-s<seed>.json`` into this study's results when
-    it holds every item of this run with the same key and this study's own file does not already."""
+    """``Study.reuse``: refer to ``<out>/../<other>/results/<slug>-s<seed>.json`` from this study's results
+    when it holds every item of this run with the same key and this study's own file does not already."""
     mine = result_path(out, variant, seed)
     if _holds_everything(study, variant, seed, runs, mine):
         return
@@ -273,12 +275,9 @@ def _take_from_other_studies(study: Study, variant: Variant, seed: int, out: Pat
         if theirs.resolve() == mine.resolve():
             continue
         if _holds_everything(study, variant, seed, runs, theirs):
-            mine.parent.mkdir(parents=True, exist_ok=True)
-            tmp = mine.with_name(mine.name + ".tmp")
-            shutil.copyfile(theirs, tmp)
-            os.replace(tmp, mine)
+            n = write_reference(mine, theirs)
             log(f"results of study {other!r} reused: {theirs} holds every item of this run with the same "
-                f"key (model, training settings, suites), copied to {mine}")
+                f"key (model, training settings, suites); {mine} refers to its {n} items by hash")
             return
         if theirs.is_file():
             log(f"{theirs} not reused: some item is missing or was made with other settings")

@@ -160,10 +160,11 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
                 if not m:
                     continue
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
-                if digest in listed:
-                    continue  # the same run, copied from another study: one row, under the study that ran it
+                store = ResultStore(path)  # verified: hashes and summaries
+                if digest in listed or store.taken_from is not None:
+                    continue  # the same run, taken from another study: one row, under the study that ran it
                 listed.add(digest)
-                raw = ResultStore(path).records()  # verified: hashes and summaries
+                raw = store.records()
                 items = {k: x["result"] for k, x in raw.items() if isinstance(x, dict) and "result" in x}
                 keys = [x.get("key", {}) for x in raw.values() if isinstance(x, dict)]
                 dataset = dataset or next((k["train"]["dataset"] for k in keys if "train" in k), None)
