@@ -27,7 +27,7 @@ from ...plotting import new_figure, save_figure
 from ...stats import bootstrap_diff_ci, seed_test
 from ...tables import fmt_num, fmt_p, fmt_pm, markdown_table
 from ..base import StudySections, bar_plot
-from .suites import decode_f16
+from .suites import decode_nll
 
 __all__ = ["LanguageSections", "lm_metrics", "token_nlls", "paired_tokens", "PAPER_TABLE3"]
 
@@ -73,7 +73,7 @@ def lm_metrics(items: Mapping[str, Any]) -> dict[str, float]:
             continue
         att, clean = items[k], items[f"ppl/{split}"]
         m[f"swap_increase/{split}"] = m[k] - m[f"ppl/{split}"]
-        a, c = decode_f16(att["nll_f16"]), decode_f16(clean["nll_f16"])
+        a, c = decode_nll(att), decode_nll(clean)
         keep = _kept(a, att.get("swapped", []))
         m[f"ctx/{split}"] = math.exp(float(a[keep].mean()))
         m[f"clean_ctx/{split}"] = math.exp(float(c[keep].mean()))
@@ -85,7 +85,7 @@ def lm_metrics(items: Mapping[str, Any]) -> dict[str, float]:
 
 def token_nlls(items: Mapping[str, Any], key: str) -> np.ndarray:
     """The per-token NLL vector ``(tokens - 1,)`` of one item."""
-    return decode_f16(items[key]["nll_f16"])
+    return decode_nll(items[key])
 
 
 def paired_tokens(a: np.ndarray, b: np.ndarray, block: int,
@@ -149,8 +149,8 @@ class LanguageSections(StudySections):
     verdict_scale, verdict_unit, higher_is_better = 1.0, "perplexity", False
     value_unit = "perplexity"
     curve = ("eval_ppl", "valid perplexity during training\n(non-overlapping windows)", 1, True)
-    footer = ("Per-run results with per-token NLL (float16, base64): `results/<variant>-s<seed>.json`; "
-              "paired statistics: `summary.json`.")
+    footer = ("Per-run results with per-token NLL (float16; tasks/language/suites.py's decode_nll reads "
+              "them): `results/<variant>-s<seed>.json`; paired statistics: `summary.json`.")
 
     def __init__(self, settings: Mapping[str, Any], throughput_key: str) -> None:
         super().__init__(settings, throughput_key)
