@@ -1,4 +1,5 @@
-"""Builds PAP's optional C++ kernels (src/kpca_attention/pap/csrc; everything else is in pyproject.toml).
+"""Builds the optional C++ kernels - PAP's (src/kpca_attention/pap/csrc) and robust KDE attention's
+(src/kpca_attention/attention/csrc) - into one extension; everything else is in pyproject.toml.
 
 The extension is optional: without a C++ compiler, on a CPU other than x86-64, or where torch cannot be
 imported at build time (pip's build isolation: install with ``--no-build-isolation``, as the Makefile
@@ -10,6 +11,8 @@ import platform
 
 from setuptools import setup
 
+#: one extension, the project's CPU kernels: PAP's, and robust KDE attention's (a fragment of the same library)
+SOURCES = ["src/kpca_attention/pap/csrc/pap_kernels.cpp", "src/kpca_attention/attention/csrc/rkde_kernels.cpp"]
 ext_modules, cmdclass = [], {}
 x86 = platform.machine().lower() in ("x86_64", "amd64")
 if x86 and os.environ.get("KPCA_ATTENTION_BUILD_KERNELS", "1") != "0":
@@ -24,8 +27,7 @@ if x86 and os.environ.get("KPCA_ATTENTION_BUILD_KERNELS", "1") != "0":
                  "cpu_kernels_avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma",
                                         "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]}
         for name, isa in flags.items():
-            ext = CppExtension(f"kpca_attention.pap.{name}", ["src/kpca_attention/pap/csrc/pap_kernels.cpp"],
-                               extra_compile_args=["-O3", *isa])
+            ext = CppExtension(f"kpca_attention.pap.{name}", SOURCES, extra_compile_args=["-O3", *isa])
             ext.optional = True  # a compiler error is a warning: the eager ops run instead
             ext_modules.append(ext)
         # without ninja, a compiler error is distutils' CompileError, which an optional extension tolerates

@@ -14,6 +14,7 @@ side for both thread counts, with PASS/FAIL against the issue's target.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -34,6 +35,7 @@ from kpca_attention.attention import (
     TwicingAttention,
 )
 from kpca_attention.machine import cpu_model, retain_freed_memory
+from kpca_attention.pap import kernels
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Row:
     target: float
     layer: Callable[[int, int], torch.nn.Module]
     state: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] = field(default=lambda qkv: {})
+    #: False: with the compiled kernels off (``kernels.eager_only``), to time a path side by side with them
+    compiled: bool = True
 
 
 def _prev(qkv: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -68,6 +72,9 @@ MECHANISMS: dict[str, Row] = {
     "twicing": Row("Twicing", 2.3, lambda dim, h: TwicingAttention(dim, h)),
     "kde": Row("KDE", 1.3, lambda dim, h: KdeAttention(dim, h)),
     "rkde": Row("RKDE-Huber", 3.5, lambda dim, h: RobustAttention(dim, h)),
+    # the same with its Gram kernels formed in memory (no compiled column sums): what the forward was before
+    "rkde_formed": Row("RKDE-Huber, kernels formed", 3.5, lambda dim, h: RobustAttention(dim, h),
+                       compiled=False),
     # W_p built for 197 tokens (DeiT-tiny); another --tokens resizes it (a square grid plus the class token)
     "rvt": Row("Position-aware scaling", 2.5, lambda dim, h: PositionAwareAttention(dim, h, num_tokens=197)),
 }
@@ -85,10 +92,11 @@ def _fns(row: Row, b: int, h: int, n: int, d: int, backward: bool) -> dict[str, 
     grad = torch.randn(b, h, n, d)
 
     def mech() -> None:
-        if hasattr(layer, "attend_state"):
-            out = layer.attend_state(qkv, None, False, state)[0]
-        else:
-            out = layer.attend(qkv, None, False)
+        with contextlib.nullcontext() if row.compiled else kernels.eager_only():
+            if hasattr(layer, "attend_state"):
+                out = layer.attend_state(qkv, None, False, state)[0]
+            else:
+                out = layer.attend(qkv, None, False)
         if backward:
             out.backward(grad)
 

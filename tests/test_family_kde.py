@@ -201,3 +201,61 @@ def test_robust_kernels_backward_equals_autograd_of_the_formula(which: str) -> N
         torch.testing.assert_close(b.grad, b2.grad, rtol=1e-10, atol=1e-12)
     assert torch.autograd.gradcheck(lambda x, y: robust_kernels(x, y, scale), (a.detach().requires_grad_(),
                                                                              b.detach().requires_grad_()))
+
+
+def _colsums_formed(khat: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    from kpca_attention.attention.kde import robust_kernels
+
+    kk, kkv = robust_kernels(khat, v, scale)
+    return kk.sum(-2), kkv.sum(-2)
+
+
+@pytest.mark.parametrize("n", [1, 5, 8, 17, 64, 197])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_column_sums_equal_the_formed_kernels(n: int, dtype: torch.dtype) -> None:
+    """csrc/rkde_kernels.cpp's column sums of RKDE's two Gram kernels (upper triangle only, never formed)
+    against the sums of the kernels robust_kernels forms; token counts around the vector widths (8, 16)."""
+    from kpca_attention.pap import kernels
+
+    if not kernels.available():
+        pytest.skip("the compiled kernels are not built here")
+    g = torch.Generator().manual_seed(n)
+    khat = torch.nn.functional.normalize(torch.randn(6, n, 16, generator=g, dtype=dtype), dim=-1)
+    v = torch.randn(6, n, 16, generator=g, dtype=dtype) * 0.3
+    s_k, s_kv = torch.ops.kpca_attention.rkde_colsums(khat, v, 0.25)
+    ref_k, ref_kv = _colsums_formed(khat, v, 0.25)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=2e-5, atol=1e-5)
+    torch.testing.assert_close(s_k, ref_k, **tol)
+    torch.testing.assert_close(s_kv, ref_kv, **tol)
+    assert (s_k >= 1 - 1e-6).all() and (s_kv <= s_k + 1e-6).all()  # K_jj = 1; the joint kernel is smaller
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(official_norm=True), dict(loss="hampel", a=0.3),
+                                  dict(symmetric=True)])
+def test_rkde_inference_takes_the_weights_from_the_column_sums(opts: dict, monkeypatch) -> None:
+    """Without a graph to record, without a mask and with one KIRWLS step, RKDE's weights come from the
+    compiled column sums: the kernels are never formed, and the output is the per-query float64 reference's
+    (and, in float32, the formed kernels' path's)."""
+    import kpca_attention.attention.kde as kde
+    from kpca_attention.pap import kernels
+
+    if not kernels.available():
+        pytest.skip("the compiled kernels are not built here")
+    layer = layers(RobustAttention, **opts)
+    x = case_inputs("plain")[0]
+
+    def formed(*args):
+        raise AssertionError("the kernels were formed")
+
+    with monkeypatch.context() as m, torch.no_grad():
+        m.setattr(kde, "robust_kernels", formed)
+        got64 = layer(x)
+        got32 = layer.float()(x.float())
+    torch.testing.assert_close(got64, reference(layer.double(), x))
+    with torch.no_grad(), kernels.eager_only():
+        eager32 = layer.float()(x.float())
+    torch.testing.assert_close(got32, eager32, rtol=1e-5, atol=1e-6)
+    # a graph to record (training, attacks): the kernels are formed, with their backward
+    with pytest.raises(AssertionError, match="formed"), monkeypatch.context() as m:
+        m.setattr(kde, "robust_kernels", formed)
+        layer.double()(x)

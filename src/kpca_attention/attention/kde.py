@@ -46,8 +46,12 @@ its visible keys (each causal prefix is its own sample, so the future never ente
 
 Speed: RKDE forms two N x N Gram kernels (keys, and values: their product is the joint kernel) for its
 weights, each a batched matmul and an exp over N x N, before the final fused attention call; at B 64, H 3,
-N 197, D 64 that measures 3.1-3.3x one SDPA call forward on an AMD EPYC and 3.5-4.1x on an Intel Xeon
-(issue 25's target: 3.5x; docs/benchmarks.md).
+N 197, D 64 that measured 3.1-3.6x one SDPA call forward on an AMD EPYC and 3.5-4.1x on an Intel Xeon
+(issue 25's target: 3.5x; docs/benchmarks.md). Without a graph to record (inference, evaluation), without a
+mask and with one KIRWLS step (the default), the weights need the kernels only through their column sums:
+a compiled kernel (``csrc/rkde_kernels.cpp``, built with PAP's) computes those per head in the cache, over
+the upper triangle, never writing the kernels - 2.2-2.5x one SDPA call on the AMD EPYC (2026-11-27).
+Training and attacks (a graph) form the kernels, for their hand-written backward.
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..pap import visible
+from ..pap import kernels, tracing, visible
+from ..pap.inputs import cpu_float
 from .base import Option, QueryOptionalAttention
 from .registry import register_mechanism
 
@@ -143,26 +148,49 @@ def robust_kernels(khat: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tenso
 torch.fx.wrap("robust_kernels")
 
 
+def _kirwls_step(w: Tensor, t: Tensor, visf: Tensor | None, a: float, loss: str,
+                 official_norm: bool) -> Tensor:
+    """One KIRWLS step: the new weights from weights ``w`` and ``t = w K`` (t_qj = sum_l w_ql K_lj)."""
+    c = (w * t).sum(-1, keepdim=True)  # w_q^T K w_q
+    r2 = 1 + t + c if official_norm else 1 - 2 * t + c
+    psi = robust_weight(torch.sqrt(r2.clamp_min(1e-12)), a, loss)
+    if visf is not None:
+        psi = psi * visf
+    return psi / psi.sum(-1, keepdim=True)
+
+
 def kirwls_weights(kern: Tensor, vis: Tensor | None, a: float, loss: str, n_iter: int,
                    official_norm: bool) -> Tensor:
     """Robust KDE weights of points with Gram kernel ``kern (B, H, N, N)`` (symmetric, K_jj = 1):
     ``(B, H, Q, N)``, Q = 1 without a mask (all queries share them) or N (``vis (B|1, H|1, N, N)`` bool: the
     keys query i sees; zero weight elsewhere). Each row sums to 1 over its visible keys."""
     n = kern.shape[-1]
-    if vis is None:
+    visf = None if vis is None else vis.to(kern.dtype)
+    if visf is None:
         w = torch.full((*kern.shape[:-2], 1, n), 1.0 / n, dtype=kern.dtype, device=kern.device)
     else:
-        visf = vis.to(kern.dtype)
         w = visf / visf.sum(-1, keepdim=True)  # uniform over the visible keys (NaN for a row with none)
     for _ in range(n_iter):
-        t = w @ kern  # t_qj = sum_l w_ql K_lj
-        c = (w * t).sum(-1, keepdim=True)  # w_q^T K w_q
-        r2 = 1 + t + c if official_norm else 1 - 2 * t + c
-        psi = robust_weight(torch.sqrt(r2.clamp_min(1e-12)), a, loss)
-        if vis is not None:
-            psi = psi * visf
-        w = psi / psi.sum(-1, keepdim=True)
+        w = _kirwls_step(w, w @ kern, visf, a, loss, official_norm)
     return w
+
+
+def _one_step_weights_compiled(khat: Tensor, v: Tensor, scale: float, a: float, loss: str,
+                               official_norm: bool) -> tuple[Tensor, Tensor] | None:
+    """``(wM, wJ)`` of one KIRWLS step without a mask from the kernels' column sums, computed by the compiled
+    kernel without forming the kernels (csrc/rkde_kernels.cpp): from uniform weights 1/N, t = w K is the
+    column sums / N. None where that path does not apply (no compiled kernels, a graph to record, tracing,
+    not float32 / float64 on the CPU): then the kernels are formed."""
+    ops = kernels.active()
+    if ops is None or not hasattr(ops, "rkde_colsums") or tracing() or not cpu_float(khat) \
+            or (torch.is_grad_enabled() and (khat.requires_grad or v.requires_grad)):
+        return None
+    lead, n = khat.shape[:-2], khat.shape[-2]
+    flat_k, flat_v = khat.reshape(-1, n, khat.shape[-1]), v.reshape(-1, n, v.shape[-1])
+    s_k, s_kv = ops.rkde_colsums(flat_k, flat_v, scale)
+    w = torch.full((*lead, 1, n), 1.0 / n, dtype=khat.dtype)
+    w_m, w_j = (_kirwls_step(w, (s / n).view(*lead, 1, n), None, a, loss, official_norm) for s in (s_k, s_kv))
+    return w_m, w_j
 
 
 # FX: the weights branch on the mask (an input of a traced ViT); one leaf call.
@@ -244,9 +272,14 @@ class RobustAttention(QueryOptionalAttention):
         opts = (self.a, self.loss, self.n_iter, self.official_norm)
         # the kernel of [khat, v]: the squared distances add (no product of two kernels); both exps in place,
         # so the two GEMMs' outputs are the only N x N buffers; a hand-written backward
-        kern_k, kern_kv = robust_kernels(khat, v, scale)
-        w_m = kirwls_weights(kern_k, vis, *opts)
-        w_j = kirwls_weights(kern_kv, vis, *opts)
+        fast = None if vis is not None or self.n_iter != 1 else _one_step_weights_compiled(
+            khat, v, scale, self.a, self.loss, self.official_norm)
+        if fast is not None:  # inference: the kernels' column sums without the kernels (one KIRWLS step)
+            w_m, w_j = fast
+        else:
+            kern_k, kern_kv = robust_kernels(khat, v, scale)
+            w_m = kirwls_weights(kern_k, vis, *opts)
+            w_j = kirwls_weights(kern_kv, vis, *opts)
         # out_i = sum_j wM_ij e^{s_ij} (wJ_ij / wM_ij) v_j / sum_j wM_ij e^{s_ij}: one softmax with the log
         # marginal weights added to the logits (2 q.khat / sqrt D, the rest of s_ij cancels)
         if vis is None:  # shared weights: a fused call on the re-weighted values

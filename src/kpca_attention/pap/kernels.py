@@ -9,6 +9,9 @@ own kernels is loaded (:data:`BUILD`), only where torch reports AVX2 or AVX512, 
 float32 / float64, outside ``torch.compile`` / FX tracing. Set
 ``KPCA_ATTENTION_KERNELS=0`` (or use :func:`eager_only`) to run the eager ops: both give the same numbers
 to rounding (tests/test_pap_kernels.py).
+
+The same extension holds robust KDE attention's ``rkde_colsums`` (``attention/csrc/rkde_kernels.cpp``, a
+fragment of the same operator library; attention/kde.py uses it through :func:`active`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,130 @@
+// Robust KDE attention's Gram kernels reduced to their column sums, on the CPU, without forming them in memory
+// (kpca_attention/attention/kde.py uses it; built into the same extension as PAP's kernels, setup.py).
+//
+//   rkde_colsums(Xk, Xv, scale) -> (s_k, s_kv): for each head h of Xk (BH, N, D) and Xv (BH, N, Dv),
+//     s_k[h, j]  = sum_l exp(min(0, -scale ||k_j - k_l||^2))
+//     s_kv[h, j] = sum_l exp(min(0, -scale ||k_j - k_l||^2) + min(0, -scale ||v_j - v_l||^2))
+//   the column sums of kde.py's two Gram kernels (exp of _log_gram_kernel, the clamp included). Without a mask
+//   and with one KIRWLS step (the official default) the weights need the kernels only through these sums:
+//   from uniform weights w = 1/N, t = w K = s / N and w^T K w = mean(t).
+//
+// Why a kernel: the eager path writes each (B, H, N, N) kernel to memory (30 MB each at B 64, H 3, N 197), reads
+// it back for the distance terms, the clamp, the exp and the weights' product - the memory traffic, not the
+// arithmetic, made RKDE's forward 3.6-4.1x one SDPA call (docs/benchmarks.md). Here each head's two N x N Gram
+// matrices are one GEMM each into a buffer of the task's own that stays in the L2 cache, and the kernels are
+// symmetric, so the exps run over the upper triangle only (half of them) and each one adds to two sums.
+// The heads run in parallel over torch's intra-op threads (GEMMs single-threaded inside, as SDPA's).
+
+#include <torch/extension.h>
+#include <torch/library.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+namespace {
+
+using at::vec::Vectorized;
+
+// exp of a vector: ATen's exp_u20 (SDPA's CPU kernel's) in float32, the 1-ulp exp in float64
+template <typename T>
+inline Vectorized<T> vexp(const Vectorized<T>& x) { return x.exp(); }
+template <>
+inline Vectorized<float> vexp<float>(const Vectorized<float>& x) { return x.exp_u20(); }
+
+template <typename T>
+void squared_norms(const T* x, int64_t n, int64_t d, T scale, T* out) {
+  for (int64_t j = 0; j < n; ++j) {
+    T s = 0;
+    for (int64_t c = 0; c < d; ++c) s += x[j * d + c] * x[j * d + c];
+    out[j] = -scale * s;
+  }
+}
+
+// one head: Gk = Xk Xk^T and Gv = Xv Xv^T in the task's buffers, then the upper triangle's kernels into the sums
+template <typename T>
+void head_colsums(const T* gk, const T* gv, const T* nk, const T* nv, int64_t n, T scale, T* sk, T* skv) {
+  using Vec = Vectorized<T>;
+  const int64_t W = Vec::size();
+  const Vec vzero(T(0)), v2s(T(2) * scale);
+  std::fill(sk, sk + n, T(0));
+  std::fill(skv, skv + n, T(0));
+  for (int64_t j = 0; j < n; ++j) {
+    const T* gkj = gk + j * n;
+    const T* gvj = gv + j * n;
+    const Vec nkj(nk[j]), nvj(nv[j]);
+    // the diagonal, as the eager path computes it (exp of the clamped rounding, ~1)
+    const T lkd = std::min(T(0), T(2) * scale * gkj[j] + nk[j] + nk[j]);
+    const T lvd = std::min(T(0), T(2) * scale * gvj[j] + nv[j] + nv[j]);
+    T rk = std::exp(lkd), rkv = std::exp(lkd + lvd);
+    Vec vrk(T(0)), vrkv(T(0));
+    int64_t l = j + 1;
+    for (; l + W <= n; l += W) {
+      const Vec lk = at::vec::minimum(at::vec::fmadd(Vec::loadu(gkj + l), v2s, nkj + Vec::loadu(nk + l)), vzero);
+      const Vec lv = at::vec::minimum(at::vec::fmadd(Vec::loadu(gvj + l), v2s, nvj + Vec::loadu(nv + l)), vzero);
+      const Vec ek = vexp(lk), ekv = vexp(lk + lv);
+      vrk = vrk + ek;
+      vrkv = vrkv + ekv;
+      (Vec::loadu(sk + l) + ek).store(sk + l);  // K_jl = K_lj: the same value adds to column l
+      (Vec::loadu(skv + l) + ekv).store(skv + l);
+    }
+    for (; l < n; ++l) {
+      const T lk = std::min(T(0), T(2) * scale * gkj[l] + nk[j] + nk[l]);
+      const T lv = std::min(T(0), T(2) * scale * gvj[l] + nv[j] + nv[l]);
+      const T ek = std::exp(lk), ekv = std::exp(lk + lv);
+      rk += ek;
+      rkv += ekv;
+      sk[l] += ek;
+      skv[l] += ekv;
+    }
+    auto add = [](Vec& a, Vec& b) { return a + b; };
+    sk[j] += rk + at::vec::vec_reduce_all<T>(add, vrk);
+    skv[j] += rkv + at::vec::vec_reduce_all<T>(add, vrkv);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> rkde_colsums(at::Tensor Xk, at::Tensor Xv, double scale) {
+  TORCH_CHECK(Xk.device().is_cpu() && Xv.device().is_cpu(), "rkde_colsums: CPU tensors expected");
+  TORCH_CHECK(Xk.dim() == 3 && Xv.dim() == 3 && Xk.size(0) == Xv.size(0) && Xk.size(1) == Xv.size(1),
+              "rkde_colsums: Xk (BH, N, D) and Xv (BH, N, Dv) expected");
+  TORCH_CHECK(Xk.scalar_type() == Xv.scalar_type() && Xk.is_floating_point(),
+              "rkde_colsums: Xk and Xv of one floating dtype expected");
+  TORCH_CHECK(scale > 0, "rkde_colsums: scale > 0 expected");
+  Xk = Xk.contiguous();
+  Xv = Xv.contiguous();
+  const int64_t bh = Xk.size(0), n = Xk.size(1), d = Xk.size(2), dv = Xv.size(2);
+  at::Tensor sk = at::empty({bh, n}, Xk.options()), skv = at::empty({bh, n}, Xk.options());
+  if (bh == 0 || n == 0) return {sk, skv};
+  AT_DISPATCH_FLOATING_TYPES(Xk.scalar_type(), "rkde_colsums", [&] {
+    at::parallel_for(0, bh, 1, [&](int64_t h0, int64_t h1) {
+      // this task's buffers: the two Gram matrices and the scaled squared norms of one head
+      at::Tensor G = at::empty({2, n, n}, Xk.options()), norms = at::empty({2, n}, Xk.options());
+      at::Tensor Gk = G.select(0, 0), Gv = G.select(0, 1);
+      scalar_t* nk = norms.data_ptr<scalar_t>();
+      scalar_t* nv = nk + n;
+      const scalar_t s = static_cast<scalar_t>(scale);
+      for (int64_t h = h0; h < h1; ++h) {
+        at::Tensor xk = Xk.select(0, h), xv = Xv.select(0, h);
+        at::mm_out(Gk, xk, xk.t());
+        at::mm_out(Gv, xv, xv.t());
+        squared_norms<scalar_t>(xk.data_ptr<scalar_t>(), n, d, s, nk);
+        squared_norms<scalar_t>(xv.data_ptr<scalar_t>(), n, dv, s, nv);
+        head_colsums<scalar_t>(Gk.data_ptr<scalar_t>(), Gv.data_ptr<scalar_t>(), nk, nv, n, s,
+                               sk.data_ptr<scalar_t>() + h * n, skv.data_ptr<scalar_t>() + h * n);
+      }
+    });
+  });
+  return {sk, skv};
+}
+
+}  // namespace
+
+// a fragment of the kpca_attention operator library (pap_kernels.cpp defines the library)
+TORCH_LIBRARY_FRAGMENT(kpca_attention, m) {
+  m.def("rkde_colsums(Tensor Xk, Tensor Xv, float scale) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(kpca_attention, CPU, m) { m.impl("rkde_colsums", &rkde_colsums); }
