@@ -4,6 +4,7 @@ and active with the paper's, gradcheck, masks, no leak from the future, timm mod
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -232,10 +233,11 @@ def test_compiled_column_sums_equal_the_formed_kernels(n: int, dtype: torch.dtyp
 
 @pytest.mark.parametrize("opts", [dict(), dict(official_norm=True), dict(loss="hampel", a=0.3),
                                   dict(symmetric=True)])
-def test_rkde_inference_takes_the_weights_from_the_column_sums(opts: dict, monkeypatch) -> None:
-    """Without a graph to record, without a mask and with one KIRWLS step, RKDE's weights come from the
-    compiled column sums: the kernels are never formed, and the output is the per-query float64 reference's
-    (and, in float32, the formed kernels' path's)."""
+def test_rkde_takes_the_weights_from_the_column_sums(opts: dict, monkeypatch) -> None:
+    """Without a mask and with one KIRWLS step, RKDE's weights come from the compiled column sums: the kernels
+    are never formed, forward or backward, and the output is the per-query float64 reference's; its
+    gradients (input and every parameter) are those of the path that forms the kernels (float64), and in
+    float32 the outputs agree with it to rounding."""
     import kpca_attention.attention.kde as kde
     from kpca_attention.pap import kernels
 
@@ -247,15 +249,39 @@ def test_rkde_inference_takes_the_weights_from_the_column_sums(opts: dict, monke
     def formed(*args):
         raise AssertionError("the kernels were formed")
 
-    with monkeypatch.context() as m, torch.no_grad():
+    def output_and_grads(xx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        layer.zero_grad()
+        xx = xx.clone().requires_grad_()
+        out = layer(xx)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        return out.detach(), [xx.grad] + [p.grad.clone() for p in layer.parameters()]
+
+    with monkeypatch.context() as m:
         m.setattr(kde, "robust_kernels", formed)
-        got64 = layer(x)
-        got32 = layer.float()(x.float())
-    torch.testing.assert_close(got64, reference(layer.double(), x))
-    with torch.no_grad(), kernels.eager_only():
-        eager32 = layer.float()(x.float())
+        got, grads = output_and_grads(x)
+        with torch.no_grad():
+            got32 = copy.deepcopy(layer).float()(x.float())
+    torch.testing.assert_close(got, reference(layer, x))
+    with kernels.eager_only():
+        ref, ref_grads = output_and_grads(x)
+        with torch.no_grad():
+            eager32 = copy.deepcopy(layer).float()(x.float())
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(got32, eager32, rtol=1e-5, atol=1e-6)
-    # a graph to record (training, attacks): the kernels are formed, with their backward
-    with pytest.raises(AssertionError, match="formed"), monkeypatch.context() as m:
-        m.setattr(kde, "robust_kernels", formed)
-        layer.double()(x)
+
+
+def test_column_sums_backward_passes_gradcheck() -> None:
+    from kpca_attention.attention.kde import _KernelColumnSums
+    from kpca_attention.pap import kernels
+
+    if not kernels.available():
+        pytest.skip("the compiled kernels are not built here")
+    g = torch.Generator().manual_seed(5)
+    khat = torch.nn.functional.normalize(torch.randn(3, 11, 4, generator=g, dtype=torch.float64), dim=-1)
+    v = torch.randn(3, 11, 6, generator=g, dtype=torch.float64)
+    inputs = (khat.requires_grad_(), v.requires_grad_())
+    assert torch.autograd.gradcheck(lambda a, b: _KernelColumnSums.apply(a, b, 0.3), inputs)
+    # one of the two sums used (the other's gradient None)
+    assert torch.autograd.gradcheck(lambda a, b: _KernelColumnSums.apply(a, b, 0.3)[1], inputs)

@@ -50,8 +50,10 @@ N 197, D 64 that measured 3.1-3.6x one SDPA call forward on an AMD EPYC and 3.5-
 (issue 25's target: 3.5x; docs/benchmarks.md). Without a graph to record (inference, evaluation), without a
 mask and with one KIRWLS step (the default), the weights need the kernels only through their column sums:
 a compiled kernel (``csrc/rkde_kernels.cpp``, built with PAP's) computes those per head in the cache, over
-the upper triangle, never writing the kernels - 2.2-2.5x one SDPA call on the AMD EPYC (2026-11-27).
-Training and attacks (a graph) form the kernels, for their hand-written backward.
+the upper triangle, never writing the kernels - 2.2-2.5x one SDPA call on the AMD EPYC (2026-11-27). Its
+backward (training, attacks) forms each head's kernels again in the cache and needs one GEMM per kernel, so
+nothing N x N is kept for the backward either. With a mask, more KIRWLS steps or without the compiled
+kernels, the kernels are formed (:func:`robust_kernels`, with its own hand-written backward).
 """
 
 from __future__ import annotations
@@ -175,19 +177,39 @@ def kirwls_weights(kern: Tensor, vis: Tensor | None, a: float, loss: str, n_iter
     return w
 
 
+class _KernelColumnSums(torch.autograd.Function):
+    """The column sums of RKDE's two Gram kernels, ``(s_k, s_kv) (BH, N)`` of ``khat (BH, N, D)`` and
+    ``v (BH, N, Dv)``, by the compiled kernels (csrc/rkde_kernels.cpp): the forward never forms the kernels,
+    the backward forms each head's again in the cache; nothing N x N is saved in between."""
+
+    @staticmethod
+    def forward(ctx, khat: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+        ctx.save_for_backward(khat, v)
+        ctx.scale = scale
+        return kernels.active().rkde_colsums(khat, v, scale)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_k: Tensor | None, g_kv: Tensor | None) -> tuple[Tensor | None, Tensor | None, None]:
+        khat, v = ctx.saved_tensors
+        g_k = torch.zeros(khat.shape[:-1], dtype=khat.dtype) if g_k is None else g_k
+        g_kv = torch.zeros(khat.shape[:-1], dtype=khat.dtype) if g_kv is None else g_kv
+        g_khat, g_v = kernels.active().rkde_colsums_backward(khat, v, g_k, g_kv, ctx.scale)
+        return g_khat, g_v, None
+
+
 def _one_step_weights_compiled(khat: Tensor, v: Tensor, scale: float, a: float, loss: str,
                                official_norm: bool) -> tuple[Tensor, Tensor] | None:
-    """``(wM, wJ)`` of one KIRWLS step without a mask from the kernels' column sums, computed by the compiled
-    kernel without forming the kernels (csrc/rkde_kernels.cpp): from uniform weights 1/N, t = w K is the
-    column sums / N. None where that path does not apply (no compiled kernels, a graph to record, tracing,
-    not float32 / float64 on the CPU): then the kernels are formed."""
+    """``(wM, wJ)`` of one KIRWLS step without a mask from the kernels' column sums
+    (:class:`_KernelColumnSums`): from uniform weights 1/N, t = w K is the column sums / N. None where the
+    compiled kernels do not apply (not built, tracing, not float32 / float64 on the CPU): then the kernels
+    are formed."""
     ops = kernels.active()
-    if ops is None or not hasattr(ops, "rkde_colsums") or tracing() or not cpu_float(khat) \
-            or (torch.is_grad_enabled() and (khat.requires_grad or v.requires_grad)):
+    if ops is None or not hasattr(ops, "rkde_colsums_backward") or tracing() or not cpu_float(khat):
         return None
     lead, n = khat.shape[:-2], khat.shape[-2]
     flat_k, flat_v = khat.reshape(-1, n, khat.shape[-1]), v.reshape(-1, n, v.shape[-1])
-    s_k, s_kv = ops.rkde_colsums(flat_k, flat_v, scale)
+    s_k, s_kv = _KernelColumnSums.apply(flat_k, flat_v, scale)
     w = torch.full((*lead, 1, n), 1.0 / n, dtype=khat.dtype)
     w_m, w_j = (_kirwls_step(w, (s / n).view(*lead, 1, n), None, a, loss, official_norm) for s in (s_k, s_kv))
     return w_m, w_j
@@ -274,7 +296,7 @@ class RobustAttention(QueryOptionalAttention):
         # so the two GEMMs' outputs are the only N x N buffers; a hand-written backward
         fast = None if vis is not None or self.n_iter != 1 else _one_step_weights_compiled(
             khat, v, scale, self.a, self.loss, self.official_norm)
-        if fast is not None:  # inference: the kernels' column sums without the kernels (one KIRWLS step)
+        if fast is not None:  # the kernels' column sums without the kernels in memory (one KIRWLS step)
             w_m, w_j = fast
         else:
             kern_k, kern_kv = robust_kernels(khat, v, scale)
