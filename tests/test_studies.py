@@ -177,7 +177,11 @@ def test_a_study_trains_on_one_kind_of_machine(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(engine, "machine_info", lambda: {"cpu": "Another CPU"})
     run_study(study, tmp_path, progress=False, checks=False, seeds=(1,), only=("symvit",), any_machine=True)
     assert engine.trained_on(tmp_path) == {here: ["symvit-s0"], "Another CPU": ["symvit-s1"]}
-    assert "**Trained on 2 kinds of machine**" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "**Trained on 2 kinds of machine**" in report
+    # the vector instructions each run's torch used are recorded and counted (runs recorded before: "not
+    # recorded"), beside the kind, which is the CPU model only
+    assert f"{torch.backends.cpu.get_cpu_capability()} (1), not recorded (1)" in report
 
 
 def test_the_clock_in_a_cpu_name_is_not_a_kind_of_machine() -> None:
@@ -190,6 +194,8 @@ def test_the_clock_in_a_cpu_name_is_not_a_kind_of_machine() -> None:
     assert machine_kind({"cpu": e5 + " @ 2.60GHz"}) == e5
     assert machine_kind({"cpu": "AMD EPYC"}) != machine_kind({"cpu": "Intel(R) Xeon(R) Processor"})
     assert machine_kind({"cpu": "AMD EPYC", "gpu": "NVIDIA H100 80GB HBM3"}) == "NVIDIA H100 80GB HBM3"
+    # hosts of one CPU model with other vector instructions: reported (report/study.py), one kind
+    assert machine_kind({"cpu": "AMD EPYC", "cpu_capability": "AVX2"}) == machine_kind({"cpu": "AMD EPYC"})
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,14 @@ def cpu_model() -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU model, logical CPUs, torch threads, torch version and the GPU (if one is used)."""
+    """CPU model, the vector instructions torch's CPU kernels use (``cpu_capability``: hosts of one CPU
+    model name differ here - see :func:`machine_kind`), logical CPUs, torch threads, torch version and the
+    GPU (if one is used)."""
     import torch
 
-    info: dict[str, Any] = {"cpu": cpu_model(), "logical_cpus": os.cpu_count(),
-                            "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+    info: dict[str, Any] = {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                            "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                            "torch": torch.__version__}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
@@ -41,7 +44,14 @@ def machine_kind(info: dict[str, Any] | None = None) -> str:
     present, else the CPU model. A study trains on one kind: the same run on an AMD EPYC and on an
     Intel Xeon takes other floating-point paths (seen: epoch-1 loss 0.98994 against 0.98986 for the same
     seed, and held-out accuracy a point apart by epoch 2), so runs of two kinds differ by more than their
-    seeds."""
+    seeds.
+
+    The kind is the CPU model name only, though hosts of one name can differ below it: an "AMD EPYC" VM
+    whose torch reports AVX2 (2026-11-27) gave rpc-seeds' SymViT seed 0 an epoch-1 training loss of
+    1.024820 and held-out top-1 80.3 % where the committed run (an "AMD EPYC" whose torch reported AVX512
+    on 2026-11-25) has 1.024557 and 79.5 % - the same code (the code of the committed run, checked out,
+    gave 1.024820 too on that VM). ``cpu_capability`` is recorded since, and reports count the runs per
+    capability (report/study.py); the kind does not include it, so runs recorded before it stay comparable."""
     info = machine_info() if info is None else info
     if info.get("gpu"):
         return str(info["gpu"])

@@ -414,10 +414,15 @@ def _machines_line(res: Runs, slugs: Sequence[str]) -> str:
     if not kinds:
         return ""
     said = ", ".join(f"{k} ({n} run{'s' * (n > 1)})" for k, n in kinds.most_common())
+    caps = Counter(r["run"]["machine"].get("cpu_capability") or "not recorded" for s in slugs
+                   for r in res[s].values() if isinstance(r.get("run"), dict) and "machine" in r["run"])
+    isa = ("" if set(caps) <= {"not recorded"} else
+           " Vector instructions of torch's CPU kernels (hosts of one CPU model differ here, and so do their "
+           "floating-point paths): " + ", ".join(f"{k} ({n})" for k, n in caps.most_common()) + ".")
     if len(kinds) == 1:
-        return f"Trained on one kind of machine: {said}."
+        return f"Trained on one kind of machine: {said}.{isa}"
     return (f"**Trained on {len(kinds)} kinds of machine**: {said} - the same seed takes other "
-            "floating-point paths on each, so the spread over seeds includes the machine.")
+            f"floating-point paths on each, so the spread over seeds includes the machine.{isa}")
 
 
 def write_study_report(out: str | os.PathLike) -> Path:
