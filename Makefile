@@ -57,7 +57,7 @@ gpu-check: setup
 # name lists timm uses for its own ViTs (NON_STD_FILTERS, FEAT_INTER_FILTERS), which must pass.
 TIMM_COMPAT_DIR := build/timm-compat
 # the robust-attention family's mechanisms (models/family.py): <m>_vit_* and <m>_symvit_* join the lists
-TIMM_COMPAT_FAMILY := neutreno pid elliptical
+TIMM_COMPAT_FAMILY := neutreno pid elliptical twicing kde rkde rvt fan
 TIMM_COMPAT_K := (symvit or rpc_ or scaled_vit or vit_mini$(foreach m,$(TIMM_COMPAT_FAMILY), or $(m)_)) \
   and not small_ and not base_ and not segmenter
 timm-compat: setup

@@ -27,11 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from timm.models import register_notrace_module
 from torch import Tensor, nn
 
 __all__ = ["FANChannelMLP", "DepthwiseConvMix"]
 
 
+# a leaf for timm's FX feature extraction (the token count decides the patch grid)
+@register_notrace_module
 class DepthwiseConvMix(nn.Module):
     """Depth-wise 3x3 conv, activation, BatchNorm, depth-wise 3x3 conv over the square patch grid of
     ``(B, N, C)`` tokens whose first ``num_prefix_tokens`` are prefix tokens (zero output for those)."""

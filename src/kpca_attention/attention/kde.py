@@ -63,6 +63,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from timm.models import register_notrace_module
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -177,6 +178,10 @@ def kirwls_weights(kern: Tensor, vis: Tensor | None, a: float, loss: str, n_iter
     return w
 
 
+# FX: the weights branch on the mask (an input of a traced ViT); one leaf call.
+torch.fx.wrap("kirwls_weights")
+
+
 class _KernelColumnSums(torch.autograd.Function):
     """The column sums of RKDE's two Gram kernels, ``(s_k, s_kv) (BH, N)`` of ``khat (BH, N, D)`` and
     ``v (BH, N, Dv)``, by the compiled kernels (csrc/rkde_kernels.cpp): the forward never forms the kernels,
@@ -215,10 +220,6 @@ def _one_step_weights_compiled(khat: Tensor, v: Tensor, scale: float, a: float, 
     return w_m, w_j
 
 
-# FX: the weights branch on the mask (an input of a traced ViT); one leaf call.
-torch.fx.wrap("kirwls_weights")
-
-
 def _visible_keys(attn_mask: Tensor | None, is_causal: bool, n: int, device: Any) -> Tensor | None:
     if attn_mask is None and not is_causal:
         return None
@@ -251,6 +252,8 @@ class KdeAttention(QueryOptionalAttention):
         return f"symmetric={self.symmetric}"
 
 
+# a leaf for timm's FX feature extraction (Python branches on the mask and the token count)
+@register_notrace_module
 class RobustAttention(QueryOptionalAttention):
     """Robust KDE attention (RKDE): joint and marginal KDEs re-weighted by KIRWLS (module docstring).
 
@@ -292,13 +295,13 @@ class RobustAttention(QueryOptionalAttention):
         scale = 1.0 / math.sqrt(d)
         vis = _visible_keys(attn_mask, is_causal, n, q.device)
         opts = (self.a, self.loss, self.n_iter, self.official_norm)
-        # the kernel of [khat, v]: the squared distances add (no product of two kernels); both exps in place,
-        # so the two GEMMs' outputs are the only N x N buffers; a hand-written backward
         fast = None if vis is not None or self.n_iter != 1 else _one_step_weights_compiled(
             khat, v, scale, self.a, self.loss, self.official_norm)
         if fast is not None:  # the kernels' column sums without the kernels in memory (one KIRWLS step)
             w_m, w_j = fast
         else:
+            # the kernel of [khat, v]: the squared distances add (no product of two kernels); both exps in
+            # place, so the two GEMMs' outputs are the only N x N buffers; a hand-written backward
             kern_k, kern_kv = robust_kernels(khat, v, scale)
             w_m = kirwls_weights(kern_k, vis, *opts)
             w_j = kirwls_weights(kern_kv, vis, *opts)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from timm.models import register_notrace_module
 from torch import Tensor, nn
 
 from ..pap import visible
@@ -89,6 +90,8 @@ def resize_position_scale(w: Tensor, n: int, num_prefix_tokens: int = 1, mode: s
 torch.fx.wrap("resize_position_scale")
 
 
+# a leaf for timm's FX feature extraction (the token count decides whether W_p is resized, the mask its dtype)
+@register_notrace_module
 class PositionAwareAttention(HeadsAttention):
     """Position-aware attention scaling: ``softmax((Q K^T / sqrt D) * sigmoid(W_p)) V``.
 
