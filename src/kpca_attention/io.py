@@ -13,9 +13,11 @@ absolute path, a symbolic link pointing out) is refused before anything is writt
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
+import lzma
 import math
 import os
 import tempfile
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["atomic_path", "write_json_atomic", "write_text_atomic", "read_json", "json_ready", "fsync_dir",
-           "sha256_file", "output_path"]
+           "sha256_file", "output_path", "pack_bytes", "unpack_bytes"]
 
 
 def output_path(out: str | os.PathLike, *names: str | os.PathLike, what: str = "name") -> Path:
@@ -148,3 +150,15 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def pack_bytes(raw: bytes) -> str:
+    """Bytes as compact JSON-safe text: xz (``lzma`` preset 9e), then base85 (``base64.b85encode``: no
+    character JSON escapes; it adds 25 % where base64 adds 33 %). The per-example arrays of the result files
+    (segmentation's pixel counts, language's per-token NLLs) are stored this way."""
+    return base64.b85encode(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME)).decode("ascii")
+
+
+def unpack_bytes(text: str) -> bytes:
+    """The bytes of :func:`pack_bytes` (``ValueError`` / ``lzma.LZMAError`` on text it did not write)."""
+    return lzma.decompress(base64.b85decode(text))

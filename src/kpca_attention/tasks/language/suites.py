@@ -25,7 +25,6 @@ swapped tokens within the scored slice.
 from __future__ import annotations
 
 import base64
-import lzma
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...checks import check_int, check_real
+from ...io import pack_bytes, unpack_bytes
 from ...robustness.store import ResultStore
 from .data import corpus_windows
 
@@ -70,8 +70,7 @@ def encode_nll(x: np.ndarray | Tensor) -> dict[str, str]:
         arr = np.asarray(x.detach().cpu() if isinstance(x, Tensor) else x, dtype="<f2").ravel()
     u = arr.view("<u2")
     planes = np.concatenate([(u >> 8).astype(np.uint8), (u & 0xFF).astype(np.uint8)])
-    packed = lzma.compress(planes.tobytes(), preset=9 | lzma.PRESET_EXTREME)
-    return {"nll_f16_xz": base64.b85encode(packed).decode("ascii")}
+    return {"nll_f16_xz": pack_bytes(planes.tobytes())}
 
 
 def decode_nll(result: Mapping[str, Any]) -> np.ndarray:
@@ -79,7 +78,7 @@ def decode_nll(result: Mapping[str, Any]) -> np.ndarray:
     :func:`encode_f16` under ``"nll_f16"``)."""
     if "nll_f16" in result:
         return decode_f16(result["nll_f16"])
-    planes = np.frombuffer(lzma.decompress(base64.b85decode(result["nll_f16_xz"])), dtype=np.uint8)
+    planes = np.frombuffer(unpack_bytes(result["nll_f16_xz"]), dtype=np.uint8)
     half = planes.size // 2
     u = (planes[:half].astype("<u2") << 8) | planes[half:].astype("<u2")
     return u.view("<f2").astype(np.float64)
