@@ -16,7 +16,13 @@ from kpca_attention.report.study import write_study_report
 from kpca_attention.report.verdicts import BETTER, Family, equivalent_word
 from kpca_attention.robustness.store import ResultStore
 from kpca_attention.studies import zoo_language_study, zoo_study
-from kpca_attention.studies.engine import _check_settings, _holds_everything, result_path, run_study
+from kpca_attention.studies.engine import (
+    _check_settings,
+    _holds_everything,
+    result_path,
+    run_study,
+    trained_on,
+)
 from kpca_attention.studies.language import quick_language_study
 from kpca_attention.studies.margins import ZOO_MARGINS, ZOO_NOT_FOUND
 from kpca_attention.studies.spec import Leaderboard, Margin
@@ -172,6 +178,7 @@ def test_reuse_of_another_studys_results_and_fixed_margins(tmp_path: Path, capsy
     assert ResultStore(ours).records() == ResultStore(theirs).records()
     assert ours.stat().st_size < theirs.stat().st_size / 10
     assert ResultStore(ours).taken_from == theirs
+    assert trained_on(tmp_path / "mine") == trained_on(tmp_path / "other")  # the machine check sees it
     assert not (tmp_path / "runs-mine" / "symlm-s0").exists()  # neither trained nor evaluated
     report = write_study_report(tmp_path / "mine").read_text()  # it reads the run through the reference
     assert "Taken from the study `other`" in report and "symlm-s0" in report

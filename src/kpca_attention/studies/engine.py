@@ -86,12 +86,13 @@ def _run_key(study: Study, variant: Variant, seed: int, runs: Path) -> dict[str,
 
 
 def trained_on(out: Path) -> dict[str, list[str]]:
-    """``{machine kind: [run, ...]}`` of the finished runs in a study's results folder (``out``)."""
+    """``{machine kind: [run, ...]}`` of the finished runs in a study's results folder (``out``), runs taken
+    from another study (references) included."""
     kinds: dict[str, list[str]] = {}
     for path in sorted((out / "results").glob("*-s*.json")):
         try:
-            machine = read_json(path)["items"]["run"]["result"]["machine"]
-        except (OSError, ValueError, KeyError, TypeError):
+            machine = ResultStore(path).items()["run"]["machine"]
+        except (KeyError, TypeError):
             continue  # not finished, or an existing model (no training)
         kinds.setdefault(machine_kind(machine), []).append(path.stem)
     return kinds
