@@ -246,6 +246,17 @@ def test_verdict_words():
     assert verdict(flat, None, seed_test(flat)["p"]).word == INCONCLUSIVE
     one = verdict([0.4], 0.5, None)
     assert one.word == INCONCLUSIVE and "at least 2" in one.reason and one.ci is None
+    # every difference the same (SD 0): no test - rpc-seeds had ViT FGSM 4/255 at -1.4 in both seeds (500
+    # images: 0.2-point steps), which an infinite t had made `worse`; nor does it join the Holm family
+    for same in ([-1.4, -1.4], [0.0, 0.0, 0.0]):
+        st = seed_test(same)
+        assert st["p"] is None and st["ci"] is None and st["std"] == 0
+        v = verdict(same, 0.5, None)
+        assert v.word == INCONCLUSIVE and "no spread" in v.reason and v.p_raw is None
+    fam = Family("x")
+    fam.add("tie", [-1.4, -1.4])
+    fam.add("up", up)
+    assert fam.size == 1 and fam.p_holm()["tie"] is None and fam.p_holm()["up"] == pytest.approx(p)
 
 
 def test_verdict_numbers_are_the_functions_numbers():

@@ -37,7 +37,7 @@ BASE = {"ppl/valid": [60.0, 61.5, 59.2, 62.3], "ppl/test": [50.0, 51.2, 49.5, 52
 # hundredths of the LM on test (inside its own margin 0.5, outside nothing), noisy on valid
 DIFFS = {
     "symlm": {"ppl/valid": [0.4, 0.9, -0.2, 0.6], "ppl/test": [0.3, 0.5, 0.1, 0.4]},
-    "rpc_symlm": {"ppl/valid": [-1.0, 1.5, -2.2, 0.8], "ppl/test": [-3.1, -2.9, -3.3, -3.0]},
+    "rpc_symlm": {"ppl/valid": [-1.0, 1.5, -2.2, 0.8], "ppl/test": [-3.1, -2.9, -3.3, -3.1]},
     "kde": {"ppl/valid": [3.0, -2.5, 0.5, -3.1], "ppl/test": [0.03, -0.02, 0.01, -0.04]},
 }
 VARIANTS = ("lm", "symlm", "rpc_symlm", "kde")

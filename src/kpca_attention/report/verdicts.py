@@ -111,6 +111,9 @@ def verdict(diffs: Sequence[float], margin: float | None, p_adjusted: float | No
     if n < 2:
         return Verdict(word=INCONCLUSIVE, reason=f"{n} seed{'s' if n != 1 else ''}: a paired t test "
                        "over seeds needs at least 2", **base)
+    if sd == 0:  # seed_test gives no p: not a test of the family either (Family.p_raw)
+        return Verdict(word=INCONCLUSIVE, reason=f"every paired difference is {_g(mean)}: no spread over the "
+                       f"{n} seeds, so no t test (a tie on a stepped metric can be chance)", **base)
     if p_adjusted is None or math.isnan(p_adjusted):
         raise ValueError(f"p_adjusted must be this cell's Holm-adjusted p-value in [0, 1] with {n} seeds; "
                          f"got {p_adjusted!r}")
