@@ -10,9 +10,13 @@ Without a CUDA device it prints one line saying so and exits 0. With one, in ord
    and under bf16 autocast (B=64 H=3 N=197 D=64, n_iter=4);
 3. ``compile``   - whether ``torch.compile(pap)`` is faster than eager pap (forward and forward+backward);
 4. ``models``    - training throughput of RPC-SymViT-tiny / SymViT-tiny with AMP (bf16) at batch 128,
-   224 px (the paper's Table 11 gives 0.96 on an A100), and the peak memory of each;
+   224 px (the paper's Table 11 gives 0.963 on an A100), eager and under ``torch.compile`` (which fuses
+   PAP's update), the ratio with a 95 % interval over paired blocks, and the peak memory of each;
 5. ``torchrun``  - a 1-GPU ``torchrun`` run of the ``deit`` preset (RPC-SymViT-tiny) for a few steps on
-   a synthetic ImageFolder written to a temporary folder (NCCL process group, AMP, EMA, checkpoint).
+   a synthetic ImageFolder written to a temporary folder (NCCL process group, AMP, EMA, checkpoint);
+6. ``large``     - what ``vision-large`` would cost on this GPU: its own training runs for a few steps each
+   with the in-process loader, with loader workers, compiled, and four processes side by side, and the
+   projected training time of the whole study (needs Fashion-MNIST: $FASHION_MNIST_ROOT).
 
 Each part prints PASS/FAIL (or its numbers) and the script goes on after a failure; the exit status is
 1 when any part failed. ``--json`` writes every number (with the GPU model) for docs/benchmarks.md.
@@ -21,6 +25,7 @@ Each part prints PASS/FAIL (or its numbers) and the script goes on after a failu
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -179,7 +184,39 @@ def part_compile(repeats: int) -> dict:
             "max_abs_diff": diff, "ms": {n: t * 1e3 for n, t in med.items()}}
 
 
-def part_models(repeats: int, batch: int) -> dict:
+def _ratio_interval(ratios: list[float]) -> tuple[float, float, float]:
+    """Mean of per-block ratios and its 95 % t interval (blocks timed in turns, so each ratio is paired)."""
+    from scipy import stats
+
+    m = statistics.fmean(ratios)
+    if len(ratios) < 2:
+        return m, math.nan, math.nan
+    half = stats.t.ppf(0.975, len(ratios) - 1) * statistics.stdev(ratios) / math.sqrt(len(ratios))
+    return m, m - half, m + half
+
+
+def _paired_blocks(steps: dict[str, Callable[[], object]], blocks: int,
+                   per_block: int) -> dict[str, list[float]]:
+    """Seconds per step of each function in ``blocks`` blocks of ``per_block`` steps, the functions taking
+    turns inside each block (first one, then the other, swapping the order every block)."""
+    names = list(steps)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for b in range(blocks):
+        for n in (names if b % 2 == 0 else names[::-1]):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(per_block):
+                steps[n]()
+            torch.cuda.synchronize()
+            times[n].append((time.perf_counter() - t0) / per_block)
+    return times
+
+
+def part_models(blocks: int, batch: int, per_block: int = 10, compiled: bool = True) -> dict:
+    """RPC-SymViT-tiny / SymViT-tiny training throughput with bf16 AMP at 224 px, eager and (``compiled``)
+    under ``torch.compile`` (which fuses PAP's elementwise update between the attention passes: the GPU's
+    fused update). The ratio is measured in ``blocks`` paired blocks of ``per_block`` steps each, and
+    given with a 95 % t interval over the blocks."""
     import kpca_attention  # noqa: F401  (registers the models in timm)
     from kpca_attention.models import create_model
 
@@ -188,30 +225,116 @@ def part_models(repeats: int, batch: int) -> dict:
                                   {"rpc_iters": 4, "rpc_lambda": 4.0, "rpc_layers": "first"})}
     x = torch.rand(batch, 3, 224, 224, device="cuda")
     y = torch.randint(0, 1000, (batch,), device="cuda")
-    steps, peaks = {}, {}
-    for label, (name, kw) in models.items():
-        torch.manual_seed(0)
-        model = create_model(name, **kw).cuda().train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    out: dict = {"batch": batch, "blocks": blocks, "steps_per_block": per_block}
+    for mode in ("eager", "compiled") if compiled else ("eager",):
+        steps, peaks, warm = {}, {}, {}
+        for label, (name, kw) in models.items():
+            torch.manual_seed(0)
+            model = create_model(name, **kw).cuda().train()
+            net = torch.compile(model) if mode == "compiled" else model
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def step(model=model, opt=opt) -> None:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            def step(net=net, opt=opt) -> None:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = F.cross_entropy(net(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
 
-        torch.cuda.reset_peak_memory_stats()
-        _cuda_time(step, 3)
-        peaks[label] = torch.cuda.max_memory_allocated() / 2**30
-        steps[label] = step
-    med = _interleaved(steps, repeats)
-    ips = {label: batch / t for label, t in med.items()}
-    ratio = ips["RPC-SymViT-tiny"] / ips["SymViT-tiny"]
-    print(f"  training, bf16 AMP, batch {batch}: SymViT-tiny {ips['SymViT-tiny']:.0f} img/s "
-          f"(peak {peaks['SymViT-tiny']:.2f} GiB), RPC-SymViT-tiny {ips['RPC-SymViT-tiny']:.0f} img/s "
-          f"(peak {peaks['RPC-SymViT-tiny']:.2f} GiB): ratio {ratio:.3f} (paper, A100: 0.96)")
-    return {"images_per_s": ips, "ratio": ratio, "peak_memory_gib": peaks, "batch": batch}
+            torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            warm[label] = time.perf_counter() - t0
+            peaks[label] = torch.cuda.max_memory_allocated() / 2**30
+            steps[label] = step
+        times = _paired_blocks(steps, blocks, per_block)
+        ratios = [ts / tr for ts, tr in zip(times["SymViT-tiny"], times["RPC-SymViT-tiny"], strict=True)]
+        mean, lo, hi = _ratio_interval(ratios)
+        ips = {label: batch / statistics.median(ts) for label, ts in times.items()}
+        print(f"  training {mode}, bf16 AMP, batch {batch}: SymViT-tiny {ips['SymViT-tiny']:.0f} img/s "
+              f"(peak {peaks['SymViT-tiny']:.2f} GiB), RPC-SymViT-tiny {ips['RPC-SymViT-tiny']:.0f} img/s "
+              f"(peak {peaks['RPC-SymViT-tiny']:.2f} GiB): ratio {mean:.3f} (95 % interval {lo:.3f}-{hi:.3f} "
+              f"over {blocks} blocks of {per_block} steps; paper, A100: 0.963)"
+              + (f"; first 3 steps (compilation) {warm['SymViT-tiny']:.0f} / {warm['RPC-SymViT-tiny']:.0f} s"
+                 if mode == "compiled" else ""))
+        out[mode] = {"images_per_s": ips, "ratio": mean, "ratio_ci95": [lo, hi], "block_ratios": ratios,
+                     "peak_memory_gib": peaks, "first_steps_s": warm}
+    return out
+
+
+def part_large(steps: int, workers: int, device: str = "cuda") -> dict:
+    """How long ``vision-large`` would take on this GPU: its exact training runs (DeiT-Tiny width and depth,
+    float32, crop / flip, batch 128) for ``steps`` steps each, in the settings that can change the speed
+    but not the batches - the in-process loader (as the study ran), ``workers`` loader processes, those
+    plus ``torch.compile``, and four such processes at once - then the projected training time of the
+    study (4 variants x 5 seeds x 40 epochs of 58,000 images). Needs Fashion-MNIST ($FASHION_MNIST_ROOT)."""
+    import dataclasses
+    import shutil
+
+    from kpca_attention.data.images import FASHION_MNIST_ROOT
+    from kpca_attention.studies import STUDIES
+    from kpca_attention.train.logger import read_csv
+    from kpca_attention.train.loop import train
+
+    root = os.environ.get("FASHION_MNIST_ROOT", FASHION_MNIST_ROOT)
+    if not Path(root, "train-images-idx3-ubyte.gz").exists():
+        print(f"  skipped: no Fashion-MNIST under {root} (set $FASHION_MNIST_ROOT)")
+        return {"skipped": f"no Fashion-MNIST under {root}"}
+    study = STUDIES["vision-large"]()
+    variants = {v.slug: v for v in study.variants}
+    tmp = Path(tempfile.mkdtemp(prefix="large-"))
+
+    def config(slug: str, name: str, **changes):
+        cfg = study.train_config(variants[slug], 0, str(tmp / name))
+        return dataclasses.replace(cfg, max_steps=steps, log_every_steps=max(steps // 8, 1), progress=False,
+                                   checkpoint_every_steps=None, device=device, **changes)
+
+    def images_per_s(run: Path) -> float:
+        rows = read_csv(run / "steps.csv")
+        ips = [r["images_per_s"] for r in rows][2:]  # the first windows hold start-up and compilation
+        return statistics.median(ips) if ips else math.nan
+
+    res: dict = {"steps": steps, "workers": workers}
+    try:
+        for label, slug, changes in (("symvit, in-process loader (as the study ran)", "symvit", {}),
+                                     (f"symvit, {workers} loader workers", "symvit",
+                                      {"num_workers": workers}),
+                                     (f"symvit, {workers} workers, torch.compile", "symvit",
+                                      {"num_workers": workers, "compile": True}),
+                                     (f"rpc_official, {workers} workers, torch.compile", "rpc_official",
+                                      {"num_workers": workers, "compile": True})):
+            name = f"run{len(res)}"
+            t0 = time.perf_counter()
+            train(config(slug, name, **changes))
+            wall = time.perf_counter() - t0
+            ips = images_per_s(tmp / name)
+            res[label] = {"images_per_s": ips, "wall_s": wall}
+            print(f"  vision-large {label}: {ips:.0f} img/s ({steps} steps in {wall:.0f} s)")
+        # four processes side by side, each with its own loader workers (eager): what fills the GPU
+        procs, code = [], ("import dataclasses, sys, pickle; from kpca_attention.train.loop import train; "
+                           "train(pickle.load(open(sys.argv[1], 'rb')))")
+        import pickle
+        for i in range(4):
+            cfg = config("symvit", f"par{i}", num_workers=max(workers // 2, 1), seed=i)
+            (tmp / f"par{i}.pkl").write_bytes(pickle.dumps(cfg))
+            procs.append(subprocess.Popen([sys.executable, "-c", code, str(tmp / f"par{i}.pkl")], cwd=ROOT,
+                                          env={**os.environ, "OMP_NUM_THREADS": "2"}))
+        rcs = [p.wait() for p in procs]
+        each = [images_per_s(tmp / f"par{i}") if rc == 0 else math.nan for i, rc in enumerate(rcs)]
+        res["4 processes side by side"] = {"images_per_s_each": each, "images_per_s_total": sum(each)}
+        print(f"  vision-large 4 processes side by side (eager, {max(workers // 2, 1)} workers each): "
+              + ", ".join(f"{e:.0f}" for e in each) + f" img/s, {sum(each):.0f} together")
+        total_images = 4 * 5 * 40 * 58_000
+        best = max([v["images_per_s"] for k, v in res.items() if isinstance(v, dict) and "images_per_s" in v]
+                   + [res["4 processes side by side"]["images_per_s_total"]])
+        res["projected_training_minutes_at_best"] = total_images / best / 60
+        print(f"  projected: the study's {total_images / 1e6:.1f} M training images at {best:.0f} img/s take "
+              f"{total_images / best / 60:.0f} min of this GPU (evaluation not counted)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return res
 
 
 def _synthetic_imagefolder(root: Path, classes: int = 2, per_class: int = 16) -> None:
@@ -254,7 +377,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--batch", type=int, default=128, help="batch of the model throughput part")
-    ap.add_argument("--parts", default="tests,pap,compile,models,torchrun")
+    ap.add_argument("--parts", default="tests,pap,compile,models,torchrun,large")
+    ap.add_argument("--blocks", type=int, default=10, help="paired blocks of the models part")
+    ap.add_argument("--large-steps", type=int, default=160,
+                    help="training steps per setting of the large part")
+    ap.add_argument("--workers", type=int, default=6, help="loader workers in the large part")
     ap.add_argument("--json", type=Path, default=None, help="write all results here")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -266,7 +393,10 @@ def main() -> int:
           f"{props.major}.{props.minor}; torch {torch.__version__}, CUDA {torch.version.cuda}")
     parts = {"tests": part_tests, "pap": lambda: part_pap(args.repeats),
              "compile": lambda: part_compile(args.repeats),
-             "models": lambda: part_models(max(3, args.repeats // 2), args.batch), "torchrun": part_torchrun}
+             "models": lambda: part_models(args.blocks, args.batch), "torchrun": part_torchrun,
+             "large": lambda: part_large(args.large_steps, args.workers)}
+    from kpca_attention.io import write_json_atomic
+
     results: dict = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda}
     failed = []
     for name in args.parts.split(","):
@@ -280,11 +410,9 @@ def main() -> int:
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
             print(f"  FAIL {type(exc).__name__}: {exc}")
             traceback.print_exc(limit=3)
+        if args.json is not None:  # after every part: a run stopped at a time limit keeps what it measured
+            write_json_atomic(args.json, results)
     print("gpu_check: " + (f"FAILED parts: {', '.join(failed)}" if failed else "all parts ran"))
-    if args.json is not None:
-        from kpca_attention.io import write_json_atomic
-
-        write_json_atomic(args.json, results)
     return 1 if failed else 0
 
 
