@@ -83,7 +83,7 @@ def test_fused_update_off_by_default_on_cpu() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fused_update_on_cuda_equals_eager() -> None:
-    """On a GPU (benchmarks/gpu_check.py runs it): Triton's kernel against the eager ops, float64 and float32."""
+    """On a GPU (gpu_check runs it): Triton's kernel against the eager ops, float64 and float32."""
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
         k, L, R, tau = (t.cuda() for t in _inputs(dtype, (2, 3, 7, 1)))
         res = {}
