@@ -10,8 +10,8 @@ Without a CUDA device it prints one line saying so and exits 0. With one, in ord
    and under bf16 autocast (B=64 H=3 N=197 D=64, n_iter=4);
 3. ``compile``   - whether ``torch.compile(pap)`` is faster than eager pap (forward and forward+backward);
 4. ``models``    - training throughput of RPC-SymViT-tiny / SymViT-tiny with AMP (bf16) at batch 128,
-   224 px (the paper's Table 11 gives 0.963 on an A100), eager with PAP's update unfused and fused, and
-   under ``torch.compile``, the ratio with a 95 % interval over paired blocks, and the peak memory of each;
+   224 px (the paper's Table 11 gives 0.963 on an A100), eager and under ``torch.compile`` (which fuses
+   PAP's update), the ratio with a 95 % interval over paired blocks, and the peak memory of each;
 5. ``torchrun``  - a 1-GPU ``torchrun`` run of the ``deit`` preset (RPC-SymViT-tiny) for a few steps on
    a synthetic ImageFolder written to a temporary folder (NCCL process group, AMP, EMA, checkpoint);
 6. ``large``     - what ``vision-large`` would cost on this GPU: its own training runs for a few steps each
@@ -213,10 +213,10 @@ def _paired_blocks(steps: dict[str, Callable[[], object]], blocks: int,
 
 
 def part_models(blocks: int, batch: int, per_block: int = 10, compiled: bool = True) -> dict:
-    """RPC-SymViT-tiny / SymViT-tiny training throughput with bf16 AMP at 224 px: eager with PAP's update
-    unfused (``KPCA_ATTENTION_GPU_FUSED=0``), eager with it fused (pap/gpu_update.py, the default), and
-    (``compiled``) both models under ``torch.compile``. The ratio is measured in ``blocks`` paired blocks
-    of ``per_block`` steps each, and given with a 95 % t interval over the blocks."""
+    """RPC-SymViT-tiny / SymViT-tiny training throughput with bf16 AMP at 224 px, eager and (``compiled``)
+    under ``torch.compile`` (which fuses PAP's elementwise update between the attention passes: the GPU's
+    fused update). The ratio is measured in ``blocks`` paired blocks of ``per_block`` steps each, and
+    given with a 95 % t interval over the blocks."""
     import kpca_attention  # noqa: F401  (registers the models in timm)
     from kpca_attention.models import create_model
 
@@ -225,13 +225,8 @@ def part_models(blocks: int, batch: int, per_block: int = 10, compiled: bool = T
                                   {"rpc_iters": 4, "rpc_lambda": 4.0, "rpc_layers": "first"})}
     x = torch.rand(batch, 3, 224, 224, device="cuda")
     y = torch.randint(0, 1000, (batch,), device="cuda")
-    from kpca_attention.pap import gpu_update
-
     out: dict = {"batch": batch, "blocks": blocks, "steps_per_block": per_block}
-    modes = ["eager, unfused update", "eager"] + (["compiled"] if compiled else [])
-    fused_before = gpu_update._ENABLED
-    for mode in modes:
-        gpu_update._ENABLED = fused_before and mode != "eager, unfused update"
+    for mode in ("eager", "compiled") if compiled else ("eager",):
         steps, peaks, warm = {}, {}, {}
         for label, (name, kw) in models.items():
             torch.manual_seed(0)
@@ -266,7 +261,6 @@ def part_models(blocks: int, batch: int, per_block: int = 10, compiled: bool = T
                  if mode == "compiled" else ""))
         out[mode] = {"images_per_s": ips, "ratio": mean, "ratio_ci95": [lo, hi], "block_ratios": ratios,
                      "peak_memory_gib": peaks, "first_steps_s": warm}
-    gpu_update._ENABLED = fused_before
     return out
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from . import gpu_update, kernels
+from . import kernels
 from .inputs import tracing
 
 __all__: list[str] = []
@@ -137,8 +137,7 @@ class ClampTau(torch.autograd.Function):
 
 
 class UpdateStep(torch.autograd.Function):
-    """:func:`update_step` with autograd: ``(K, L_t, R_t, tau) -> (R_{t+1}, X_{t+1})``; on a GPU both
-    directions run fused (:mod:`.gpu_update`).
+    """:func:`update_step` with autograd: ``(K, L_t, R_t, tau) -> (R_{t+1}, X_{t+1})``.
 
     Backward, with Z = K - 2 L_t + R_t, C = clamp(Z), R' = C + L_t, X' = C + 3 L_t - 2 R_t:
     dC = dR' + dX';  dZ, dtau from the clamp;  dK = dZ;  dR_t = dZ - 2 dX';  dL_t = dR' + 3 dX' - 2 dZ.
@@ -146,8 +145,7 @@ class UpdateStep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, k: Tensor, L: Tensor, R: Tensor, tau: Tensor) -> tuple[Tensor, Tensor]:
-        fused = gpu_update.forward(k, L, R, tau) if gpu_update.applies(k) else None
-        R_next, X_next, C = fused if fused is not None else update_step(k, L, R, tau, keep_c=True)
+        R_next, X_next, C = update_step(k, L, R, tau, keep_c=True)
         ctx.save_for_backward(C, tau)
         return R_next, X_next
 
@@ -158,11 +156,6 @@ class UpdateStep(torch.autograd.Function):
         if g_r is None and g_x is None:
             return None, None, None, None
         both = g_r is not None and g_x is not None
-        if both and gpu_update.applies(C):
-            fused = gpu_update.backward(g_r, g_x, C, tau, ctx.needs_input_grad[3])
-            if fused is not None:
-                g_z, g_L, g_R, g_tau = fused
-                return (g_z if ctx.needs_input_grad[0] else None), g_L, g_R, g_tau
         g_c = g_r + g_x if both else (g_r if g_x is None else g_x)
         g_z, g_tau = clamp_backward(g_c, C, tau, ctx.needs_input_grad[3])
         g_k = g_z if ctx.needs_input_grad[0] else None
