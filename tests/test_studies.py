@@ -373,6 +373,14 @@ def test_other_seeds_keep_the_study_definition(tmp_path, monkeypatch) -> None:
         assert {v.slug: v.seeds for v in study.variants} == {v.slug: v.seeds for v in full.variants}
     with pytest.raises(ValueError, match=r"seeds \[7\] are not among"):
         real(full, tmp_path / "w", seeds=(7,))
+    # --loader-workers reaches the engine and is left out of the recorded command (the batches are the same)
+    res = CliRunner().invoke(app, ["study", "vision", "--loader-workers", "3", "--out", str(tmp_path / "v")])
+    assert res.exit_code == 0, res.output
+    assert seen["loader_workers"] == 3 and "--loader-workers" not in seen["command"]
+    res = CliRunner().invoke(app, ["study", "vision", "--loader-workers", "-1", "--out", str(tmp_path / "v")])
+    assert res.exit_code == 2 and "--loader-workers must be an integer >= 0" in res.output
+    with pytest.raises(ValueError, match="loader_workers must be an integer >= 0"):
+        real(full, tmp_path / "w", loader_workers=-1)
 
 
 def test_study_help_names_every_registered_study() -> None:

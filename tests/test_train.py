@@ -198,6 +198,19 @@ def test_deit_recipe_runs_on_an_image_folder(tmp_path):
     assert model(torch.rand(2, 3, 32, 32)).shape == (2, 2) and res.global_step == 4
 
 
+def test_loader_workers_give_the_same_batches(tmp_path):
+    """Loader processes (``num_workers``, the study's ``--loader-workers``) change where the augmented
+    batches are made, not what they are: the same weights, bit for bit, as the in-process loader (the
+    digits preset crops at random: each image's augmentation is seeded by its index, in any process)."""
+    from kpca_attention.train.rundir import trajectory_settings
+
+    base = train(tiny(tmp_path, "in-process"))
+    workers = train(tiny(tmp_path, "workers", num_workers=2))
+    assert workers.global_step == base.global_step == 12
+    assert_same_weights(base, workers, atol=0.0)
+    assert trajectory_settings(tiny(tmp_path, "a", num_workers=2)) == trajectory_settings(tiny(tmp_path, "a"))
+
+
 def test_compiled_training_steps_follow_the_eager_run(tmp_path):
     """``compile=True`` (torch.compile of the training steps' module, inductor's C++ on the CPU) trains the
     same model: the same weights to float32 rounding after 12 steps, the same keys in the checkpoint (no

@@ -75,7 +75,7 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 
 #: options that do not change a study's results: left out of the recorded command (value count)
-_NO_EFFECT = {"--runs": 1, "--threads": 1, "--progress": 0, "--no-progress": 0, "--force": 0, "--no-force": 0,
+_NO_EFFECT = {"--runs": 1, "--threads": 1, "--loader-workers": 1, "--progress": 0, "--no-progress": 0, "--force": 0, "--no-force": 0,
               "--checks": 0, "--no-checks": 0}
 
 
@@ -108,7 +108,7 @@ def regenerate_command(argv: list[str], out: Path) -> str:
 
 def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progress: bool,
          only: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
-         record: bool = True, checks: bool = True, any_machine: bool = False) -> None:
+         record: bool = True, checks: bool = True, any_machine: bool = False, loader_workers: int = 0) -> None:
     from ..studies import run_study
 
     if out.exists() and not out.is_dir():
@@ -116,7 +116,8 @@ def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progr
     # the command that regenerates the whole study (a run restricted to some variants is not one)
     command = regenerate_command(sys.argv[1:], out) if record else None
     report = run_study(study, out, runs, jobs=jobs, force=force, progress=progress, only=only,
-                       seeds=seeds, command=command, checks=checks, any_machine=any_machine)
+                       seeds=seeds, command=command, checks=checks, any_machine=any_machine,
+                       loader_workers=loader_workers)
     typer.echo(str(report))
 
 
@@ -160,6 +161,9 @@ def study_cmd(
     variants: Annotated[str | None, typer.Option(help="Comma-separated variant slugs to run (default all).")] = None,
     jobs: Annotated[int, typer.Option(help="Runs in parallel, one thread each.")] = 1,
     threads: Annotated[int | None, typer.Option(help="torch threads with --jobs 1.")] = None,
+    loader_workers: Annotated[int, typer.Option(
+        help="Training-data loader processes per run (0: in the run's process). The batches stay the same; "
+             "on a GPU the loader is the limit (docs/benchmarks.md).")] = 0,
     force: Annotated[bool, typer.Option(help="Delete this study's results and runs first.")] = False,
     progress: Annotated[bool, typer.Option(help="Progress bars (only shown on a terminal).")] = True,
     checks: Annotated[bool, typer.Option(
@@ -175,6 +179,7 @@ def study_cmd(
     if name not in STUDIES:
         raise ValueError(f"unknown study {name!r}; valid: {', '.join(STUDIES)}")
     _threads(threads)
+    Int(min=0)(loader_workers, "--loader-workers")
     _passive_openmp("study")
     study = get_study(name)
     chosen = None
@@ -187,7 +192,8 @@ def study_cmd(
         study = study.replace(seeds=tuple(sorted(set(study.seeds) | set(chosen))))
     only = parse_list(variants) or None
     _run(study, out or Path("results") / name, runs or Path("runs/studies") / name, jobs, force, progress,
-         only=only, seeds=chosen, record=only is None and whole, checks=checks, any_machine=any_machine)
+         only=only, seeds=chosen, record=only is None and whole, checks=checks, any_machine=any_machine,
+         loader_workers=loader_workers)
 
 
 def ablate_cmd(

@@ -111,12 +111,15 @@ def check_machine_kind(out: Path, any_machine: bool = False) -> None:
 
 
 def ensure_trained(study: Study, variant: Variant, seed: int, runs: Path, *, progress: bool,
-                   log: Callable[[str], None], before_training: Callable[[], None] | None = None) -> Path:
+                   log: Callable[[str], None], before_training: Callable[[], None] | None = None,
+                   loader_workers: int = 0) -> Path:
     """Train, resume or reuse the run of (variant, seed); returns its run directory. ``before_training``
-    is called before a run is trained or resumed (not when a finished one is reused)."""
+    is called before a run is trained or resumed (not when a finished one is reused); ``loader_workers``:
+    the training loader's processes (the batches are the same with any number)."""
     run_dir = run_dir_of(runs, variant, seed)
     cfg = study.train_config(variant, seed, str(run_dir))
     cfg.progress = progress
+    cfg.num_workers = loader_workers
     rd = RunDir(run_dir)
     if rd.has_checkpoint():
         try:
@@ -164,11 +167,12 @@ def _training_summary(task: Task, run_dir: Path, model: nn.Module) -> dict[str, 
 
 def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: str | os.PathLike, *,
             progress: bool = True, threads: int | None = None, device: str | None = None,
-            cache: bool = True, any_machine: bool = False) -> Path:
+            cache: bool = True, any_machine: bool = False, loader_workers: int = 0) -> Path:
     """Train (when needed) and evaluate one (variant, seed) of ``study``; returns its results file.
     An existing model (``variant.source``) is loaded on ``device`` and evaluated only; ``cache``: keep
     expensive inputs (corrupted images) under ``<runs>/cache``; ``any_machine``: train here even if the
-    study's finished runs were trained on another kind of machine."""
+    study's finished runs were trained on another kind of machine; ``loader_workers``: the training
+    loader's processes."""
     if threads is not None:
         torch.set_num_threads(threads)
     out, runs = Path(out), Path(runs)
@@ -186,7 +190,8 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
     def run_dir() -> Path:
         if "dir" not in state:
             state["dir"] = ensure_trained(study, variant, seed, runs, progress=progress, log=log,
-                                          before_training=lambda: check_machine_kind(out, any_machine))
+                                          before_training=lambda: check_machine_kind(out, any_machine),
+                                          loader_workers=loader_workers)
         return state["dir"]
 
     def model() -> nn.Module:
@@ -327,10 +332,10 @@ def _evaluate_source(study: Study, variant: Variant, out: Path, runs: Path, *, p
     return store.path
 
 
-def _worker(args: tuple[Study, str, int, str, str, str | None, bool, bool]) -> str:
-    study, slug, seed, out, runs, device, cache, any_machine = args
+def _worker(args: tuple[Study, str, int, str, str, str | None, bool, bool, int]) -> str:
+    study, slug, seed, out, runs, device, cache, any_machine, loader_workers = args
     return str(run_one(study, slug, seed, out, runs, progress=False, threads=1, device=device, cache=cache,
-                       any_machine=any_machine))
+                       any_machine=any_machine, loader_workers=loader_workers))
 
 
 def _check_settings(study: Study, out: Path, force: bool, command: str | None = None) -> None:
@@ -423,6 +428,7 @@ def run_study(
     device: str | None = None,
     cache: bool = True,
     any_machine: bool = False,
+    loader_workers: int = 0,
 ) -> Path:
     """Run every (variant, seed) of ``study`` (``only``: these variant slugs; ``seeds``: these of the
     study's seeds), then the checks, then write the report; returns the report's path.
@@ -441,9 +447,14 @@ def run_study(
         cache: keep corrupted test images under ``<runs>/cache``.
         any_machine: train even where the study's finished runs were trained on another kind of machine
             (refused otherwise: :func:`check_machine_kind`).
+        loader_workers: training-data loader processes per run (0: in the run's process); the batches
+            are the same with any number (each image's augmentation is seeded by its index), so finished
+            runs stay valid. On a GPU the in-process loader is the limit (docs/benchmarks.md).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
+    if isinstance(loader_workers, bool) or not isinstance(loader_workers, int) or loader_workers < 0:
+        raise ValueError(f"loader_workers must be an integer >= 0, got {loader_workers!r}")
     out = Path(out)
     runs = Path(runs) if runs is not None else out / "runs"
     todo = [(v, s) for v, s in study.runs()
@@ -474,7 +485,7 @@ def run_study(
     if jobs == 1:
         for v, s in todo:
             run_one(study, v.slug, s, out, runs, progress=progress, device=device, cache=cache,
-                    any_machine=any_machine)
+                    any_machine=any_machine, loader_workers=loader_workers)
             if report:
                 _report(out)
     else:
@@ -486,7 +497,7 @@ def run_study(
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             futures = [pool.submit(_worker, (study, v.slug, s, str(out), str(runs), device, cache,
-                                             any_machine)) for v, s in todo]
+                                             any_machine, loader_workers)) for v, s in todo]
             for fut in as_completed(futures):
                 fut.result()
                 if report:
