@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from kpca_attention.cli import app
+from kpca_attention.kpca import pack_records, unpack_records
 
 TEXTS = "\n".join(
     [
@@ -52,6 +55,11 @@ def test_analyze_minilm_texts_with_report(tmp_path):
     ):
         assert isinstance(res["summary"][key], float)
     assert len(res["heads"]) == 6 * 12 and len(res["layers"]) == 6
+    # the per-record columns are stored packed and read back exactly: the summary is their mean
+    rec = unpack_records(res["records"])
+    assert res["records"]["n"] == 4 * 6 * 12 and all(len(c) == 4 * 6 * 12 for c in rec.values())
+    assert rec["layer"].dtype == np.int64 and sorted(set(rec["layer"].tolist())) == list(range(6))
+    assert np.nanmean(rec["linear_cka"]) == pytest.approx(res["summary"]["linear_cka"], rel=1e-12)
     for png in (
         "gamma_differences.png",
         "eigenvalue_spectrum.png",
@@ -134,3 +142,19 @@ def test_claims_table(tmp_path):
     assert "Alignment against chance" in report and "Positive control" in report
     for png in ("alignment_vs_chance.png", "positive_control.png"):
         assert (tmp_path / "c" / "all-MiniLM-L6-v2" / png).stat().st_size > 1000
+
+
+def test_records_pack_and_unpack_exactly() -> None:
+    cols = {"x": [0.1, float("nan"), -1e-300, 1 / 3], "layer": [0, 1, 2, 3],
+            "flag": [True, False, True, True]}
+    packed = pack_records(cols)
+    json.dumps(packed)  # JSON-safe text
+    back = unpack_records(json.loads(json.dumps(packed)))
+    np.testing.assert_array_equal(back["x"], np.asarray(cols["x"]))  # bit for bit, NaN included
+    assert back["layer"].tolist() == [0, 1, 2, 3] and back["flag"].tolist() == [1, 0, 1, 1]
+    assert unpack_records({"x": [1.5, 2.5]})["x"].tolist() == [1.5, 2.5]  # files written before packing
+    with pytest.raises(ValueError, match="expected 4 values"):
+        pack_records({"a": [1.0, 2.0, 3.0, 4.0], "b": [1.0]})
+    packed["n"] = 5
+    with pytest.raises(ValueError, match="the file says 5"):
+        unpack_records(packed)

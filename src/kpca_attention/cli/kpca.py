@@ -29,6 +29,13 @@ OPTIONS = {
 }
 
 
+def _stored(res: dict[str, Any]) -> dict[str, Any]:
+    """An analysis as its JSON file holds it: the per-record columns packed (exact, 40 % of the text)."""
+    from ..kpca.analysis import pack_records
+
+    return {**res, "records": pack_records(res["records"])} if res.get("records") else res
+
+
 def _check_options(**values: Any) -> None:
     """Every option of the command against :data:`OPTIONS`, and the inputs' combination, before any work."""
     from ..kpca.run import check_input_options
@@ -162,7 +169,7 @@ def analyze_cmd(
         keep_padding=keep_padding,
     )
     res["inputs"] = inputs.description
-    write_json_atomic(json_out, res, indent=1)
+    write_json_atomic(json_out, _stored(res), indent=1)
     s = res["summary"]
     typer.echo(
         f"{model}: "
@@ -240,7 +247,7 @@ def claims_cmd(
         loaded = load_for_analysis(name, pretrained=pretrained, device=device)
         res = analyze_model(loaded, **inputs.kwargs(), config=cfg, prefixes=prefixes)
         res["inputs"] = inputs.description
-        write_json_atomic(output_path(out, f"analysis_{label}.json"), res, indent=None)
+        write_json_atomic(output_path(out, f"analysis_{label}.json"), _stored(res), indent=None)
         if report:
             typer.echo(f"report: {write_report(res, output_path(out, label))}")
         verdicts.append(judge(res, run_dir=Path(name) if Path(name).exists() else None))

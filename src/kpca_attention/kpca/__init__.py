@@ -6,11 +6,13 @@ Library: :func:`feature_gram`, :func:`kpca_eigen`, :func:`predicted_values` (The
 (Fig. 2, 5), :func:`top_eigenvalues` / :func:`eigen_stats`, :func:`alignment`, :func:`linear_cka`,
 :func:`kernel_cka`; their chance levels and positive control: :func:`null_alignment`,
 :func:`positive_control`, :func:`chance_test` (:mod:`.chance`). Capturing q, k, v from models lives
-in :mod:`.capture`, the whole-model analysis in :mod:`.analysis`, the claims table in :mod:`.claims`,
-the training callback in :mod:`.callback`.
+in :mod:`.capture`, the whole-model analysis in :mod:`.analysis` (an analysis file's per-record columns:
+:func:`pack_records`, :func:`unpack_records`), the claims table in :mod:`.claims`, the training callback
+in :mod:`.callback`.
 """
 
 from .alignment import alignment, kernel_cka, linear_cka, optimal_cosine, rbf_gram, row_cosine
+from .analysis import pack_records, unpack_records
 from .chance import chance_test, null_alignment, positive_control, share_of_change
 from .diagnostics import (
     eigen_stats,
@@ -47,4 +49,6 @@ __all__ = [
     "positive_control",
     "chance_test",
     "share_of_change",
+    "pack_records",
+    "unpack_records",
 ]
