@@ -154,6 +154,24 @@ def test_no_checks_leaves_the_throughput_check_out(tmp_path) -> None:
     assert names == ["rpc_no_dual-s0.json", "symvit-s0.json"]
 
 
+def test_a_run_taken_from_another_study_is_not_refused_on_another_machine(tmp_path, monkeypatch) -> None:
+    """The up-front machine check refuses only where a run will train: a run another study holds in full
+    (``Study.reuse``) is referred to, not trained, so it is not refused on another kind of machine."""
+    engine = importlib.import_module("kpca_attention.studies.engine")
+    base = ablation_study(seeds=(0,), variants=("rpc_no_dual",), quick=True, train_subset=64)
+    a = base.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)
+    b = a.replace(name="b", reuse=(a.name,))
+    run_study(a, tmp_path / a.name, progress=False, checks=False, only=("symvit",))
+    run_study(b, tmp_path / "b", progress=False, checks=False, only=("rpc_no_dual",))  # trained here
+    real = engine.machine_kind
+    monkeypatch.setattr(engine, "machine_kind", lambda info=None: real(info) if info else "Another CPU")
+    run_study(b, tmp_path / "b", progress=False, checks=False, only=("symvit",))  # taken from a: no refusal
+    assert ResultStore(tmp_path / "b" / "results" / "symvit-s0.json").taken_from is not None
+    b2 = b.replace(seeds=(0, 1))
+    with pytest.raises(ValueError, match="this machine is Another CPU"):  # a run that would train still is
+        run_study(b2, tmp_path / "b", progress=False, checks=False, seeds=(1,), only=("symvit",))
+
+
 def test_a_study_trains_on_one_kind_of_machine(tmp_path, monkeypatch) -> None:
     # runs of one study trained on two kinds of machine differ by more than their seeds (an AMD EPYC and
     # an Intel Xeon take other floating-point paths): training a run on another kind is refused with one

@@ -269,6 +269,14 @@ def _holds_everything(study: Study, variant: Variant, seed: int, runs: Path, pat
     return True
 
 
+def _nothing_to_train(study: Study, variant: Variant, seed: int, out: Path, runs: Path) -> bool:
+    """Whether (variant, seed) needs no training: this study's result file holds every item, or one of
+    the studies it reuses (``Study.reuse``) does (it will be referred to, not trained)."""
+    paths = [result_path(out, variant, seed)]
+    paths += [result_path(out.parent / other, variant, seed) for other in study.reuse]
+    return any(_holds_everything(study, variant, seed, runs, p) for p in paths)
+
+
 def _take_from_other_studies(study: Study, variant: Variant, seed: int, out: Path, runs: Path,
                              log: Callable[[str], None]) -> None:
     """``Study.reuse``: refer to ``<out>/../<other>/results/<slug>-s<seed>.json`` from this study's results
@@ -474,8 +482,7 @@ def run_study(
             shutil.rmtree(run_dir_of(runs, v, s), ignore_errors=True)
         shutil.rmtree(out / "checks", ignore_errors=True)
     if not any_machine and any(v.source is None and not RunDir(run_dir_of(runs, v, s)).finished()
-                               and not _holds_everything(study, v, s, runs, result_path(out, v, s))
-                               for v, s in todo):
+                               and not _nothing_to_train(study, v, s, out, runs) for v, s in todo):
         check_machine_kind(out)  # a run will train: refuse before settings.json changes, not in the middle
     out.mkdir(parents=True, exist_ok=True)
     _check_settings(study, out, force, command)
