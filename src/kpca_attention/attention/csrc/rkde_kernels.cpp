@@ -44,12 +44,34 @@ void squared_norms(const T* x, int64_t n, int64_t d, T scale, T* out) {
   }
 }
 
+// K_k and K_kv of the pairs (j, l .. l + W - 1) from their Gram entries and scaled squared norms: the exps of
+// min(0, 2 s G_jl + n_j + n_l) for the keys and of that plus the same for the values (kde.py's _log_gram_kernel)
+template <typename T>
+inline void kernel_pairs(const T* gkj, const T* gvj, const T* nk, const T* nv, int64_t l, const Vectorized<T>& nkj,
+                         const Vectorized<T>& nvj, const Vectorized<T>& v2s, Vectorized<T>& ek, Vectorized<T>& ekv) {
+  using Vec = Vectorized<T>;
+  const Vec lk = at::vec::minimum(at::vec::fmadd(Vec::loadu(gkj + l), v2s, nkj + Vec::loadu(nk + l)), Vec(T(0)));
+  const Vec lv = at::vec::minimum(at::vec::fmadd(Vec::loadu(gvj + l), v2s, nvj + Vec::loadu(nv + l)), Vec(T(0)));
+  ek = vexp(lk);
+  ekv = vexp(lk + lv);
+}
+
+// the same for one pair (j, l), in scalars
+template <typename T>
+inline void kernel_pair(const T* gkj, const T* gvj, const T* nk, const T* nv, int64_t j, int64_t l, T scale, T& ek,
+                        T& ekv) {
+  const T lk = std::min(T(0), T(2) * scale * gkj[l] + nk[j] + nk[l]);
+  const T lv = std::min(T(0), T(2) * scale * gvj[l] + nv[j] + nv[l]);
+  ek = std::exp(lk);
+  ekv = std::exp(lk + lv);
+}
+
 // one head: Gk = Xk Xk^T and Gv = Xv Xv^T in the task's buffers, then the upper triangle's kernels into the sums
 template <typename T>
 void head_colsums(const T* gk, const T* gv, const T* nk, const T* nv, int64_t n, T scale, T* sk, T* skv) {
   using Vec = Vectorized<T>;
   const int64_t W = Vec::size();
-  const Vec vzero(T(0)), v2s(T(2) * scale);
+  const Vec v2s(T(2) * scale);
   std::fill(sk, sk + n, T(0));
   std::fill(skv, skv + n, T(0));
   for (int64_t j = 0; j < n; ++j) {
@@ -57,24 +79,21 @@ void head_colsums(const T* gk, const T* gv, const T* nk, const T* nv, int64_t n,
     const T* gvj = gv + j * n;
     const Vec nkj(nk[j]), nvj(nv[j]);
     // the diagonal, as the eager path computes it (exp of the clamped rounding, ~1)
-    const T lkd = std::min(T(0), T(2) * scale * gkj[j] + nk[j] + nk[j]);
-    const T lvd = std::min(T(0), T(2) * scale * gvj[j] + nv[j] + nv[j]);
-    T rk = std::exp(lkd), rkv = std::exp(lkd + lvd);
+    T rk, rkv;
+    kernel_pair<T>(gkj, gvj, nk, nv, j, j, scale, rk, rkv);
     Vec vrk(T(0)), vrkv(T(0));
     int64_t l = j + 1;
     for (; l + W <= n; l += W) {
-      const Vec lk = at::vec::minimum(at::vec::fmadd(Vec::loadu(gkj + l), v2s, nkj + Vec::loadu(nk + l)), vzero);
-      const Vec lv = at::vec::minimum(at::vec::fmadd(Vec::loadu(gvj + l), v2s, nvj + Vec::loadu(nv + l)), vzero);
-      const Vec ek = vexp(lk), ekv = vexp(lk + lv);
+      Vec ek, ekv;
+      kernel_pairs<T>(gkj, gvj, nk, nv, l, nkj, nvj, v2s, ek, ekv);
       vrk = vrk + ek;
       vrkv = vrkv + ekv;
       (Vec::loadu(sk + l) + ek).store(sk + l);  // K_jl = K_lj: the same value adds to column l
       (Vec::loadu(skv + l) + ekv).store(skv + l);
     }
     for (; l < n; ++l) {
-      const T lk = std::min(T(0), T(2) * scale * gkj[l] + nk[j] + nk[l]);
-      const T lv = std::min(T(0), T(2) * scale * gvj[l] + nv[j] + nv[l]);
-      const T ek = std::exp(lk), ekv = std::exp(lk + lv);
+      T ek, ekv;
+      kernel_pair<T>(gkj, gvj, nk, nv, j, l, scale, ek, ekv);
       rk += ek;
       rkv += ekv;
       sk[l] += ek;
@@ -125,23 +144,23 @@ template <typename T>
 void head_kernels(T* gk, T* gv, const T* nk, const T* nv, int64_t n, T scale) {
   using Vec = Vectorized<T>;
   const int64_t W = Vec::size();
-  const Vec vzero(T(0)), v2s(T(2) * scale);
+  const Vec v2s(T(2) * scale);
   for (int64_t j = 0; j < n; ++j) {
     T* gkj = gk + j * n;
     T* gvj = gv + j * n;
     const Vec nkj(nk[j]), nvj(nv[j]);
     int64_t l = j;
-    for (; l + W <= n; l += W) {
-      const Vec lk = at::vec::minimum(at::vec::fmadd(Vec::loadu(gkj + l), v2s, nkj + Vec::loadu(nk + l)), vzero);
-      const Vec lv = at::vec::minimum(at::vec::fmadd(Vec::loadu(gvj + l), v2s, nvj + Vec::loadu(nv + l)), vzero);
-      vexp(lk).store(gkj + l);
-      vexp(lk + lv).store(gvj + l);
+    for (; l + W <= n; l += W) {  // in place: each Gram entry is read before its kernel overwrites it
+      Vec ek, ekv;
+      kernel_pairs<T>(gkj, gvj, nk, nv, l, nkj, nvj, v2s, ek, ekv);
+      ek.store(gkj + l);
+      ekv.store(gvj + l);
     }
     for (; l < n; ++l) {
-      const T lk = std::min(T(0), T(2) * scale * gkj[l] + nk[j] + nk[l]);
-      const T lv = std::min(T(0), T(2) * scale * gvj[l] + nv[j] + nv[l]);
-      gkj[l] = std::exp(lk);
-      gvj[l] = std::exp(lk + lv);
+      T ek, ekv;
+      kernel_pair<T>(gkj, gvj, nk, nv, j, l, scale, ek, ekv);
+      gkj[l] = ek;
+      gvj[l] = ekv;
     }
     for (int64_t i = 0; i < j; ++i) {  // the lower triangle of row j: the upper triangle's column j
       gkj[i] = gk[i * n + j];
