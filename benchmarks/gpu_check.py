@@ -378,7 +378,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--batch", type=int, default=128, help="batch of the model throughput part")
     ap.add_argument("--parts", default="tests,pap,compile,models,torchrun,large")
-    ap.add_argument("--blocks", type=int, default=10, help="paired blocks of the models part")
+    ap.add_argument("--blocks", type=int, default=40,
+                    help="paired blocks of the models part (40: an interval ~0.05 wide)")
     ap.add_argument("--large-steps", type=int, default=160,
                     help="training steps per setting of the large part")
     ap.add_argument("--workers", type=int, default=6, help="loader workers in the large part")
