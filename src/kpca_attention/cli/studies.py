@@ -75,8 +75,8 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 
 #: options that do not change a study's results: left out of the recorded command (value count)
-_NO_EFFECT = {"--runs": 1, "--threads": 1, "--loader-workers": 1, "--progress": 0, "--no-progress": 0, "--force": 0, "--no-force": 0,
-              "--checks": 0, "--no-checks": 0}
+_NO_EFFECT = {"--runs": 1, "--threads": 1, "--loader-workers": 1, "--progress": 0, "--no-progress": 0,
+              "--force": 0, "--no-force": 0, "--checks": 0, "--no-checks": 0}
 
 
 def regenerate_command(argv: list[str], out: Path) -> str:
@@ -108,7 +108,8 @@ def regenerate_command(argv: list[str], out: Path) -> str:
 
 def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progress: bool,
          only: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
-         record: bool = True, checks: bool = True, any_machine: bool = False, loader_workers: int = 0) -> None:
+         record: bool = True, checks: bool = True, any_machine: bool = False,
+         loader_workers: int = 0) -> None:
     from ..studies import run_study
 
     if out.exists() and not out.is_dir():
