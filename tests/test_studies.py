@@ -388,6 +388,7 @@ def test_other_seeds_keep_the_study_definition(tmp_path, monkeypatch) -> None:
         study = seen["study"]
         assert study.suites.to_dict() == full.suites.to_dict() and study.seeds == study_seeds
         assert seen["seeds"] == seeds and (seen["command"] is not None) == recorded
+        assert seen["loader_workers"] is None  # not given: the recipe's own loader setting stays
         assert {v.slug: v.seeds for v in study.variants} == {v.slug: v.seeds for v in full.variants}
     with pytest.raises(ValueError, match=r"seeds \[7\] are not among"):
         real(full, tmp_path / "w", seeds=(7,))
@@ -397,7 +398,7 @@ def test_other_seeds_keep_the_study_definition(tmp_path, monkeypatch) -> None:
     assert seen["loader_workers"] == 3 and "--loader-workers" not in seen["command"]
     res = CliRunner().invoke(app, ["study", "vision", "--loader-workers", "-1", "--out", str(tmp_path / "v")])
     assert res.exit_code == 2 and "--loader-workers must be an integer >= 0" in res.output
-    with pytest.raises(ValueError, match="loader_workers must be an integer >= 0"):
+    with pytest.raises(ValueError, match="loader_workers must be None or an integer >= 0"):
         real(full, tmp_path / "w", loader_workers=-1)
 
 

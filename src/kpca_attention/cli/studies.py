@@ -109,7 +109,7 @@ def regenerate_command(argv: list[str], out: Path) -> str:
 def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progress: bool,
          only: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
          record: bool = True, checks: bool = True, any_machine: bool = False,
-         loader_workers: int = 0) -> None:
+         loader_workers: int | None = None) -> None:
     from ..studies import run_study
 
     if out.exists() and not out.is_dir():
@@ -162,9 +162,9 @@ def study_cmd(
     variants: Annotated[str | None, typer.Option(help="Comma-separated variant slugs to run (default all).")] = None,
     jobs: Annotated[int, typer.Option(help="Runs in parallel, one thread each.")] = 1,
     threads: Annotated[int | None, typer.Option(help="torch threads with --jobs 1.")] = None,
-    loader_workers: Annotated[int, typer.Option(
-        help="Training-data loader processes per run (0: in the run's process). The batches stay the same; "
-             "on a GPU the loader is the limit (docs/benchmarks.md).")] = 0,
+    loader_workers: Annotated[int | None, typer.Option(
+        help="Training-data loader processes per run (default: the recipe's; 0: in the run's process). The "
+             "batches stay the same; on a GPU the loader is the limit (docs/benchmarks.md).")] = None,
     force: Annotated[bool, typer.Option(help="Delete this study's results and runs first.")] = False,
     progress: Annotated[bool, typer.Option(help="Progress bars (only shown on a terminal).")] = True,
     checks: Annotated[bool, typer.Option(
@@ -180,7 +180,7 @@ def study_cmd(
     if name not in STUDIES:
         raise ValueError(f"unknown study {name!r}; valid: {', '.join(STUDIES)}")
     _threads(threads)
-    Int(min=0)(loader_workers, "--loader-workers")
+    Int(min=0, allow_none=True)(loader_workers, "--loader-workers")
     _passive_openmp("study")
     study = get_study(name)
     chosen = None

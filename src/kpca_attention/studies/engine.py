@@ -112,14 +112,15 @@ def check_machine_kind(out: Path, any_machine: bool = False) -> None:
 
 def ensure_trained(study: Study, variant: Variant, seed: int, runs: Path, *, progress: bool,
                    log: Callable[[str], None], before_training: Callable[[], None] | None = None,
-                   loader_workers: int = 0) -> Path:
+                   loader_workers: int | None = None) -> Path:
     """Train, resume or reuse the run of (variant, seed); returns its run directory. ``before_training``
     is called before a run is trained or resumed (not when a finished one is reused); ``loader_workers``:
-    the training loader's processes (the batches are the same with any number)."""
+    the training loader's processes in place of the recipe's (the batches are the same with any number)."""
     run_dir = run_dir_of(runs, variant, seed)
     cfg = study.train_config(variant, seed, str(run_dir))
     cfg.progress = progress
-    cfg.num_workers = loader_workers
+    if loader_workers is not None:
+        cfg.num_workers = loader_workers
     rd = RunDir(run_dir)
     if rd.has_checkpoint():
         try:
@@ -167,12 +168,12 @@ def _training_summary(task: Task, run_dir: Path, model: nn.Module) -> dict[str, 
 
 def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: str | os.PathLike, *,
             progress: bool = True, threads: int | None = None, device: str | None = None,
-            cache: bool = True, any_machine: bool = False, loader_workers: int = 0) -> Path:
+            cache: bool = True, any_machine: bool = False, loader_workers: int | None = None) -> Path:
     """Train (when needed) and evaluate one (variant, seed) of ``study``; returns its results file.
     An existing model (``variant.source``) is loaded on ``device`` and evaluated only; ``cache``: keep
     expensive inputs (corrupted images) under ``<runs>/cache``; ``any_machine``: train here even if the
     study's finished runs were trained on another kind of machine; ``loader_workers``: the training
-    loader's processes."""
+    loader's processes (None: the recipe's)."""
     if threads is not None:
         torch.set_num_threads(threads)
     out, runs = Path(out), Path(runs)
@@ -340,7 +341,7 @@ def _evaluate_source(study: Study, variant: Variant, out: Path, runs: Path, *, p
     return store.path
 
 
-def _worker(args: tuple[Study, str, int, str, str, str | None, bool, bool, int]) -> str:
+def _worker(args: tuple[Study, str, int, str, str, str | None, bool, bool, int | None]) -> str:
     study, slug, seed, out, runs, device, cache, any_machine, loader_workers = args
     return str(run_one(study, slug, seed, out, runs, progress=False, threads=1, device=device, cache=cache,
                        any_machine=any_machine, loader_workers=loader_workers))
@@ -436,7 +437,7 @@ def run_study(
     device: str | None = None,
     cache: bool = True,
     any_machine: bool = False,
-    loader_workers: int = 0,
+    loader_workers: int | None = None,
 ) -> Path:
     """Run every (variant, seed) of ``study`` (``only``: these variant slugs; ``seeds``: these of the
     study's seeds), then the checks, then write the report; returns the report's path.
@@ -455,14 +456,16 @@ def run_study(
         cache: keep corrupted test images under ``<runs>/cache``.
         any_machine: train even where the study's finished runs were trained on another kind of machine
             (refused otherwise: :func:`check_machine_kind`).
-        loader_workers: training-data loader processes per run (0: in the run's process); the batches
-            are the same with any number (each image's augmentation is seeded by its index), so finished
-            runs stay valid. On a GPU the in-process loader is the limit (docs/benchmarks.md).
+        loader_workers: training-data loader processes per run in place of the recipe's (None: the
+            recipe's; 0: in the run's process); the batches are the same with any number (each image's
+            augmentation is seeded by its index), so finished runs stay valid. On a GPU the in-process loader
+            is the limit (docs/benchmarks.md).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
-    if isinstance(loader_workers, bool) or not isinstance(loader_workers, int) or loader_workers < 0:
-        raise ValueError(f"loader_workers must be an integer >= 0, got {loader_workers!r}")
+    if loader_workers is not None and (isinstance(loader_workers, bool) or not isinstance(loader_workers, int)
+                                       or loader_workers < 0):
+        raise ValueError(f"loader_workers must be None or an integer >= 0, got {loader_workers!r}")
     out = Path(out)
     runs = Path(runs) if runs is not None else out / "runs"
     todo = [(v, s) for v, s in study.runs()
