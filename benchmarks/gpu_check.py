@@ -58,20 +58,12 @@ def _cuda_time(fn: Callable[[], object], repeats: int) -> float:
 
 
 def _interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds of each function, timed in turns (same GPU clocks and temperature for all)."""
+    """Median seconds of each function, timed in turns (same GPU clocks and temperature for all): one
+    step per block of :func:`_paired_blocks`, after two warm-up calls of each."""
     for fn in fns.values():
         fn()
         fn()
-    torch.cuda.synchronize()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return {name: statistics.median(ts) for name, ts in _paired_blocks(fns, repeats, 1).items()}
 
 
 # ----------------------------------------------------------------------------- parts
@@ -313,7 +305,7 @@ def part_large(steps: int, workers: int, device: str = "cuda") -> dict:
             res[label] = {"images_per_s": ips, "wall_s": wall}
             print(f"  vision-large {label}: {ips:.0f} img/s ({steps} steps in {wall:.0f} s)")
         # four processes side by side, each with its own loader workers (eager): what fills the GPU
-        procs, code = [], ("import dataclasses, sys, pickle; from kpca_attention.train.loop import train; "
+        procs, code = [], ("import sys, pickle; from kpca_attention.train.loop import train; "
                            "train(pickle.load(open(sys.argv[1], 'rb')))")
         import pickle
         for i in range(4):
