@@ -202,6 +202,35 @@ def test_a_study_trains_on_one_kind_of_machine(tmp_path, monkeypatch) -> None:
     assert f"{torch.backends.cpu.get_cpu_capability()} (1), not recorded (1)" in report
 
 
+def test_runs_are_evaluated_where_their_recipe_trains(tmp_path, monkeypatch) -> None:
+    # a study run on a GPU machine trains there ("auto") and is evaluated there too (it was evaluated on
+    # the CPU: every attack of a DeiT-Tiny-sized run on the host); a recipe that trains on the CPU is
+    # evaluated on the CPU; an explicit device wins
+    engine = importlib.import_module("kpca_attention.studies.engine")
+    study = ablation_study(seeds=(0,), variants=("rpc_no_dual",), quick=True, train_subset=64)
+    study = study.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)
+    v, auto = study.variant("symvit"), study.replace(recipe={**study.recipe, "device": "auto"})
+    assert study.recipe["device"] == "cpu"  # the ablations pin the CPU
+    assert engine.evaluation_device(auto, v, 0, tmp_path) == "cpu"  # no GPU on this machine
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert engine.evaluation_device(auto, v, 0, tmp_path) == "cuda:0"
+    assert engine.evaluation_device(study, v, 0, tmp_path) == "cpu"
+    monkeypatch.undo()
+    seen: list[str] = []
+    real = engine.load_model
+
+    def load(path, device="cpu", **kw):
+        seen.append(str(device))
+        return real(path, device="cpu", **kw)
+
+    monkeypatch.setattr(engine, "load_model", load)
+    monkeypatch.setattr(engine, "evaluation_device", lambda *a: "cuda:0")  # as on a GPU machine
+    run_study(study, tmp_path, progress=False, checks=False, only=("symvit",))
+    assert seen == ["cuda:0"]
+    run_study(study, tmp_path / "b", progress=False, checks=False, only=("symvit",), device="cpu")
+    assert seen == ["cuda:0", "cpu"]
+
+
 def test_the_clock_in_a_cpu_name_is_not_a_kind_of_machine() -> None:
     # measured: the same Symlm seed on "Intel(R) Xeon(R) Processor @ 2.80GHz" and on "Intel(R) Xeon(R)
     # Processor" gave identical losses over a whole epoch (kpca_attention.machine.machine_kind)

@@ -51,11 +51,12 @@ from ..robustness.store import ResultStore, normalise_key, write_reference
 from ..tasks import Task
 from ..tasks import get as get_task
 from ..train import CheckpointError, load_model, train
+from ..train.distributed import resolve_device
 from ..train.rundir import RunDir, trajectory_settings
 from .sources import LoadedSource
 from .spec import Study, Variant
 
-__all__ = ["run_study", "run_one", "result_path", "run_dir_of", "RESULTS_VERSION"]
+__all__ = ["run_study", "run_one", "result_path", "run_dir_of", "evaluation_device", "RESULTS_VERSION"]
 
 #: bump when the per-run results change meaning (older stored items are then recomputed)
 RESULTS_VERSION = 3
@@ -170,17 +171,18 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
             progress: bool = True, threads: int | None = None, device: str | None = None,
             cache: bool = True, any_machine: bool = False, loader_workers: int | None = None) -> Path:
     """Train (when needed) and evaluate one (variant, seed) of ``study``; returns its results file.
-    An existing model (``variant.source``) is loaded on ``device`` and evaluated only; ``cache``: keep
-    expensive inputs (corrupted images) under ``<runs>/cache``; ``any_machine``: train here even if the
-    study's finished runs were trained on another kind of machine; ``loader_workers``: the training
-    loader's processes (None: the recipe's)."""
+    ``device``: where the run is evaluated (default: where its recipe trains it, the GPU when there is
+    one - :func:`evaluation_device`); an existing model (``variant.source``) is loaded there and evaluated
+    only. ``cache``: keep expensive inputs (corrupted images) under ``<runs>/cache``; ``any_machine``: train
+    here even if the study's finished runs were trained on another kind of machine; ``loader_workers``: the
+    training loader's processes (None: the recipe's)."""
     if threads is not None:
         torch.set_num_threads(threads)
     out, runs = Path(out), Path(runs)
     variant = study.variant(slug)
     if variant.source is not None:
-        return _evaluate_source(study, variant, out, runs, progress=progress, device=device or "cpu",
-                                cache=cache)
+        return _evaluate_source(study, variant, out, runs, progress=progress,
+                                device=device or str(resolve_device("auto")), cache=cache)
     log = _say(f"{slug} s{seed}")
     if study.reuse:
         _take_from_other_studies(study, variant, seed, out, runs, log)
@@ -197,13 +199,22 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
 
     def model() -> nn.Module:
         if "model" not in state:
-            state["model"], _ = load_model(run_dir())
+            state["model"], _ = load_model(run_dir(), device=device or evaluation_device(study, variant, seed,
+                                                                                        runs))
         return state["model"]
 
     t0 = time.perf_counter()
     _evaluate_run(study, variant, seed, runs, store, key, run_dir, model, log=log, progress=progress)
     _done(store, t0, log)
     return store.path
+
+
+def evaluation_device(study: Study, variant: Variant, seed: int, runs: Path) -> str:
+    """Where a trained run of ``study`` is evaluated by default: the device its recipe trains it on
+    (``TrainConfig.device``; "auto" is the GPU when there is one), so a study run on a GPU machine is
+    evaluated there too, and one on a CPU machine on its CPU."""
+    cfg = study.train_config(variant, seed, str(run_dir_of(runs, variant, seed)))
+    return str(resolve_device(cfg.device))
 
 
 def _evaluate_run(study: Study, variant: Variant, seed: int, runs: Path, store: Any, key: dict[str, Any],
@@ -452,7 +463,8 @@ def run_study(
         checks: run the study-wide checks (off: e.g. runs trained on a borrowed machine whose
             throughput should not be the study's; ``kpca-attention study NAME`` on the study's own
             machine runs them later, reusing every finished run).
-        device: where existing models (``Variant.source``) are evaluated (default cpu).
+        device: where the runs and existing models (``Variant.source``) are evaluated (default: where the
+            recipe trains, the GPU when there is one: :func:`evaluation_device`).
         cache: keep corrupted test images under ``<runs>/cache``.
         any_machine: train even where the study's finished runs were trained on another kind of machine
             (refused otherwise: :func:`check_machine_kind`).
