@@ -18,6 +18,7 @@ from kpca_attention.report.stats import (
     paired_t_power,
     seed_test,
     seeds_to_exclude,
+    spread,
     tost,
     tost_power,
 )
@@ -253,10 +254,20 @@ def test_verdict_words():
         assert st["p"] is None and st["ci"] is None and st["std"] == 0
         v = verdict(same, 0.5, None)
         assert v.word == INCONCLUSIVE and "no spread" in v.reason and v.p_raw is None
+    # ... and equal steps computed from counts are equal only up to rounding (100 * (a - b) / 500 gives
+    # -1.4 with an SD of 3e-15 for these three seeds): rpc-seeds' ViT FGSM 4/255 at three seeds had been
+    # `worse` at p 3e-30 that way
+    counts = [100 * (a / 500 - (a + 7) / 500) for a in (180, 190, 201)]
+    assert np.std(counts, ddof=1) > 0 and seed_test(counts)["p"] is None
+    v = verdict(counts, 3.24, None)
+    assert v.word == INCONCLUSIVE and "no spread" in v.reason and tost(counts, 3.24).ci == (v.mean, v.mean)
+    assert spread([-1.4, -1.2, -1.4]) == pytest.approx(0.11547, abs=1e-5)  # a real spread stays
     fam = Family("x")
     fam.add("tie", [-1.4, -1.4])
+    fam.add("ties", counts)
     fam.add("up", up)
     assert fam.size == 1 and fam.p_holm()["tie"] is None and fam.p_holm()["up"] == pytest.approx(p)
+    assert fam.p_holm()["ties"] is None
 
 
 def test_verdict_numbers_are_the_functions_numbers():

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checks import check_choice, check_int, check_real
-from ..stats import N_BOOT, bootstrap_diff_ci, mcnemar, paired_summary, seed_test  # the paired primitives
+from ..stats import N_BOOT, bootstrap_diff_ci, mcnemar, paired_summary, seed_test, spread  # primitives
 
-__all__ = ["mcnemar", "bootstrap_diff_ci", "seed_test", "paired_summary", "N_BOOT", "TOST", "tost", "holm",
-           "paired_t_power", "mde_paired", "tost_power", "seeds_to_exclude"]
+__all__ = ["mcnemar", "bootstrap_diff_ci", "spread", "seed_test", "paired_summary", "N_BOOT", "TOST", "tost",
+           "holm", "paired_t_power", "mde_paired", "tost_power", "seeds_to_exclude"]
 
 # --- verdict statistics: equivalence, multiplicity, power ------------------------------------------
 
@@ -77,7 +77,7 @@ def tost(diffs: Sequence[float], margin: float, alpha: float = 0.05) -> TOST:
     n = int(d.size)
     if n < 2:
         return TOST(None, None, False, None, None, m, alpha, n)
-    mean, sd, df = float(d.mean()), float(d.std(ddof=1)), n - 1
+    mean, sd, df = float(d.mean()), spread(d), n - 1
     if sd == 0:
         p_lo, p_up = float(mean <= -m), float(mean >= m)
         ci = (mean, mean)
