@@ -145,6 +145,53 @@ def test_zoo_large_study_is_the_zoo_at_deit_tiny_size() -> None:
                                                                                  dict(vl[slug].kwargs))
 
 
+def test_rpc_seeds_and_depth12_are_the_settings_the_issue_names() -> None:
+    # the verdicts issue: 8 seeds (up to 16) of the four main rows, the paper's settings with 3 seeds
+    # (lambda 3 with 2 iterations in every block; tau = lambda / mu with the paper's lambda and mu from the
+    # head width), a validation split of 2,000 training images, the paper's margins
+    s = get_study("rpc-seeds")
+    assert s.seeds == tuple(range(8)) and s.baseline == "symvit" and s.also_against == ("rpc_official",)
+    assert set(s.margins) >= {"clean", "corrupted", "fgsm@8", "pgd@8"} and s.margins["clean"].value == 0.5
+    assert s.train_config(s.variant("symvit"), 0, "x").val_size == 2000
+    built = {}
+    for v in s.variants:
+        net = create_model(v.model, num_classes=10, in_chans=1, **v.kwargs)
+        built[v.slug] = [b.attn for b in net.blocks]
+    main = ["symvit", "rpc_official", "rpc_no_sparse", "vit"]
+    assert [v.slug for v in s.variants if v.seeds is None] == main
+    all2, tau = built["rpc_all2_l3"], built["rpc_paper_tau"]
+    assert s.variant("rpc_all2_l3").seeds == s.variant("rpc_paper_tau").seeds == (0, 1, 2)
+    assert all(isinstance(a, RPCAttention) and (a.n_iter, a.lam) == (2, 3.0) for a in all2)
+    assert isinstance(tau[0], RPCAttention) and not any(isinstance(a, RPCAttention) for a in tau[1:])
+    assert (tau[0].n_iter, tau[0].lam, tau[0].threshold, tau[0].mu_dim) == (4, 4.0, "lambda_over_mu", 16)
+    assert built["rpc_no_sparse"][0].sparse is False and built["rpc_official"][0].sparse is True
+    # rpc-depth12: PAP in the first of 12 blocks (the paper's 1 of 12), against its own 12-block SymViT
+    d = get_study("rpc-depth12")
+    assert d.suites.to_dict() == s.suites.to_dict() and d.recipe == s.recipe and d.margins == s.margins
+    sym, rpc = (create_model(v.model, num_classes=10, in_chans=1, **v.kwargs) for v in d.variants)
+    assert len(sym.blocks) == len(rpc.blocks) == 12 and sym.embed_dim == rpc.embed_dim == 64
+    assert isinstance(rpc.blocks[0].attn, RPCAttention) and rpc.blocks[0].attn.n_iter == 4
+    assert not any(isinstance(b.attn, RPCAttention) for b in [*sym.blocks, *rpc.blocks[1:]])
+
+
+def test_rpc_depth12_runs_end_to_end(tmp_path) -> None:
+    # the study has not trained a run yet (2-3 hours a run on this CPU; meant for a lent GPU): its whole
+    # path - 12-block models, PAP's trace at depth 12, the suites, the report with verdict columns - runs
+    # here at toy size, so a loan is not spent finding a broken definition
+    d = get_study("rpc-depth12").replace(
+        seeds=(0, 1), recipe={**get_study("rpc-depth12").recipe, "epochs": 1, "train_subset": 96,
+                              "val_size": 32, "batch_size": 32},
+        suites=ImageSuites(clean=32, corruptions=Corruptions(("brightness",), (1,), 8),
+                           attacks=(Attack("pgd", (4 / 255,), n=8),)), trace=16)
+    with torch.inference_mode(False):
+        report = run_study(d, tmp_path, progress=False, checks=False)
+    text = report.read_text()
+    assert "RPC-SymViT 12 blocks, PAP in block 1" in text and "inconclusive" in text
+    settings, res = load_study_results(tmp_path)
+    assert sorted(res) == ["rpc12_official", "symvit12"] and sorted(res["symvit12"]) == [0, 1]
+    assert "trace" in res["rpc12_official"][0] and "trace" not in res["symvit12"][0]
+
+
 def test_no_checks_leaves_the_throughput_check_out(tmp_path) -> None:
     study = ablation_study(seeds=(0,), variants=("rpc_no_dual",), quick=True, train_subset=64)
     study = study.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)
