@@ -16,7 +16,9 @@ Without a CUDA device it prints one line saying so and exits 0. With one, in ord
    a synthetic ImageFolder written to a temporary folder (NCCL process group, AMP, EMA, checkpoint);
 6. ``large``     - what ``vision-large`` would cost on this GPU: its own training runs for a few steps each
    with the in-process loader, with loader workers, compiled, and four processes side by side, and the
-   projected training time of the whole study (needs Fashion-MNIST: $FASHION_MNIST_ROOT).
+   projected training time of the whole study (needs Fashion-MNIST: $FASHION_MNIST_ROOT);
+7. ``study``     - ``rpc-depth12`` through the study engine on this GPU: one RPC run trained briefly and
+   evaluated with the full suites there, and the whole study's time projected from it (Fashion-MNIST).
 
 Each part prints PASS/FAIL (or its numbers) and the script goes on after a failure; the exit status is
 1 when any part failed. ``--json`` writes every number (with the GPU model) for docs/benchmarks.md.
@@ -329,6 +331,38 @@ def part_large(steps: int, workers: int, device: str = "cuda") -> dict:
     return res
 
 
+def part_study(train_images: int, workers: int) -> dict:
+    """``rpc-depth12`` on this GPU: its RPC run trained briefly (``train_images``, one epoch) and evaluated
+    with the study's full suites through the study engine, which trains and evaluates on the GPU; then the
+    whole study (2 rows x 3 seeds, 12 epochs of 58,000 images) projected from the measured training
+    images/s and evaluation time. Needs Fashion-MNIST ($FASHION_MNIST_ROOT)."""
+    from kpca_attention.report.study import load_study_results
+    from kpca_attention.studies import get_study, run_study
+
+    study = get_study("rpc-depth12")
+    toy = study.replace(seeds=(0,), recipe={**study.recipe, "epochs": 1, "train_subset": train_images})
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        run_study(toy, Path(tmp) / "out", Path(tmp) / "runs", progress=False, checks=False,
+                  only=("rpc12_official",), loader_workers=workers)
+        wall = time.perf_counter() - t0
+        _, res = load_study_results(Path(tmp) / "out")
+    run = res["rpc12_official"][0]["run"]
+    gpu, ips, train_s = run["machine"].get("gpu"), run["images_per_s"], run["train_time_s"]
+    eval_s = wall - train_s  # the suites (and the corrupted images, made once per study) and the trace
+    cfg = study.train_config(study.variant("rpc12_official"), 0, "x")
+    images = cfg.epochs * (60_000 - cfg.val_size)
+    runs = len(study.runs())
+    projected = runs * (images / ips + eval_s)
+    ok = gpu is not None
+    print(f"  rpc-depth12 RPC run on {gpu or 'the CPU (no GPU recorded: FAIL)'}: training {ips:.0f} img/s, "
+          f"evaluation with the full suites {eval_s:.0f} s; the study's {runs} runs projected at "
+          f"{projected / 60:.0f} minutes one after another (the SymViT rows train faster)  "
+          f"{'PASS' if ok else 'FAIL'}")
+    return {"gpu": gpu, "images_per_s": ips, "train_time_s": train_s, "eval_s": eval_s, "wall_s": wall,
+            "projected_study_s": projected, "ok": ok}
+
+
 def _synthetic_imagefolder(root: Path, classes: int = 2, per_class: int = 16) -> None:
     """A tiny ImageFolder (random 64 px PNGs) with train/ and val/ splits."""
     from PIL import Image
@@ -369,12 +403,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--batch", type=int, default=128, help="batch of the model throughput part")
-    ap.add_argument("--parts", default="tests,pap,compile,models,torchrun,large")
+    ap.add_argument("--parts", default="tests,pap,compile,models,torchrun,large,study")
     ap.add_argument("--blocks", type=int, default=40,
                     help="paired blocks of the models part (40: an interval ~0.05 wide)")
     ap.add_argument("--large-steps", type=int, default=160,
                     help="training steps per setting of the large part")
-    ap.add_argument("--workers", type=int, default=6, help="loader workers in the large part")
+    ap.add_argument("--workers", type=int, default=6, help="loader workers in the large and study parts")
+    ap.add_argument("--study-images", type=int, default=5_800,
+                    help="training images of the study part's brief run (one epoch over a tenth of the set)")
     ap.add_argument("--json", type=Path, default=None, help="write all results here")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -387,7 +423,8 @@ def main() -> int:
     parts = {"tests": part_tests, "pap": lambda: part_pap(args.repeats),
              "compile": lambda: part_compile(args.repeats),
              "models": lambda: part_models(args.blocks, args.batch), "torchrun": part_torchrun,
-             "large": lambda: part_large(args.large_steps, args.workers)}
+             "large": lambda: part_large(args.large_steps, args.workers),
+             "study": lambda: part_study(args.study_images, args.workers)}
     from kpca_attention.io import write_json_atomic
 
     results: dict = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda}
