@@ -101,8 +101,9 @@ def leaderboard_plot(path: Path, sec: StudySections, x: SeedMetric, y: SeedMetri
         if not common:
             continue
         xv, yv = [xs[sd] for sd in common], [ys[sd] for sd in common]
+        seeds = f"{len(common)} seed{'s' if len(common) != 1 else ''}"
         ax.errorbar(np.mean(xv), np.mean(yv), xerr=_sd(xv), yerr=_sd(yv), fmt=markers[i % len(markers)],
-                    color=f"C{i % 10}", ms=7, capsize=3, label=f"{sec.label[s]} ({len(common)} seeds)")
+                    color=f"C{i % 10}", ms=7, capsize=3, label=f"{sec.label[s]} ({seeds})")
         drawn += 1
     if not drawn:
         return None
