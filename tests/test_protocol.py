@@ -153,3 +153,5 @@ def test_settings_and_report_name_the_protocol():
     assert "autoattack" not in d
     assert _metric_title("pgd-lab@4") == "PGD 4/255 (lab)"
     assert _metric_title("pgd@4") == "PGD 4/255"
+    # attacks as their papers name them (the report had "apgd-ce 4/255" beside "SQUARE 4/255")
+    assert [_metric_title(k) for k in ("apgd-ce@4", "square@4")] == ["APGD-CE 4/255", "Square 4/255"]

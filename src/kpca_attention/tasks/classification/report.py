@@ -83,6 +83,10 @@ def _mce(r: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[float | None, f
     return float(np.mean(list(ce.values()))), (float(np.mean(rel)) if rel else None)
 
 
+#: attacks named as their papers and libraries name them; the rest in capitals (FGSM, PGD, APGD-CE, SPSA, CW)
+_ATTACK_NAMES = {"square": "Square", "autoattack": "AutoAttack"}
+
+
 def _metric_title(k: str, norms: Mapping[str, str] | None = None) -> str:
     """Column title of a metric key; ``norms``: attack name -> "Linf" | "L2" | "L1"."""
     if k == "clean":
@@ -91,7 +95,7 @@ def _metric_title(k: str, norms: Mapping[str, str] | None = None) -> str:
         return "corrupted"
     a, e = k.split("@")
     base, lab = (a[:-4], " (lab)") if a.endswith("-lab") else (a, "")  # lab protocol: normalised units
-    name = base.upper() if "-" not in base else base
+    name = _ATTACK_NAMES.get(base, base.upper())
     norm = (norms or {}).get(a, "Linf")
     if norm != "Linf":  # budgets are named in units of 1/255 (eps_label); L2 / L1 budgets read as they are
         return f"{name} {norm} {float(e) / 255:.3g}{lab}"
