@@ -234,3 +234,75 @@ def test_items_without_randomness_skip_the_per_item_seeding() -> None:
     aug = SeededAugmentation(flipped)
     a, b = aug[(3, 11)][0], aug[(3, 11)][0]
     assert torch.equal(a, b) and torch.equal(torch.get_rng_state(), state)  # seeded, global RNG untouched
+
+
+@pytest.mark.parametrize("size,native,hflip", [(28, 28, True), (28, 8, False), (32, 32, True)])
+def test_crop_flip_draws_what_torchvision_draws(size, native, hflip) -> None:
+    # The small images' training transform in one batched step: image i with seed s equals torchvision's
+    # Resize / RandomCrop(padding) / RandomHorizontalFlip under torch.manual_seed(s), to the bit (so the
+    # batches of every run trained before the batched path are the same), and the one-image call draws
+    # from the global generator exactly as torchvision does.
+    from torchvision.transforms import v2
+
+    from kpca_attention.data.images import CropFlip
+    from kpca_attention.train.data import seeded_rngs
+
+    g = torch.Generator().manual_seed(size + native)
+    images = torch.rand(40, 1, native, native, generator=g)
+    seeds = [int(torch.randint(0, 2**62, (), generator=g)) for _ in range(40)]
+    steps = [v2.Resize((size, size), antialias=True)] if size != native else []
+    steps += [v2.RandomCrop(size, padding=max(1, size // 8))] + ([v2.RandomHorizontalFlip()] if hflip else [])
+    reference = v2.Compose(steps)
+    expected, alone = [], []
+    transform = CropFlip(size, native, train=True, hflip=hflip)
+    for x, s in zip(images, seeds, strict=True):
+        with seeded_rngs(s):
+            expected.append(reference(x))
+        with seeded_rngs(s):
+            alone.append(transform(x))
+    expected = torch.stack(expected)
+    batch = transform.batch(images, seeds)
+    assert batch.shape == (40, 1, size, size) and torch.equal(batch, expected)
+    assert torch.equal(torch.stack(alone), expected)
+    assert not torch.equal(batch, transform.batch(images, [s + 1 for s in seeds]))  # the seeds decide
+    unflipped = CropFlip(size, native, train=True, hflip=False).batch(images, seeds)  # same crops, no flips
+    flipped = sum(not torch.equal(b, u) for b, u in zip(batch, unflipped, strict=True))
+    assert 5 < flipped < 35 if hflip else flipped == 0
+    evaluation = CropFlip(size, native, train=False, hflip=hflip)
+    assert not evaluation.random and transform.random
+    with pytest.raises(ValueError, match="40 images but 3 seeds"):
+        transform.batch(images, seeds[:3])
+
+
+def test_in_memory_batches_are_the_per_item_batches() -> None:
+    # A TensorImageDataset (behind the validation split's Subsets) makes a whole batch in one step from
+    # indices and seeds: the same values as its items one by one under the per-item seeding, and the
+    # dataset stays usable with plain indexing; a transform without a batch method keeps the per-item path.
+    from torch.utils.data import Subset
+
+    from kpca_attention.data.images import CropFlip, TensorImageDataset
+    from kpca_attention.train.data import SeededAugmentation, seeded_rngs, seeded_source
+
+    g = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (30, 1, 28, 28), dtype=torch.uint8, generator=g)
+    labels = torch.randint(0, 10, (30,), generator=g)
+    ds = TensorImageDataset(images, labels, [str(i) for i in range(10)], CropFlip(28, 28, True, True))
+    nested = Subset(Subset(ds, list(range(5, 30))), [3, 0, 7, 24, 11])
+    source, index_map = seeded_source(nested)
+    assert source is ds and index_map.tolist() == [8, 5, 12, 29, 16]
+    seeds = [5, 6, 7, 8, 2**50]
+    x, y = ds.seeded_batch(index_map, seeds)
+    aug = SeededAugmentation(nested)
+    for k, s in enumerate(seeds):
+        with seeded_rngs(s):
+            xk, yk = ds[int(index_map[k])]
+        assert torch.equal(x[k], xk) and int(y[k]) == yk
+        xa, ya = aug[(k, s)]
+        assert torch.equal(xa, xk) and ya == yk
+    lam = TensorImageDataset(images, labels, [str(i) for i in range(10)], transform=lambda t: t.flip(-1))
+    assert seeded_source(Subset(lam, [0])) is None and SeededAugmentation(lam).source is None
+    with pytest.raises(TypeError, match="no batch"):
+        lam.seeded_batch(torch.tensor([0]), [0])
+    plain = TensorImageDataset(images, labels, [str(i) for i in range(10)])
+    assert not plain.random_items and plain.seeded_items
+    assert torch.equal(plain.seeded_batch(torch.tensor([4]), [9])[0][0], plain[4][0])

@@ -199,11 +199,28 @@ def test_deit_recipe_runs_on_an_image_folder(tmp_path):
 
 
 def test_loader_workers_give_the_same_batches(tmp_path):
-    """Loader processes (``num_workers``, the study's ``--loader-workers``) change where the augmented
-    batches are made, not what they are: the same weights, bit for bit, as the in-process loader (the
-    digits preset crops at random: each image's augmentation is seeded by its index, in any process)."""
+    """Where the training batches are made changes nothing: the digits preset crops at random; its
+    in-memory dataset is batched in one step on the device (``DeviceBatches``), and a ``DataLoader`` with
+    two loader processes over the same items (each seeded by its index, in any process) gives the same
+    batches, to the bit; ``num_workers`` stays out of the run's key, and the weights equal."""
+    from torch.utils.data import DataLoader
+
+    from kpca_attention.train.data import DeviceBatches, build_loaders
+    from kpca_attention.train.distributed import DistInfo
     from kpca_attention.train.rundir import trajectory_settings
 
+    loaders = build_loaders(tiny(tmp_path, "b"), DistInfo(), with_eval=False)
+    assert isinstance(loaders.train, DeviceBatches) and len(loaders.train) == 6
+    loaders.sampler.set_epoch(1)
+    batched = list(loaders.train)
+    loaders.sampler.set_epoch(1)
+    processes = list(DataLoader(loaders.train.dataset, batch_size=16, sampler=loaders.sampler, drop_last=True,
+                                num_workers=2))
+    assert len(batched) == len(processes) == 6
+    for (xb, yb), (xp, yp) in zip(batched, processes, strict=True):
+        assert torch.equal(xb, xp) and torch.equal(yb, yp)
+    loaders.sampler.set_epoch(2)
+    assert not torch.equal(next(iter(loaders.train))[0], batched[0][0])  # another epoch, other crops
     base = train(tiny(tmp_path, "in-process"))
     workers = train(tiny(tmp_path, "workers", num_workers=2))
     assert workers.global_step == base.global_step == 12

@@ -42,6 +42,7 @@ from ..models.normalize import IMAGENET_MEAN, IMAGENET_STD
 __all__ = [
     "ImageDatasetInfo",
     "TensorImageDataset",
+    "CropFlip",
     "build_image_dataset",
     "dataset_info",
     "DATASETS",
@@ -153,7 +154,40 @@ class TensorImageDataset(Dataset):
     def random_items(self) -> bool:
         """Whether an item draws random numbers (only through ``transform``): the training loader
         seeds every item of a dataset that does (:class:`kpca_attention.train.data.SeededAugmentation`)."""
-        return self.transform is not None
+        return self.transform is not None and getattr(self.transform, "random", True)
+
+    @property
+    def seeded_items(self) -> bool:
+        """Whether :meth:`seeded_batch` can make the items (no transform, or one with a ``batch(x, seeds)``
+        method such as :class:`CropFlip`): the training loader then makes whole batches in one step."""
+        return self.transform is None or hasattr(self.transform, "batch")
+
+    def seeded_batch(self, indices: Tensor, seeds: Sequence[int],
+                     device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+        """Items ``indices`` as one batch on ``device`` (default: where the images are): images ``(B, C, H,
+        W)`` float in [0, 1], item ``i`` augmented with ``seeds[i]`` - the values ``self[index]`` gives
+        under ``torch.manual_seed(seed)`` - and labels ``(B,)``. The images are copied to another device
+        once (Fashion-MNIST: 47 MB) and kept there."""
+        if not self.seeded_items:
+            raise TypeError(f"TensorImageDataset.seeded_batch: the transform {self.transform!r} has no "
+                            "batch(x, seeds) method")
+        images, labels = self._on(torch.device(device) if device is not None else self.images.device)
+        idx = torch.as_tensor(indices, dtype=torch.long).to(images.device)
+        x = images[idx].float().div_(255.0)
+        if self.transform is not None:
+            x = self.transform.batch(x, seeds)
+        return x, labels[idx]
+
+    def _on(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        if device == self.images.device:
+            return self.images, self.labels
+        cache = self.__dict__.setdefault("_device_copies", {})
+        if device not in cache:
+            cache[device] = (self.images.to(device), self.labels.to(device))
+        return cache[device]
+
+    def __getstate__(self) -> dict[str, Any]:  # loader processes get the host copy only
+        return {k: v for k, v in self.__dict__.items() if k != "_device_copies"}
 
     def __getitem__(self, i: int) -> tuple[Tensor, int]:
         x = self.images[i].float().div_(255.0)
@@ -213,18 +247,80 @@ def _load_digits() -> tuple[Tensor, Tensor]:
     return images, torch.from_numpy(d.target.astype(np.int64))
 
 
-def _small_transform(
-    img_size: int, native: int, train: bool, hflip: bool
-) -> Callable[[Tensor], Tensor] | None:
+class CropFlip:
+    """The small images' training transform, one vectorised step over a batch: a resize where the size is
+    not the native one, then torchvision's ``RandomCrop(size, padding)`` (zeros around) and, where it is a
+    symmetry, ``RandomHorizontalFlip()`` - the same draws in the same order from the same generator, so the
+    same images as ``v2.Compose([Resize, RandomCrop, RandomHorizontalFlip])`` to the last bit
+    (``tests/test_data.py`` checks it against torchvision).
+
+    ``transform(x)`` on one image ``(C, H, W)`` draws from torch's global generator, as torchvision does;
+    ``transform.batch(x, seeds)`` on ``(B, C, H, W)`` draws each image's crop and flip from a generator
+    seeded with that image's seed - the values the one-image call gives under ``torch.manual_seed(seed)``
+    (what :class:`kpca_attention.train.data.SeededAugmentation` did per item, at ~0.6 ms an item in seeding
+    and Python). Without ``train`` only the resize is applied (no draws).
+    """
+
+    def __init__(self, size: int, native: int, train: bool, hflip: bool) -> None:
+        self.size, self.native, self.train, self.hflip = int(size), int(native), bool(train), bool(hflip)
+        self.padding = max(1, self.size // 8)
+        self.resize = v2.Resize((self.size, self.size), antialias=True) if self.size != self.native else None
+
+    @property
+    def random(self) -> bool:
+        """Whether the transform draws random numbers (only for training)."""
+        return self.train
+
+    def _draw(self, n_top: int, n_left: int, gen: torch.Generator | None) -> tuple[int, int, bool]:
+        # RandomCrop.make_params draws top, then left; RandomHorizontalFlip then flips when rand < 0.5
+        top = int(torch.randint(0, n_top, size=(), generator=gen))
+        left = int(torch.randint(0, n_left, size=(), generator=gen))
+        flip = self.hflip and bool(torch.rand(1, generator=gen) < 0.5)
+        return top, left, flip
+
+    def _crop_flip(self, x: Tensor, draws: Sequence[tuple[int, int, bool]]) -> Tensor:
+        b, s, p = x.shape[0], self.size, self.padding
+        padded = torch.nn.functional.pad(x, (p, p, p, p))
+        top, left, flip = (torch.tensor(c, device=x.device) for c in zip(*draws, strict=True))
+        ar = torch.arange(s, device=x.device)
+        rows = top[:, None] + ar  # (B, s)
+        cols = left[:, None] + torch.where(flip[:, None], s - 1 - ar, ar)  # a flip reads the crop backwards
+        out = padded[torch.arange(b, device=x.device)[:, None, None], :, rows[:, :, None], cols[:, None, :]]
+        return out.permute(0, 3, 1, 2).contiguous()  # (B, s, s, C) -> (B, C, s, s)
+
+    def _ranges(self, x: Tensor) -> tuple[int, int]:
+        p = self.padding
+        return x.shape[-2] + 2 * p - self.size + 1, x.shape[-1] + 2 * p - self.size + 1
+
+    def batch(self, x: Tensor, seeds: Sequence[int]) -> Tensor:
+        """Images ``(B, C, H, W)`` float -> ``(B, C, size, size)``, image ``i`` drawn with ``seeds[i]``."""
+        if self.resize is not None:
+            x = self.resize(x)
+        if not self.train:
+            return x
+        if len(seeds) != x.shape[0]:
+            raise ValueError(f"CropFlip.batch: {x.shape[0]} images but {len(seeds)} seeds")
+        n_top, n_left = self._ranges(x)
+        draws = [self._draw(n_top, n_left, torch.Generator().manual_seed(int(s))) for s in seeds]
+        return self._crop_flip(x, draws)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.resize is not None:
+            x = self.resize(x)
+        if not self.train:
+            return x
+        return self._crop_flip(x[None], [self._draw(*self._ranges(x), None)])[0]
+
+    def __repr__(self) -> str:
+        return (f"CropFlip(size={self.size}, native={self.native}, train={self.train}, hflip={self.hflip}, "
+                f"padding={self.padding})")
+
+
+def _small_transform(img_size: int, native: int, train: bool, hflip: bool) -> CropFlip | None:
     """Resize (if needed); for training a padded random crop (+ horizontal flip where it is a symmetry)."""
-    steps: list[Callable] = []
-    if img_size != native:
-        steps.append(v2.Resize((img_size, img_size), antialias=True))
-    if train:
-        steps.append(v2.RandomCrop(img_size, padding=max(1, img_size // 8)))
-        if hflip:
-            steps.append(v2.RandomHorizontalFlip())
-    return v2.Compose(steps) if steps else None
+    if img_size == native and not train:
+        return None
+    return CropFlip(img_size, native, train, hflip)
 
 
 # ----------------------------------------------------------------------------- folder datasets

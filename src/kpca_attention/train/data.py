@@ -8,6 +8,10 @@
   on what ran before, and a mid-epoch resume can skip the first ``k`` batches without loading them.
   Repeated augmentation keeps its point: the repeats of one image sit at different positions and get
   different seeds.
+* In-memory image datasets (Fashion-MNIST, digits) skip the ``DataLoader``: :class:`DeviceBatches` makes
+  each batch in one vectorised step where the model is, from the same indices and seeds, to the same
+  values (their transform draws from a generator seeded per image:
+  :class:`~kpca_attention.data.images.CropFlip`).
 * Every ``DataLoader`` gets its own ``torch.Generator``: creating an iterator otherwise draws a base
   seed from the global torch RNG, which would make the training trajectory depend on when
   iterators were created (and break exact resume).
@@ -15,6 +19,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
 
 from ..tasks import get as get_task
@@ -32,6 +38,8 @@ from .distributed import DistInfo
 __all__ = [
     "SeededSampler",
     "SeededAugmentation",
+    "DeviceBatches",
+    "seeded_source",
     "seeded_rngs",
     "preserved_rngs",
     "mix_seed",
@@ -86,27 +94,75 @@ def draws_random(ds: Dataset) -> bool:
     return bool(getattr(ds, "random_items", True))
 
 
+def seeded_source(ds: Dataset) -> tuple[Any, Tensor] | None:
+    """``(dataset, index map)`` when the dataset under ``ds``'s ``Subset`` wrappers makes its items from
+    seeds it is given (``seeded_items``: :class:`kpca_attention.data.images.TensorImageDataset`), the map
+    taking ``ds``'s indices to that dataset's; ``None`` for any other dataset."""
+    chain = []
+    while isinstance(ds, Subset):
+        chain.append(ds.indices)
+        ds = ds.dataset
+    if not getattr(ds, "seeded_items", False):
+        return None
+    index = torch.arange(len(ds))  # type: ignore[arg-type]
+    for indices in reversed(chain):  # the innermost Subset first
+        index = index[torch.as_tensor(list(indices), dtype=torch.long)]
+    return ds, index
+
+
 class SeededAugmentation(Dataset):
     """``ds[(index, seed)]`` = ``base[index]`` computed under :func:`seeded_rngs` ``(seed)``.
 
     Items of a dataset that draws no random numbers (:func:`draws_random`; e.g. Fashion-MNIST without
     augmentation) are returned as they are: seeding and restoring python's, numpy's and torch's
     generators costs ~0.6 ms per item, which was 87 ms of every 128-image batch - about a third of a
-    CPU training step of the mini ViT, and the whole step on a GPU. The values are the same either way."""
+    CPU training step of the mini ViT, and the whole step on a GPU. An in-memory dataset that takes the
+    seed itself (:func:`seeded_source`) makes the item from it directly, without touching the global
+    generators. The values are the same either way."""
 
     def __init__(self, base: Dataset) -> None:
         self.base = base
         self.seeded = draws_random(base)
+        self.source = seeded_source(base)
 
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]
 
     def __getitem__(self, item: tuple[int, int]) -> Any:
         index, seed = item
+        if self.source is not None:
+            ds, index_map = self.source
+            x, y = ds.seeded_batch(index_map[index : index + 1], [seed])
+            return x[0], int(y[0])
         if not self.seeded:
             return self.base[index]
         with seeded_rngs(seed):
             return self.base[index]
+
+
+class DeviceBatches:
+    """The training batches of an in-memory dataset (:func:`seeded_source`), each made in one vectorised
+    step on ``device``: the sampler's ``(index, seed)`` pairs taken ``batch_size`` at a time (an incomplete
+    last batch dropped, as the ``DataLoader`` does with ``drop_last``), the images gathered where the
+    model is and augmented there. The same batches, to the bit, as a ``DataLoader`` over ``dataset`` with
+    any number of loader processes - without a Python call per image (on a GPU the per-image loader was
+    the limit: ``docs/training.md``). ``num_workers`` does not apply: nothing is left for a worker to do."""
+
+    def __init__(self, dataset: SeededAugmentation, sampler: SeededSampler, batch_size: int,
+                 device: torch.device) -> None:
+        if dataset.source is None:
+            raise TypeError("DeviceBatches needs an in-memory dataset that takes its items' seeds")
+        self.dataset, self.sampler, self.batch_size, self.device = dataset, sampler, batch_size, device
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.batch_size
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        ds, index_map = self.dataset.source  # type: ignore[misc]
+        pairs = iter(self.sampler)
+        while len(chunk := list(itertools.islice(pairs, self.batch_size))) == self.batch_size:
+            indices = index_map[torch.tensor([i for i, _ in chunk], dtype=torch.long)]
+            yield ds.seeded_batch(indices, [s for _, s in chunk], self.device)
 
 
 class SeededSampler(Sampler):
@@ -141,7 +197,7 @@ def shard(dataset: Dataset, dist: DistInfo) -> Dataset:
 
 @dataclass
 class Loaders:
-    train: DataLoader
+    train: DataLoader | DeviceBatches
     eval: DataLoader | None
     sampler: SeededSampler
     info: dict[str, Any]  # what the model is built with (the task's Splits.info)
@@ -183,8 +239,13 @@ def build_loaders(cfg: TrainConfig, dist: DistInfo, *, with_eval: bool = True) -
             f"({cfg.batch_size} x {dist.world_size} processes); lower batch_size or raise train_subset"
         )
     sampler = SeededSampler(_base_sampler(train_set, cfg, dist), cfg.seed, dist.rank)
-    train = _loader(SeededAugmentation(train_set), cfg.batch_size, cfg, dist, sampler=sampler,
-                    drop_last=True, seed=mix_seed(cfg.seed, dist.rank, 1))
+    items = SeededAugmentation(train_set)
+    train: DataLoader | DeviceBatches
+    if items.source is not None:  # in memory: whole batches made where the model is
+        train = DeviceBatches(items, sampler, cfg.batch_size, dist.device)
+    else:
+        train = _loader(items, cfg.batch_size, cfg, dist, sampler=sampler, drop_last=True,
+                        seed=mix_seed(cfg.seed, dist.rank, 1))
     ev = None
     if eval_set is not None:
         ev = _loader(shard(eval_set, dist), cfg.eval_batch_size, cfg, dist, sampler=None,
