@@ -15,8 +15,8 @@ Without a CUDA device it prints one line saying so and exits 0. With one, in ord
 5. ``torchrun``  - a 1-GPU ``torchrun`` run of the ``deit`` preset (RPC-SymViT-tiny) for a few steps on
    a synthetic ImageFolder written to a temporary folder (NCCL process group, AMP, EMA, checkpoint);
 6. ``large``     - what ``vision-large`` would cost on this GPU: its own training runs for a few steps each
-   with the in-process loader, with loader workers, compiled, and four processes side by side, and the
-   projected training time of the whole study (needs Fashion-MNIST: $FASHION_MNIST_ROOT);
+   (batches made on the GPU), eager and compiled, and four processes side by side, and the projected
+   training time of the whole study (needs Fashion-MNIST: $FASHION_MNIST_ROOT);
 7. ``study``     - ``rpc-depth12`` through the study engine on this GPU: one RPC run trained briefly and
    evaluated with the full suites there, and the whole study's time projected from it (Fashion-MNIST).
 
@@ -258,12 +258,13 @@ def part_models(blocks: int, batch: int, per_block: int = 10, compiled: bool = T
     return out
 
 
-def part_large(steps: int, workers: int, device: str = "cuda") -> dict:
+def part_large(steps: int, device: str = "cuda") -> dict:
     """How long ``vision-large`` would take on this GPU: its exact training runs (DeiT-Tiny width and depth,
     float32, crop / flip, batch 128) for ``steps`` steps each, in the settings that can change the speed
-    but not the batches - the in-process loader (as the study ran), ``workers`` loader processes, those
-    plus ``torch.compile``, and four such processes at once - then the projected training time of the
-    study (4 variants x 5 seeds x 40 epochs of 58,000 images). Needs Fashion-MNIST ($FASHION_MNIST_ROOT)."""
+    but not the batches - eager and ``torch.compile``, and four such processes at once - then the projected
+    training time of the study (4 variants x 5 seeds x 40 epochs of 58,000 images). Fashion-MNIST is held
+    in memory, so its batches are made on the GPU in one step each (``DeviceBatches``; loader processes do
+    not apply). Needs Fashion-MNIST ($FASHION_MNIST_ROOT)."""
     import dataclasses
     import shutil
 
@@ -290,15 +291,11 @@ def part_large(steps: int, workers: int, device: str = "cuda") -> dict:
         ips = [r["images_per_s"] for r in rows][2:]  # the first windows hold start-up and compilation
         return statistics.median(ips) if ips else math.nan
 
-    res: dict = {"steps": steps, "workers": workers}
+    res: dict = {"steps": steps}
     try:
-        for label, slug, changes in (("symvit, in-process loader (as the study ran)", "symvit", {}),
-                                     (f"symvit, {workers} loader workers", "symvit",
-                                      {"num_workers": workers}),
-                                     (f"symvit, {workers} workers, torch.compile", "symvit",
-                                      {"num_workers": workers, "compile": True}),
-                                     (f"rpc_official, {workers} workers, torch.compile", "rpc_official",
-                                      {"num_workers": workers, "compile": True})):
+        for label, slug, changes in (("symvit (as the study runs)", "symvit", {}),
+                                     ("symvit, torch.compile", "symvit", {"compile": True}),
+                                     ("rpc_official, torch.compile", "rpc_official", {"compile": True})):
             name = f"run{len(res)}"
             t0 = time.perf_counter()
             train(config(slug, name, **changes))
@@ -306,23 +303,27 @@ def part_large(steps: int, workers: int, device: str = "cuda") -> dict:
             ips = images_per_s(tmp / name)
             res[label] = {"images_per_s": ips, "wall_s": wall}
             print(f"  vision-large {label}: {ips:.0f} img/s ({steps} steps in {wall:.0f} s)")
-        # four processes side by side, each with its own loader workers (eager): what fills the GPU
-        procs, code = [], ("import sys, pickle; from kpca_attention.train.loop import train; "
-                           "train(pickle.load(open(sys.argv[1], 'rb')))")
+        # four processes side by side, eager and compiled: what fills the GPU
         import pickle
-        for i in range(4):
-            cfg = config("symvit", f"par{i}", num_workers=max(workers // 2, 1), seed=i)
-            (tmp / f"par{i}.pkl").write_bytes(pickle.dumps(cfg))
-            procs.append(subprocess.Popen([sys.executable, "-c", code, str(tmp / f"par{i}.pkl")], cwd=ROOT,
-                                          env={**os.environ, "OMP_NUM_THREADS": "2"}))
-        rcs = [p.wait() for p in procs]
-        each = [images_per_s(tmp / f"par{i}") if rc == 0 else math.nan for i, rc in enumerate(rcs)]
-        res["4 processes side by side"] = {"images_per_s_each": each, "images_per_s_total": sum(each)}
-        print(f"  vision-large 4 processes side by side (eager, {max(workers // 2, 1)} workers each): "
-              + ", ".join(f"{e:.0f}" for e in each) + f" img/s, {sum(each):.0f} together")
+        code = ("import sys, pickle; from kpca_attention.train.loop import train; "
+                "train(pickle.load(open(sys.argv[1], 'rb')))")
+        for mode, changes in (("eager", {}), ("compiled", {"compile": True})):
+            procs = []
+            for i in range(4):
+                cfg = config("symvit", f"par-{mode}{i}", seed=i, **changes)
+                (tmp / f"par-{mode}{i}.pkl").write_bytes(pickle.dumps(cfg))
+                procs.append(subprocess.Popen([sys.executable, "-c", code, str(tmp / f"par-{mode}{i}.pkl")],
+                                              cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "2"}))
+            rcs = [p.wait() for p in procs]
+            each = [images_per_s(tmp / f"par-{mode}{i}") if rc == 0 else math.nan for i, rc in enumerate(rcs)]
+            res[f"4 processes side by side, {mode}"] = {"images_per_s_each": each,
+                                                         "images_per_s_total": sum(each)}
+            print(f"  vision-large 4 processes side by side ({mode}): "
+                  + ", ".join(f"{e:.0f}" for e in each) + f" img/s, {sum(each):.0f} together")
         total_images = 4 * 5 * 40 * 58_000
-        best = max([v["images_per_s"] for k, v in res.items() if isinstance(v, dict) and "images_per_s" in v]
-                   + [res["4 processes side by side"]["images_per_s_total"]])
+        best = max([v["images_per_s"] for v in res.values() if isinstance(v, dict) and "images_per_s" in v]
+                   + [v["images_per_s_total"] for v in res.values() if isinstance(v, dict)
+                      and "images_per_s_total" in v])
         res["projected_training_minutes_at_best"] = total_images / best / 60
         print(f"  projected: the study's {total_images / 1e6:.1f} M training images at {best:.0f} img/s take "
               f"{total_images / best / 60:.0f} min of this GPU (evaluation not counted)")
@@ -408,7 +409,9 @@ def main() -> int:
                     help="paired blocks of the models part (40: an interval ~0.05 wide)")
     ap.add_argument("--large-steps", type=int, default=160,
                     help="training steps per setting of the large part")
-    ap.add_argument("--workers", type=int, default=6, help="loader workers in the large and study parts")
+    ap.add_argument("--workers", type=int, default=6,
+                    help="the study part's --loader-workers (for datasets read from disk; in-memory "
+                         "Fashion-MNIST is batched on the GPU without them)")
     ap.add_argument("--study-images", type=int, default=5_800,
                     help="training images of the study part's brief run (one epoch over a tenth of the set)")
     ap.add_argument("--json", type=Path, default=None, help="write all results here")
@@ -423,7 +426,7 @@ def main() -> int:
     parts = {"tests": part_tests, "pap": lambda: part_pap(args.repeats),
              "compile": lambda: part_compile(args.repeats),
              "models": lambda: part_models(args.blocks, args.batch), "torchrun": part_torchrun,
-             "large": lambda: part_large(args.large_steps, args.workers),
+             "large": lambda: part_large(args.large_steps),
              "study": lambda: part_study(args.study_images, args.workers)}
     from kpca_attention.io import write_json_atomic
 
