@@ -306,3 +306,21 @@ def test_in_memory_batches_are_the_per_item_batches() -> None:
     plain = TensorImageDataset(images, labels, [str(i) for i in range(10)])
     assert not plain.random_items and plain.seeded_items
     assert torch.equal(plain.seeded_batch(torch.tensor([4]), [9])[0][0], plain[4][0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_in_memory_batches_match_the_cpu_ones() -> None:
+    # DeviceBatches on a GPU: the images copied there once, gathered, cropped and flipped there - the same
+    # values as on the CPU (the draws are made on the host from the same seeds)
+    from kpca_attention.data.images import CropFlip, TensorImageDataset
+
+    g = torch.Generator().manual_seed(2)
+    images = torch.randint(0, 256, (64, 1, 8, 8), dtype=torch.uint8, generator=g)
+    ds = TensorImageDataset(images, torch.arange(64) % 10, [str(i) for i in range(10)],
+                            CropFlip(28, 8, True, True))
+    idx, seeds = torch.tensor([3, 1, 60, 7]), [11, 12, 13, 2**61]
+    x_cpu, y_cpu = ds.seeded_batch(idx, seeds)
+    x_gpu, y_gpu = ds.seeded_batch(idx, seeds, "cuda")
+    assert x_gpu.is_cuda and y_gpu.is_cuda
+    torch.testing.assert_close(x_gpu.cpu(), x_cpu, rtol=0, atol=1e-6)  # the resize may round differently
+    assert torch.equal(y_gpu.cpu(), y_cpu)
