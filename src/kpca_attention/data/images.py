@@ -275,7 +275,7 @@ class CropFlip:
         # RandomCrop.make_params draws top, then left; RandomHorizontalFlip then flips when rand < 0.5
         top = int(torch.randint(0, n_top, size=(), generator=gen))
         left = int(torch.randint(0, n_left, size=(), generator=gen))
-        flip = self.hflip and bool(torch.rand(1, generator=gen) < 0.5)
+        flip = self.hflip and torch.rand(1, generator=gen).item() < 0.5
         return top, left, flip
 
     def _crop_flip(self, x: Tensor, draws: Sequence[tuple[int, int, bool]]) -> Tensor:
@@ -301,7 +301,8 @@ class CropFlip:
         if len(seeds) != x.shape[0]:
             raise ValueError(f"CropFlip.batch: {x.shape[0]} images but {len(seeds)} seeds")
         n_top, n_left = self._ranges(x)
-        draws = [self._draw(n_top, n_left, torch.Generator().manual_seed(int(s))) for s in seeds]
+        gen = torch.Generator()  # re-seeded for each image
+        draws = [self._draw(n_top, n_left, gen.manual_seed(int(s))) for s in seeds]
         return self._crop_flip(x, draws)
 
     def __call__(self, x: Tensor) -> Tensor:
