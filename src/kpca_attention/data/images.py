@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import gzip
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -292,25 +292,24 @@ class CropFlip:
         p = self.padding
         return x.shape[-2] + 2 * p - self.size + 1, x.shape[-1] + 2 * p - self.size + 1
 
+    def _apply(self, x: Tensor, gens: Iterable[torch.Generator | None]) -> Tensor:
+        """Resize ``x (B, C, H, W)``; for training crop / flip image ``i`` with the draws of ``gens[i]``."""
+        if self.resize is not None:
+            x = self.resize(x)
+        if not self.train:
+            return x
+        n_top, n_left = self._ranges(x)
+        return self._crop_flip(x, [self._draw(n_top, n_left, g) for g in gens])
+
     def batch(self, x: Tensor, seeds: Sequence[int]) -> Tensor:
         """Images ``(B, C, H, W)`` float -> ``(B, C, size, size)``, image ``i`` drawn with ``seeds[i]``."""
-        if self.resize is not None:
-            x = self.resize(x)
-        if not self.train:
-            return x
-        if len(seeds) != x.shape[0]:
+        if self.train and len(seeds) != x.shape[0]:
             raise ValueError(f"CropFlip.batch: {x.shape[0]} images but {len(seeds)} seeds")
-        n_top, n_left = self._ranges(x)
         gen = torch.Generator()  # re-seeded for each image
-        draws = [self._draw(n_top, n_left, gen.manual_seed(int(s))) for s in seeds]
-        return self._crop_flip(x, draws)
+        return self._apply(x, (gen.manual_seed(int(s)) for s in seeds))
 
     def __call__(self, x: Tensor) -> Tensor:
-        if self.resize is not None:
-            x = self.resize(x)
-        if not self.train:
-            return x
-        return self._crop_flip(x[None], [self._draw(*self._ranges(x), None)])[0]
+        return self._apply(x[None], [None])[0]  # one image, drawn from the global generator
 
     def __repr__(self) -> str:
         return (f"CropFlip(size={self.size}, native={self.native}, train={self.train}, hflip={self.hflip}, "
