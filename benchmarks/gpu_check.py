@@ -258,13 +258,21 @@ def part_models(blocks: int, batch: int, per_block: int = 10, compiled: bool = T
     return out
 
 
+def _epoch_images(cfg) -> int:
+    """Training images in one epoch of ``cfg``: the length of its task's training split (the validation
+    images and ``train_subset`` taken into account), read from the data, not assumed."""
+    from kpca_attention import tasks
+
+    return len(tasks.get(cfg.task).datasets(cfg, with_eval=False).train)
+
+
 def part_large(steps: int, device: str = "cuda") -> dict:
     """How long ``vision-large`` would take on this GPU: its exact training runs (DeiT-Tiny width and depth,
     float32, crop / flip, batch 128) for ``steps`` steps each, in the settings that can change the speed
     but not the batches - eager and ``torch.compile``, and four such processes at once - then the projected
-    training time of the study (4 variants x 5 seeds x 40 epochs of 58,000 images). Fashion-MNIST is held
-    in memory, so its batches are made on the GPU in one step each (``DeviceBatches``; loader processes do
-    not apply). Needs Fashion-MNIST ($FASHION_MNIST_ROOT)."""
+    training time of the study (its runs x its epochs x the images of its training split). Fashion-MNIST
+    is held in memory, so its batches are made on the GPU in one step each (``DeviceBatches``; loader
+    processes do not apply). Needs Fashion-MNIST ($FASHION_MNIST_ROOT)."""
     import dataclasses
     import shutil
 
@@ -320,7 +328,8 @@ def part_large(steps: int, device: str = "cuda") -> dict:
                                                          "images_per_s_total": sum(each)}
             print(f"  vision-large 4 processes side by side ({mode}): "
                   + ", ".join(f"{e:.0f}" for e in each) + f" img/s, {sum(each):.0f} together")
-        total_images = 4 * 5 * 40 * 58_000
+        cfg0 = config("symvit", "size")
+        total_images = len(study.runs()) * cfg0.epochs * _epoch_images(cfg0)
         best = max([v["images_per_s"] for v in res.values() if isinstance(v, dict) and "images_per_s" in v]
                    + [v["images_per_s_total"] for v in res.values() if isinstance(v, dict)
                       and "images_per_s_total" in v])
@@ -335,8 +344,8 @@ def part_large(steps: int, device: str = "cuda") -> dict:
 def part_study(train_images: int, workers: int) -> dict:
     """``rpc-depth12`` on this GPU: its RPC run trained briefly (``train_images``, one epoch) and evaluated
     with the study's full suites through the study engine, which trains and evaluates on the GPU; then the
-    whole study (2 rows x 3 seeds, 12 epochs of 58,000 images) projected from the measured training
-    images/s and evaluation time. Needs Fashion-MNIST ($FASHION_MNIST_ROOT)."""
+    whole study (its runs x its epochs x the images of its training split) projected from the measured
+    training images/s and evaluation time. Needs Fashion-MNIST ($FASHION_MNIST_ROOT)."""
     from kpca_attention.report.study import load_study_results
     from kpca_attention.studies import get_study, run_study
 
@@ -352,7 +361,7 @@ def part_study(train_images: int, workers: int) -> dict:
     gpu, ips, train_s = run["machine"].get("gpu"), run["images_per_s"], run["train_time_s"]
     eval_s = wall - train_s  # the suites (and the corrupted images, made once per study) and the trace
     cfg = study.train_config(study.variant("rpc12_official"), 0, "x")
-    images = cfg.epochs * (60_000 - cfg.val_size)
+    images = cfg.epochs * _epoch_images(cfg)
     runs = len(study.runs())
     projected = runs * (images / ips + eval_s)
     ok = gpu is not None
