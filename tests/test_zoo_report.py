@@ -150,7 +150,10 @@ def test_the_zoo_declares_each_papers_own_gain() -> None:
     # KDE's clean gain from the repository's logs (72.68 - 71.83), RKDE's FGSM 1/255 (55.83 - 54.62)
     assert z.margin("kde", "clean").value == pytest.approx(0.85)
     assert z.margin("rkde", "fgsm@1").value == pytest.approx(1.21)
-    assert z.margin("rpc_fan", "pgd@8").value == pytest.approx(3.33)
+    # RPC-FAN's gain is over FAN (the paper's Tables 9-10): its margin belongs to that comparison only
+    assert z.margin("rpc_fan", "pgd@8", "fan").value == pytest.approx(3.33)
+    assert z.margin("rpc_fan", "pgd@8") is None and z.margin("rpc_fan", "pgd@8", "symvit") is None
+    assert d["pairs"] == [["rpc_fan", "fan"]] and d["variant_margins"]["rpc_fan"]["clean"]["against"] == "fan"
     assert z.margin("twicing", "clean") is None and "twicing" in ZOO_NOT_FOUND  # not found: none declared
     assert set(d["variant_margins"]) == set(ZOO_MARGINS) and d["margins"] == {}
     lm = zoo_language_study().to_dict()
@@ -159,6 +162,55 @@ def test_the_zoo_declares_each_papers_own_gain() -> None:
         z.replace(also_against=("vit",))
     with pytest.raises(ValueError, match="not a variant"):
         z.replace(margins={("nope", "clean"): Margin(1.0, "x")})
+    for pairs in ((("rpc_fan", "vit"),), (("rpc_fan", "symvit"),), (("fan", "fan"),), (("fan", "nope"),),
+                  (("kde", "fan"), ("kde", "fan"))):  # the baseline, a comparator already, itself, twice
+        with pytest.raises(ValueError, match="pairs"):
+            z.replace(pairs=pairs)
+    # a margin against a comparator the study does not compare that variant with is refused
+    with pytest.raises(ValueError, match="against 'fan'"):
+        z.replace(margins={("kde", "clean"): Margin(1.0, "x", against="fan")})
+    with pytest.raises(ValueError, match="against 'fan'"):
+        z.replace(margins={"clean": Margin(1.0, "x", against="fan")})
+
+
+def test_a_declared_pair_and_a_margin_of_one_comparison(zoo_dir: Path) -> None:
+    """``pairs``: KDE against RPC-Symlm as one more comparison, with a margin of KDE's that belongs to it
+    only (``against``): the report adds that row to the same Holm family, uses the margin there and not
+    against the LM, and says so."""
+    settings = read_json(zoo_dir / "settings.json")
+    settings["pairs"] = [["kde", "rpc_symlm"]]
+    settings["variant_margins"]["kde"]["ppl/valid"] = {"value": 4.0, "source": "KDE vs RPC",
+                                                       "against": "rpc_symlm"}
+    write_json_atomic(zoo_dir / "settings.json", settings)
+    report = write_study_report(zoo_dir).read_text()
+    ver = read_json(zoo_dir / "summary.json")["verdicts"]
+    fam = Family("independent")
+    for key in KEYS:
+        for s in ("symlm", "rpc_symlm", "kde"):
+            fam.add((key, s, "lm"), np.subtract(_values(s, key), _values("lm", key)))
+        for s in ("rpc_symlm", "kde"):
+            fam.add((key, s, "symlm"), np.subtract(_values(s, key), _values("symlm", key)))
+        fam.add((key, "kde", "rpc_symlm"), np.subtract(_values("kde", key), _values("rpc_symlm", key)))
+
+    def margin(k):
+        if k[1] == "kde" and k[0] == "ppl/valid":
+            return 4.0 if k[2] == "rpc_symlm" else None  # its own, of that comparison only
+        return _margin(k[1], k[0])
+
+    want = fam.verdicts(margin, False)
+    assert ver["family"]["size"] == 12 == fam.size
+    assert set(ver["also"]["rpc_symlm"]["cells"]) == {"kde"}  # the pair's section: only its variant
+    for (key, slug, comp), v in want.items():
+        cells = ver["cells"] if comp == "lm" else ver["also"][comp]["cells"]
+        cell = cells[slug][key]
+        assert (cell["word"], cell["margin"]) == (v.word, margin((key, slug, comp))), (key, slug, comp)
+        assert cell["p_holm"] == pytest.approx(v.p_holm, rel=1e-9)
+    # KDE - RPC-Symlm on valid: +-4 holds its interval? Whatever the word, the margin was used there only
+    assert ver["cells"]["kde"]["ppl/valid"]["margin"] is None
+    assert ver["also"]["rpc_symlm"]["cells"]["kde"]["ppl/valid"]["margin"] == 4.0
+    assert "## Verdicts over seeds against RPC-Symlm" in report
+    assert "KDE, valid ppl (this variant's own, in its comparison with RPC-Symlm): +-4 (KDE vs RPC)" in report
+    assert "A single comparison the study declares (pairs): KDE against RPC-Symlm." in report
 
 
 def test_reuse_of_another_studys_results_and_fixed_margins(tmp_path: Path, capsys) -> None:
@@ -214,6 +266,14 @@ def test_reuse_of_another_studys_results_and_fixed_margins(tmp_path: Path, capsy
     with pytest.raises(ValueError, match=r"symlm: ppl/valid none -> 2.0"):
         _check_settings(later.replace(margins={**later.margins, ("symlm", "ppl/valid"): Margin(2.0, "p")}),
                         tmp_path / "mine", False)
+    # the comparison a margin belongs to is part of it: once rpc_symlm has a result (a file under its
+    # name here), moving its margin to the comparison with the LM alone is a change, and refused
+    results = tmp_path / "mine" / "results"
+    (results / "rpc_symlm-s0.json").write_bytes((results / "symlm-s0.json").read_bytes())
+    moved = later.replace(also_against=("lm",), margins={**later.margins, ("rpc_symlm", "ppl/valid"):
+                                                         Margin(2.0, "p", against="lm")})
+    with pytest.raises(ValueError, match=r"rpc_symlm: ppl/valid 2.0 -> \(2.0, 'lm'\)"):
+        _check_settings(moved, tmp_path / "mine", False)
 
 
 @pytest.mark.parametrize("slug", ["symlm", "lm", "rpc_symlm"])

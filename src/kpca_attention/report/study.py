@@ -210,10 +210,13 @@ def _variant_margins(settings: Mapping[str, Any]) -> dict[str, dict[str, dict[st
 
 def margin_of(margins: Mapping[str, Mapping[str, Any]] | None,
               variant_margins: Mapping[str, Mapping[str, Mapping[str, Any]]] | None,
-              slug: str, key: str) -> dict[str, Any] | None:
-    """The margin a comparison of variant ``slug`` on metric ``key`` uses: the variant's own, else the
-    metric's, else None."""
-    m = (variant_margins or {}).get(slug, {}).get(key) or (margins or {}).get(key)
+              slug: str, key: str, comparator: str) -> dict[str, Any] | None:
+    """The margin a comparison of variant ``slug`` with ``comparator`` on metric ``key`` uses: the
+    variant's own (unless it belongs to another comparator, ``against``), else the metric's, else None."""
+    own = (variant_margins or {}).get(slug, {}).get(key)
+    if own is not None and own.get("against") not in (None, comparator):
+        own = None
+    m = own or (margins or {}).get(key)
     return None if m is None else dict(m)
 
 
@@ -251,7 +254,7 @@ def study_verdicts(metrics: Sequence[SeedMetric], variants: Sequence[str], base:
                     seeds[key] = common
 
     def margin(key: tuple[str, ...]) -> float | None:
-        m = margin_of(margins, variant_margins, key[1], key[0])
+        m = margin_of(margins, variant_margins, key[1], key[0], key[2] if len(key) == 3 else base)
         return None if m is None else float(m["value"])
 
     verdicts = fam.verdicts(margin, lambda key: direction[key[0]], alpha)
@@ -280,6 +283,11 @@ def verdict_lines(out: Path, sec: StudySections, summary: dict[str, Any]) -> lis
     margins, vmargins = _margins(settings), _variant_margins(settings)
     also = [(c, label[c], [s for s in sec.slugs if s not in (c, base)])
             for c in settings.get("also_against", []) if c in sec.res]
+    paired: dict[str, list[str]] = {}  # single comparisons (variant, comparator), grouped by comparator
+    for v, c in settings.get("pairs", []):
+        if v in sec.res and c in sec.res:
+            paired.setdefault(c, []).append(v)
+    also += [(c, label[c], vs) for c, vs in paired.items()]
     fam, ver, seeds = study_verdicts(metrics, variants, base, label[base], margins, variant_margins=vmargins,
                                      also=also)
     sec.verdicts_ = {k: v for k, v in ver.items() if len(k) == 2}
@@ -328,7 +336,10 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
              + f". alpha = {ALPHA:g}. {fam.statement}."
              + (" The words (docs/verdicts.md): " + "; ".join(f"`{w}`: {h}" for w, h in WORDS_HELP.items())
                 + "." if first else f" {label[sec.base]} against {label[comp]} is the mirror of the row of "
-                f"{label[comp]} in the table against {label[sec.base]} (the same test, counted once)."), ""]
+                f"{label[comp]} in the table against {label[sec.base]} (the same test, counted once)."
+                if comp in settings.get("also_against", []) else
+                f" A single comparison the study declares (pairs): {', '.join(label[v] for v in variants)} "
+                f"against {label[comp]}."), ""]
     rows = []
     for s in variants:
         n = max((len(seeds[(m.key, s)]) for m in metrics if (m.key, s) in seeds), default=0)
@@ -350,7 +361,12 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
                   + (f" - {settings['margins_note']}" if settings.get("margins_note") else "")
                   + (":" if used or own else ": none for these metrics (no cell can be `equivalent`).")]
         lines += [f"- {title[k]}: +-{margins[k]['value']:g} ({margins[k]['source']})" for k in used]
-        lines += [f"- {label[s]}, {title[k]} (this variant's own): +-{vmargins[s][k]['value']:g} "
+
+        def whose(m: Mapping[str, Any]) -> str:
+            c = m.get("against")
+            return "this variant's own" + (f", in its comparison with {label.get(c, c)}" if c else "")
+
+        lines += [f"- {label[s]}, {title[k]} ({whose(vmargins[s][k])}): +-{vmargins[s][k]['value']:g} "
                   f"({vmargins[s][k]['source']})" for s, k in own]
         unused = [k for k in margins if k not in title]
         if unused:
@@ -363,8 +379,8 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
             lines.append(f"{what}: {', '.join(none)}")
         lines.append("")
     else:
-        lines += [f"Margins: the same as against {label[sec.base]} (each variant's own, else the "
-                  "metric's).", ""]
+        lines += [f"Margins: those listed against {label[sec.base]} (each variant's own where it belongs to "
+                  "this comparison, else the metric's).", ""]
     drows = []
     for (k, s), v in sorted(ver.items(), key=lambda kv: variants.index(kv[0][1])):  # stable: metrics in order
         if v.ci is None:

@@ -394,11 +394,13 @@ def _check_settings(study: Study, out: Path, force: bool, command: str | None = 
     write_json_atomic(f, now)
 
 
-def _margin_values(settings: dict[str, Any]) -> dict[str, float]:
-    """``{"metric" or "slug: metric": value}`` of the margins a settings dict declares."""
-    out = {k: float(m["value"]) for k, m in (settings.get("margins") or {}).items()}
+def _margin_values(settings: dict[str, Any]) -> dict[str, Any]:
+    """``{"metric" or "slug: metric": value}`` of the margins a settings dict declares (a variant's margin
+    that belongs to one comparator: ``(value, comparator)``)."""
+    out: dict[str, Any] = {k: float(m["value"]) for k, m in (settings.get("margins") or {}).items()}
     for slug, per in (settings.get("variant_margins") or {}).items():
-        out.update({f"{slug}: {k}": float(m["value"]) for k, m in per.items()})
+        out.update({f"{slug}: {k}": float(m["value"]) if m.get("against") is None
+                    else (float(m["value"]), m["against"]) for k, m in per.items()})
     return out
 
 

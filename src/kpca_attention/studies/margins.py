@@ -47,12 +47,14 @@ _FIVE = "5-seed means"
 
 
 def paper_margin(table: str, what: str, baseline: tuple[str, float], variant: tuple[str, float],
-                 note: str = "") -> Margin:
-    """The margin ``|variant - baseline|`` (rounded to 2 decimals) with a source naming both numbers."""
+                 note: str = "", against: str | None = None) -> Margin:
+    """The margin ``|variant - baseline|`` (rounded to 2 decimals) with a source naming both numbers;
+    ``against``: the study's variant slug of the paper's baseline when the margin belongs to the
+    comparison with it only (:class:`~.spec.Margin`)."""
     (bn, b), (vn, v) = baseline, variant
     d = round(v - b, 2)
     return Margin(abs(d), f"paper {table}, {what}: {vn} {v:.2f} - {bn} {b:.2f} = {d:+.2f} ({_FIVE})"
-                  + (f"; {note}" if note else ""))
+                  + (f"; {note}" if note else ""), against)
 
 
 def _t(table: dict[str, dict[str, float]], key: str) -> tuple[tuple[str, float], tuple[str, float]]:
@@ -151,7 +153,8 @@ def zoo_margins() -> dict[str, dict[str, Margin]]:
         "rpc_fan": {k: paper_margin("Tables 9-10 (appendix E.7)", w,
                                     ("FAN-tiny", RPC_FAN_TABLE["FAN-tiny"][k]),
                                     ("RPC-FAN", RPC_FAN_TABLE["RPC-FAN"][k]),
-                                    note="the effect against FAN-tiny, not against a ViT")
+                                    note="the effect against FAN-tiny: the margin of RPC-FAN - FAN only",
+                                    against="fan")
                     for k, w in _FAN_WHAT.items()},
     }
     return out

@@ -70,10 +70,16 @@ class Margin:
     percentage points for accuracies and mIoU, perplexity for language models) and ``source``, where it
     comes from (e.g. ``"paper Table 1, clean top-1, RPC-SymViT (4iter/layer1) 70.94 - SymViT 70.44"``).
     A verdict calls a comparison ``equivalent`` only when its 90 % interval lies inside ``+-value``
-    (``docs/verdicts.md``)."""
+    (``docs/verdicts.md``).
+
+    ``against``: for a margin of one variant only, the comparator its effect was measured against (a
+    variant slug: the baseline, one of ``also_against``, or the comparator of one of the study's
+    ``pairs``) - the margin then applies to that comparison alone (RPC-FAN's published gain is over
+    FAN, not over a ViT). None: every comparison of the variant."""
 
     value: float
     source: str
+    against: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.value, bool) or not isinstance(self.value, (int, float)) \
@@ -81,9 +87,18 @@ class Margin:
             raise ValueError(f"margin value must be a finite number > 0, got {self.value!r}")
         if not isinstance(self.source, str) or not self.source.strip():
             raise ValueError("a margin must say where it comes from (source)")
+        if self.against is not None and (not isinstance(self.against, str) or not self.against):
+            raise ValueError(f"a margin's comparator (against) is a variant slug, got {self.against!r}")
+
+    def applies_to(self, comparator: str) -> bool:
+        """Whether this margin is the one of a comparison against ``comparator``."""
+        return self.against is None or self.against == comparator
 
     def to_dict(self) -> dict[str, Any]:
-        return {"value": float(self.value), "source": self.source}
+        d: dict[str, Any] = {"value": float(self.value), "source": self.source}
+        if self.against is not None:  # recorded only when set: older settings read as before
+            d["against"] = self.against
+        return d
 
 
 @dataclass(frozen=True)
@@ -143,6 +158,9 @@ class Study:
             one can be ``better``, ``worse`` or ``inconclusive``, never ``equivalent``.
         also_against: further comparators (variant slugs) besides ``baseline``: the report gives the
             paired verdicts of every other variant against each, in the same Holm family.
+        pairs: further single comparisons ``(variant, comparator)`` (e.g. the one a paper reports:
+            ``("rpc_fan", "fan")``), each one more row in the same Holm family; the comparator's section of
+            the report holds only the variants paired with it.
         reuse: other studies (folder names beside this study's ``--out``) whose per-run results this
             one takes instead of training and evaluating again, when every item has the same key.
         leaderboard: the report's leaderboard table and plot (:class:`Leaderboard`), or None.
@@ -164,6 +182,7 @@ class Study:
     margins: Mapping[str | tuple[str, str], Margin] = field(default_factory=dict)
     task_name: str | None = None
     also_against: tuple[str, ...] = ()
+    pairs: tuple[tuple[str, str], ...] = ()
     reuse: tuple[str, ...] = ()
     leaderboard: Leaderboard | None = None
 
@@ -184,6 +203,23 @@ class Study:
             if c not in slugs or c == self.baseline or list(self.also_against).count(c) > 1:
                 raise ValueError(f"also_against {c!r} must be a variant other than the baseline, named once; "
                                  f"valid: {', '.join(s for s in slugs if s != self.baseline)}")
+        for pair in self.pairs:
+            ok = (isinstance(pair, tuple) and len(pair) == 2 and pair[0] in slugs and pair[1] in slugs
+                  and pair[0] != pair[1] and pair[1] != self.baseline and pair[1] not in self.also_against
+                  and list(self.pairs).count(pair) == 1)
+            if not ok:
+                raise ValueError(f"pairs: {pair!r} must be (variant, comparator), two distinct variants, "
+                                 "named once, the comparator neither the baseline nor one of also_against "
+                                 f"(those compare every variant already); valid slugs: {', '.join(slugs)}")
+        for k, m in dict(self.margins).items():
+            if m.against is None:
+                continue
+            compared = (m.against == self.baseline or m.against in self.also_against
+                        or (isinstance(k, tuple) and (k[0], m.against) in self.pairs))
+            if not isinstance(k, tuple) or not compared or k[0] == m.against:
+                raise ValueError(f"margin {k!r} against {m.against!r}: a margin with a comparator belongs to "
+                                 "one variant, (slug, metric), and to a comparison the study makes (against "
+                                 "the baseline, one of also_against, or a pair)")
         for r in self.reuse:
             if not isinstance(r, str) or not r or r == self.name or "/" in r or r.startswith("."):
                 raise ValueError(f"reuse names another study's folder (beside this one's), got {r!r}")
@@ -261,15 +297,21 @@ class Study:
             d["variant_margins"] = per_variant
         if self.also_against:
             d["also_against"] = list(self.also_against)
+        if self.pairs:
+            d["pairs"] = [list(p) for p in self.pairs]
         if self.reuse:
             d["reuse"] = list(self.reuse)
         if self.leaderboard is not None:
             d["leaderboard"] = self.leaderboard.to_dict()
         return json.loads(json.dumps(d, default=list))
 
-    def margin(self, slug: str, key: str) -> Margin | None:
-        """The margin of variant ``slug`` on metric ``key``: its own, else the metric's, else None."""
-        return self.margins.get((slug, key)) or self.margins.get(key)
+    def margin(self, slug: str, key: str, against: str | None = None) -> Margin | None:
+        """The margin of variant ``slug`` on metric ``key`` in its comparison with ``against`` (default:
+        the baseline): its own when that applies to this comparator, else the metric's, else None."""
+        own = self.margins.get((slug, key))
+        if own is not None and own.applies_to(against or self.baseline):
+            return own
+        return self.margins.get(key)
 
 
 def _variant_dict(v: Variant) -> dict[str, Any]:

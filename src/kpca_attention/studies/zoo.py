@@ -14,7 +14,9 @@ as their papers train them), 3 seeds.
 
 Margins (studies/margins.py, ZOO_MARGINS; docs/verdicts.md has the table of sources): each mechanism's
 OWN paper's reported gain, per (variant, metric); a mechanism whose numbers could not be found has none.
-Verdicts against the ViT (the baseline) and against SymViT (``also_against``), one Holm family over both.
+Verdicts against the ViT (the baseline) and against SymViT (``also_against``), and RPC-FAN against FAN
+(``pairs``: the comparison of the RPC paper's Tables 9-10, whose gain is RPC-FAN's margin there and only
+there), one Holm family over all.
 The report adds a leaderboard (clean, corrupted and the 4/255 attacks) and a plot of clean against PGD
 4/255 accuracy. ``kpca-attention study zoo`` without ``--no-checks`` measures training throughput and peak
 memory of every mechanism side by side (checks.cost_check).
@@ -86,7 +88,8 @@ def zoo_study(*, seeds: tuple[int, ...] = MAIN_SEEDS[:3], corrupt_images: int = 
                     "every mechanism.",
         variants=variants, seeds=seeds, preset="fmnist-cpu", recipe=VISION_RECIPE,
         suites=image_suites(seeds, corrupt_images, attack_images),
-        baseline="vit", trace=512, also_against=("symvit",), reuse=("rpc-seeds",),
+        baseline="vit", trace=512, also_against=("symvit",), pairs=(("rpc_fan", "fan"),),
+        reuse=("rpc-seeds",),
         margins=_flat(zoo_margins(), {v.slug for v in variants}), leaderboard=ZOO_LEADERBOARD,
         checks=(cost_check(7),),
     )
