@@ -441,6 +441,46 @@ def test_quick_ablation_with_trace_and_checks(tmp_path) -> None:
     assert "PAP trace" in text and "Training throughput side by side" in text and "ratio to SymViT" in text
 
 
+def test_status_says_where_each_run_stands(quick_demo, tmp_path) -> None:
+    """``study NAME --status`` / ``run_state``: finished, trained with items missing, training (a checkpoint
+    not marked finished), not started - read from the folders, nothing trained or evaluated."""
+    from unittest.mock import patch
+
+    from typer.testing import CliRunner
+
+    from kpca_attention.cli import app
+    from kpca_attention.studies import STUDIES
+    from kpca_attention.studies.engine import result_path, run_state
+
+    src, _ = quick_demo
+    out = tmp_path / "demo"
+    shutil.copytree(src, out)
+    study, runs = quick_demo_study(), out / "runs"
+    sym, rpc = study.variant("symvit"), study.variant("rpc_symvit")
+    assert run_state(study, sym, 0, out, runs) == run_state(study, rpc, 0, out, runs) == "finished"
+    result_path(out, rpc, 0).unlink()  # evaluated again from the finished checkpoint
+    assert run_state(study, rpc, 0, out, runs) == "trained, 0 items stored"
+    latest = runs / "rpc_symvit-s0" / "checkpoints" / "latest.json"
+    marker = json.loads(latest.read_text())
+    latest.write_text(json.dumps({**marker, "finished": False}))
+    assert run_state(study, rpc, 0, out, runs) == f"training (checkpoint {marker['name']})"
+    shutil.rmtree(runs / "rpc_symvit-s0")
+    assert run_state(study, rpc, 0, out, runs) == "not started"
+    before = sorted(p.name for p in (out / "results").iterdir())
+    with patch.dict(STUDIES, {"quickdemo": quick_demo_study}):
+        status = ["study", "quickdemo", "--status", "--out", str(out)]
+        res = CliRunner().invoke(app, [*status, "--runs", str(runs)])
+        assert res.exit_code == 0, res.output
+        lines = res.output.splitlines()
+        assert any(line.split()[-1:] == ["finished"] and line.split()[0] == "SymViT" for line in lines), lines
+        assert any("not started" in line and "RPC" in line for line in lines), lines
+        assert "1 of 2 finished" in res.output and "this machine:" in res.output
+        bad = CliRunner().invoke(app, [*status, "--variants", "nope"])
+        assert bad.exit_code == 2 and "valid: symvit, rpc_symvit" in bad.output, bad.output
+    assert sorted(p.name for p in (out / "results").iterdir()) == before  # nothing was run
+    assert not (runs / "rpc_symvit-s0").exists()
+
+
 def test_the_recorded_command_regenerates_from_the_repository(tmp_path) -> None:
     """A study run from another checkout with --runs elsewhere records the command a reader runs in
     the repository: --out relative to the repository root, no --runs / progress / --force."""

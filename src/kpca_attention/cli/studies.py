@@ -122,6 +122,26 @@ def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progr
     typer.echo(str(report))
 
 
+def _status(study: Any, out: Path, runs: Path, only: list[str] | None, seeds: tuple[int, ...] | None) -> None:
+    """``study NAME --status``: one line per (variant, seed) of the study (``--variants`` / ``--seeds``
+    narrow it), then the kinds of machine its finished runs were trained on and this one's."""
+    from ..machine import machine_kind
+    from ..studies.engine import run_state, trained_on
+
+    for slug in only or ():
+        study.variant(slug)  # an unknown slug: one line naming the valid ones
+    rows = [(v.label, str(seed), run_state(study, v, seed, out, runs)) for v, seed in study.runs()
+            if (only is None or v.slug in only) and (seeds is None or seed in seeds)]
+    width = [max(len(r[i]) for r in rows + [("variant", "seed", "")]) for i in range(2)]
+    typer.echo(f"{study.name}: {out} (runs in {runs})")
+    for label, seed, state in [("variant", "seed", "state"), *rows]:
+        typer.echo(f"  {label:<{width[0]}}  {seed:>{width[1]}}  {state}")
+    done = sum(r[2].startswith("finished") for r in rows)
+    kinds = "; ".join(f"{k} ({len(v)})" for k, v in trained_on(out).items()) if out.is_dir() else ""
+    typer.echo(f"{done} of {len(rows)} finished. Trained on: {kinds or 'nothing yet'}; this machine: "
+               f"{machine_kind()}.")
+
+
 def demo_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the runs, results, plots and report.")] = Path(
         "runs/demo"),
@@ -172,6 +192,9 @@ def study_cmd(
     any_machine: Annotated[bool, typer.Option(
         help="Train here even if the study's finished runs were trained on another kind of machine "
              "(CPU model or GPU; refused by default: other floating-point paths).")] = False,
+    status: Annotated[bool, typer.Option(
+        help="Only say where each (variant, seed) stands - finished, evaluating, training (its "
+             "checkpoint), not started - and which machines trained it; run nothing.")] = False,
 ) -> None:
     """Run a registered study: train every (variant, seed), evaluate, write OUT/report.md. Finished runs
     and evaluations (also committed ones) are reused; killed runs resume exactly."""
@@ -192,6 +215,9 @@ def study_cmd(
         whole = set(chosen) >= set(study.seeds)
         study = study.replace(seeds=tuple(sorted(set(study.seeds) | set(chosen))))
     only = parse_list(variants) or None
+    if status:
+        _status(study, out or Path("results") / name, runs or Path("runs/studies") / name, only, chosen)
+        return
     _run(study, out or Path("results") / name, runs or Path("runs/studies") / name, jobs, force, progress,
          only=only, seeds=chosen, record=only is None and whole, checks=checks, any_machine=any_machine,
          loader_workers=loader_workers)

@@ -56,7 +56,8 @@ from ..train.rundir import RunDir, trajectory_settings
 from .sources import LoadedSource
 from .spec import Study, Variant
 
-__all__ = ["run_study", "run_one", "result_path", "run_dir_of", "evaluation_device", "RESULTS_VERSION"]
+__all__ = ["run_study", "run_one", "run_state", "result_path", "run_dir_of", "evaluation_device",
+           "RESULTS_VERSION"]
 
 #: bump when the per-run results change meaning (older stored items are then recomputed)
 RESULTS_VERSION = 3
@@ -287,6 +288,25 @@ def _nothing_to_train(study: Study, variant: Variant, seed: int, out: Path, runs
     paths = [result_path(out, variant, seed)]
     paths += [result_path(out.parent / other, variant, seed) for other in study.reuse]
     return any(_holds_everything(study, variant, seed, runs, p) for p in paths)
+
+
+def run_state(study: Study, variant: Variant, seed: int, out: Path, runs: Path) -> str:
+    """Where (variant, seed) of ``study`` stands: ``finished``, ``finished in <study>`` (a study it reuses
+    holds every item), ``trained, N items stored`` (evaluating, or stopped during it), ``training
+    (checkpoint NAME)``, ``N items stored, no checkpoint here`` or ``not started``."""
+    path = result_path(out, variant, seed)
+    if _holds_everything(study, variant, seed, runs, path):
+        return "finished"
+    for other in study.reuse:
+        if _holds_everything(study, variant, seed, runs, result_path(out.parent / other, variant, seed)):
+            return f"finished in {other}"
+    stored = len(ResultStore(path).items()) if path.is_file() else 0
+    rd = RunDir(run_dir_of(runs, variant, seed))
+    if rd.finished():
+        return f"trained, {stored} items stored"
+    if rd.has_checkpoint():
+        return f"training (checkpoint {(rd.latest() or {}).get('name', '?')})"
+    return f"{stored} items stored, no checkpoint here" if stored else "not started"
 
 
 def _take_from_other_studies(study: Study, variant: Variant, seed: int, out: Path, runs: Path,
