@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kpca_attention.robustness.store import encode_bits
+from kpca_attention.studies.headline import BEGIN, END, headline_markdown, update_results_doc
 from kpca_attention.studies.leaderboard import leaderboard_rows, write_leaderboard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,3 +135,45 @@ def test_a_study_s_copy_of_another_s_runs_is_listed_once(tmp_path) -> None:
 
     assert names(both) == names(alone)
     assert all(r["name"].startswith("rpc-seeds/") for rows in both.values() for r in rows)
+
+
+def test_the_headline_table_of_docs_results_is_in_sync_with_results() -> None:
+    text = (REPO / "docs" / "results.md").read_text()
+    assert BEGIN in text and END in text
+    block = text.split(BEGIN, 1)[1].split(END, 1)[0]
+    assert block == "\n" + headline_markdown(REPO / "results"), \
+        "the headline table of docs/results.md is stale: run `kpca-attention leaderboard`"
+
+
+def test_headline_rows_come_from_the_verdict_cells(tmp_path) -> None:
+    """Each claim's row is its study's cell - against the baseline, or a further comparator's - with the
+    interval, margin and word as the report computed them; a missing study or cell says so."""
+    cell = {"mean": -1.234, "ci": [-2.5, 0.04], "margin": 0.9, "n": 5, "word": "inconclusive",
+            "seeds_needed": 12}
+    one = {"mean": 0.5, "ci": None, "margin": None, "n": 1, "word": "inconclusive"}
+    summary = {"verdicts": {"baseline": "symvit", "metrics": {
+        "corrupted": {"title": "corrupted", "unit": "percentage points"},
+        "clean": {"title": "clean", "unit": "percentage points"}},
+        "cells": {"rpc_official": {"corrupted": cell}, "rpc_all2_l3": {"clean": one}},
+        "also": {"rpc_official": {"cells": {"rpc_no_sparse": {"clean": {**cell, "word": "equivalent (within "
+                                                                        "+-0.5)", "margin": 0.5}}}}}}}
+    (tmp_path / "rpc-seeds").mkdir()
+    (tmp_path / "rpc-seeds" / "summary.json").write_text(json.dumps(summary))
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in headline_markdown(tmp_path).splitlines()}
+    corrupted = rows["RPC-SymViT (4 it., block 1) vs SymViT: corrupted top-1"]
+    assert "`rpc-seeds`, 5 seeds | -1.23 (-2.50, +0.04) pp | +-0.9 | inconclusive (12 seeds would decide) |" \
+        in corrupted
+    assert "| +0.50 pp | - | inconclusive (1 seed: no test yet) |" in \
+        rows["RPC with 2 it. in every block, lambda 3, vs SymViT: clean"]
+    assert "| +-0.5 | equivalent (within +-0.5) |" in \
+        rows["forcing S = 0 leaves RPC-SymViT's clean accuracy as it is"]
+    missing = "| - | - | no paired seeds yet |"
+    assert rows["RPC-SymViT (4 it., block 1) vs SymViT: clean top-1"].endswith(missing)  # no such cell
+    assert rows["RPC-Symlm vs Symlm: test perplexity"].endswith(f"| `language` {missing}")  # no such study
+    page = tmp_path / "page.md"
+    page.write_text(f"# x\n\nbefore\n{BEGIN}\nold\n{END}\nafter\n")
+    assert update_results_doc(page, tmp_path) is True
+    assert page.read_text() == f"# x\n\nbefore\n{BEGIN}\n{headline_markdown(tmp_path)}{END}\nafter\n"
+    assert update_results_doc(page, tmp_path) is False  # in sync: unchanged
+    page.write_text("no markers\n")
+    assert update_results_doc(page, tmp_path) is False and page.read_text() == "no markers\n"

@@ -38,10 +38,15 @@ def leaderboard_cmd(
     results: Path = typer.Option(Path("results"), help="Folder of committed studies (one sub-folder each)."),
     out: Path = typer.Option(Path("results/leaderboard"), "--out", "-o", help="Folder for the leaderboard JSON files."),
     markdown: Path = typer.Option(Path("docs/leaderboard.md"), help="The leaderboard page."),
+    results_page: Path = typer.Option(Path("docs/results.md"), help="The page whose headline table of claims "
+                                      "and verdicts (between its headline markers) is regenerated too."),
 ) -> None:
-    """Regenerate the leaderboard (docs/leaderboard.md and results/leaderboard/*.json) from every committed
-    study under RESULTS."""
+    """Regenerate the leaderboard (docs/leaderboard.md and results/leaderboard/*.json) and the headline
+    table of claims and verdicts in docs/results.md from every committed study under RESULTS."""
+    from ..studies.headline import update_results_doc
     from ..studies.leaderboard import write_leaderboard
 
     paths = write_leaderboard(results, out, markdown)
-    typer.echo(f"wrote {len(paths)} files: {markdown} and {out}/")
+    changed = update_results_doc(results_page, results)
+    typer.echo(f"wrote {len(paths)} files: {markdown} and {out}/"
+               + (f"; {results_page}: headline table updated" if changed else ""))

@@ -1,0 +1,145 @@
+"""The headline table of ``docs/results.md``: each published claim the studies test, with the verdict its
+study gives it now - generated from the committed ``results/<study>/summary.json``, never typed.
+
+:data:`CLAIMS` is the one declarative list (a claim, where it was published and with what effect, the study,
+variant, comparator and metric that test it). :func:`headline_markdown` reads each study's verdict cells
+(``summary["verdicts"]``: against the baseline in ``cells``, against a further comparator in
+``also.<slug>.cells``; :mod:`kpca_attention.report.study` writes them) and renders one row per claim: the
+paired difference over seeds with its 95 % t interval, the margin, the verdict word and, for an
+``inconclusive`` cell with a margin, the seeds that would decide it. :func:`update_results_doc` puts the
+table between the markers ``<!-- headline:begin -->`` and ``<!-- headline:end -->`` of a page
+(``kpca-attention leaderboard`` does, after each finished run; ``tests/test_leaderboard.py`` checks that
+the committed page is in sync), so the page cannot keep a number its study no longer gives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Claim", "CLAIMS", "headline_markdown", "update_results_doc", "BEGIN", "END"]
+
+BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """``variant`` against ``comparator`` (None: the study's baseline) on ``metric`` (a report metric key)
+    in ``study``; ``claim`` says what was claimed, ``source`` where and with what effect."""
+
+    claim: str
+    source: str
+    study: str
+    variant: str
+    metric: str
+    comparator: str | None = None
+
+
+_RPC = "RPC-SymViT (4 it., block 1) vs SymViT"
+_MECH = "more robust than the ViT (its paper, DeiT-tiny on ImageNet)"
+CLAIMS: tuple[Claim, ...] = (
+    Claim(f"{_RPC}: clean top-1", "paper Table 1, +0.50", "rpc-seeds", "rpc_official", "clean"),
+    Claim(f"{_RPC}: corrupted top-1", "paper Table 1, ImageNet-C, +0.90", "rpc-seeds", "rpc_official",
+          "corrupted"),
+    Claim(f"{_RPC}: FGSM at the highest budget", "paper Table 2, +3.24", "rpc-seeds", "rpc_official",
+          "fgsm@8"),
+    Claim(f"{_RPC}: PGD at the highest budget", "paper Table 2, +0.17", "rpc-seeds", "rpc_official", "pgd@8"),
+    Claim(f"{_RPC}: APGD-CE", "paper Table 2, AutoAttack", "rpc-seeds", "rpc_official", "apgd-ce@4"),
+    Claim(f"{_RPC}: Square", "paper appendix E.4", "rpc-seeds", "rpc_official", "square@4"),
+    Claim("RPC with 2 it. in every block, lambda 3, vs SymViT: clean", "paper Table 1 setting",
+          "rpc-seeds", "rpc_all2_l3", "clean"),
+    Claim("RPC with the paper's tau = lambda / mu vs SymViT: FGSM 8/255", "paper's threshold convention",
+          "rpc-seeds", "rpc_paper_tau", "fgsm@8"),
+    Claim("forcing S = 0 leaves RPC-SymViT's clean accuracy as it is", "our ablation; margin Table 1's "
+          "+0.50", "rpc-seeds", "rpc_no_sparse", "clean", "rpc_official"),
+    Claim("forcing S = 0 leaves RPC-SymViT's FGSM 8/255 accuracy as it is", "our ablation; margin Table "
+          "2's +3.24", "rpc-seeds", "rpc_no_sparse", "fgsm@8", "rpc_official"),
+    Claim("the asymmetric ViT vs SymViT: corrupted top-1", "our earlier reading: raw p 0.045 at 3 seeds",
+          "rpc-seeds", "vit", "corrupted"),
+    Claim("RPC-SymViT with 12 blocks (PAP in block 1 of 12) vs its SymViT: clean",
+          "paper Table 1, +0.50 (PAP in 1 of 12 blocks)", "rpc-depth12", "rpc12_official", "clean"),
+    Claim("RPC-Symlm vs Symlm: test perplexity", "paper Table 3, -1.10", "language", "rpc_symlm",
+          "ppl/test"),
+    Claim("RPC-Symlm vs Symlm: word-swap test perplexity", "paper Table 3, -1.16", "language", "rpc_symlm",
+          "wordswap/test"),
+    Claim("the asymmetric LM vs Symlm: test perplexity", "our question (ordinary attention)", "language",
+          "lm", "ppl/test"),
+    Claim("Segmenter-RPC vs Segmenter-SymViT: mIoU", "paper Table 6, +0.69", "segmentation", "rpc_symvit",
+          "clean:miou"),
+    Claim("Segmenter-RPC vs Segmenter-SymViT: corrupted mIoU", "paper Table 6, +1.00", "segmentation",
+          "rpc_symvit", "corrupted:miou"),
+    Claim("RPC-FAN vs FAN: PGD at the highest budget", "paper Tables 9-10, +3.33", "zoo", "rpc_fan", "pgd@8",
+          "fan"),
+    *(Claim(f"{label} {_MECH}: PGD 4/255", source, "zoo", slug, "pgd@4") for label, slug, source in (
+        ("Twicing", "twicing", "ICLR 2025"), ("NeuTRENO", "neutreno", "NeurIPS 2023"),
+        ("PIDformer", "pid", "ICML 2024"), ("Elliptical", "elliptical", "NeurIPS 2024"),
+        ("KDE", "kde", "robust_transformer logs, +0.13"),
+        ("RKDE-Huber", "rkde", "robust_transformer logs, +0.85"),
+        ("RVT's position-aware scaling", "rvt", "CVPR 2022"), ("FAN", "fan", "ICML 2022"))),
+)
+
+
+def _cell(summary: dict[str, Any], claim: Claim) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """``(the verdict cell or None, the metric's title / unit)`` of ``claim`` in a study summary."""
+    ver = summary.get("verdicts") or {}
+    base = ver.get("baseline")
+    if claim.comparator in (None, base):
+        cells = ver.get("cells") or {}
+    else:
+        cells = ((ver.get("also") or {}).get(claim.comparator) or {}).get("cells") or {}
+    meta = (ver.get("metrics") or {}).get(claim.metric) or {}
+    return (cells.get(claim.variant) or {}).get(claim.metric), meta
+
+
+def _num(x: float) -> str:
+    return f"{x:+.2f}"
+
+
+def _row(claim: Claim, results: Path) -> list[str]:
+    path = results / claim.study / "summary.json"
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    cell, meta = _cell(summary, claim)
+    what = [claim.claim, claim.source]
+    if cell is None:
+        return [*what, f"`{claim.study}`", "-", "-", "no paired seeds yet"]
+    unit = {"percentage points": "pp", "perplexity": ""}.get(meta.get("unit", ""), meta.get("unit", ""))
+    diff = _num(cell["mean"]) + (f" ({_num(cell['ci'][0])}, {_num(cell['ci'][1])})" if cell.get("ci") else "")
+    word = cell["word"]
+    if cell.get("ci") is None:
+        word += f" ({cell['n']} seed: no test yet)" if cell["n"] == 1 else f" ({cell.get('reason', '')})"
+    elif word == "inconclusive" and cell.get("margin") is not None:
+        need = cell.get("seeds_needed")
+        word += f" ({need} seeds would decide)" if need and need <= 16 else " (> 16 seeds would decide)"
+    margin = "-" if cell.get("margin") is None else f"+-{cell['margin']:g}"
+    return [*what, f"`{claim.study}`, {cell['n']} seed{'s' * (cell['n'] != 1)}",
+            f"{diff} {unit}".rstrip(), margin, word]
+
+
+def headline_markdown(results: str | os.PathLike = "results") -> str:
+    """The table of :data:`CLAIMS` with the verdicts the committed summaries under ``results`` give."""
+    results = Path(results)
+    head = ["claim", "source, published effect", "study, paired seeds",
+            "variant - comparator (95 % t interval)", "margin", "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(_row(c, results)) + " |" for c in CLAIMS]
+    return "\n".join(lines) + "\n"
+
+
+def update_results_doc(page: str | os.PathLike, results: str | os.PathLike = "results") -> bool:
+    """Put :func:`headline_markdown` between the page's markers; returns whether it changed. A page
+    without both markers is left alone (False)."""
+    from ..io import write_text_atomic
+
+    page = Path(page)
+    text = page.read_text() if page.is_file() else ""
+    if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
+        return False
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    new = f"{head}{BEGIN}\n{headline_markdown(results)}{END}{tail}"
+    if new != text:
+        write_text_atomic(page, new)
+    return new != text
