@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kpca_attention.robustness.store import encode_bits
-from kpca_attention.studies.headline import BEGIN, END, headline_markdown, update_results_doc
+from kpca_attention.studies.headline import BEGIN, END, headline_markdown, headline_plot, update_results_doc
 from kpca_attention.studies.leaderboard import leaderboard_rows, write_leaderboard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -170,6 +170,9 @@ def test_headline_rows_come_from_the_verdict_cells(tmp_path) -> None:
     missing = "| - | - | no paired seeds yet |"
     assert rows["RPC-SymViT (4 it., block 1) vs SymViT: clean top-1"].endswith(missing)  # no such cell
     assert rows["RPC-Symlm vs Symlm: test perplexity"].endswith(f"| `language` {missing}")  # no such study
+    # the forest plot in units of the margins: the rows with an interval and a margin (here two)
+    assert headline_plot(tmp_path / "h.png", tmp_path).stat().st_size > 5000
+    assert headline_plot(tmp_path / "none.png", tmp_path / "nothing") is None
     page = tmp_path / "page.md"
     page.write_text(f"# x\n\nbefore\n{BEGIN}\nold\n{END}\nafter\n")
     assert update_results_doc(page, tmp_path) is True

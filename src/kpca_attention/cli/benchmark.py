@@ -43,10 +43,11 @@ def leaderboard_cmd(
 ) -> None:
     """Regenerate the leaderboard (docs/leaderboard.md and results/leaderboard/*.json) and the headline
     table of claims and verdicts in docs/results.md from every committed study under RESULTS."""
-    from ..studies.headline import update_results_doc
+    from ..studies.headline import headline_plot, update_results_doc
     from ..studies.leaderboard import write_leaderboard
 
     paths = write_leaderboard(results, out, markdown)
+    headline_plot(out / "headline.png", results)
     changed = update_results_doc(results_page, results)
     typer.echo(f"wrote {len(paths)} files: {markdown} and {out}/"
                + (f"; {results_page}: headline table updated" if changed else ""))

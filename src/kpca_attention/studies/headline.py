@@ -6,10 +6,13 @@ variant, comparator and metric that test it). :func:`headline_markdown` reads ea
 (``summary["verdicts"]``: against the baseline in ``cells``, against a further comparator in
 ``also.<slug>.cells``; :mod:`kpca_attention.report.study` writes them) and renders one row per claim: the
 paired difference over seeds with its 95 % t interval, the margin, the verdict word and, for an
-``inconclusive`` cell with a margin, the seeds that would decide it. :func:`update_results_doc` puts the
-table between the markers ``<!-- headline:begin -->`` and ``<!-- headline:end -->`` of a page
-(``kpca-attention leaderboard`` does, after each finished run; ``tests/test_leaderboard.py`` checks that
-the committed page is in sync), so the page cannot keep a number its study no longer gives.
+``inconclusive`` cell with a margin, the seeds that would decide it; :func:`headline_plot` draws the
+claims that have a margin and an interval as one forest plot in units of their margins (each claim's
+published effect is 1 there, so claims in accuracy and in perplexity share one axis).
+:func:`update_results_doc` puts the table between the markers ``<!-- headline:begin -->`` and
+``<!-- headline:end -->`` of a page (``kpca-attention leaderboard`` does, after each finished run;
+``tests/test_leaderboard.py`` checks that the committed page is in sync), so the page cannot keep a number
+its study no longer gives.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Claim", "CLAIMS", "headline_markdown", "update_results_doc", "BEGIN", "END"]
+__all__ = ["Claim", "CLAIMS", "headline_markdown", "headline_plot", "update_results_doc", "BEGIN", "END"]
 
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 
@@ -126,6 +129,45 @@ def headline_markdown(results: str | os.PathLike = "results") -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(_row(c, results)) + " |" for c in CLAIMS]
     return "\n".join(lines) + "\n"
+
+
+_CLIP = 6.0  # margins: an interval wider than this (PGD's +-0.17) is cut at the edge and says so
+
+
+def headline_plot(path: str | os.PathLike, results: str | os.PathLike = "results") -> Path | None:
+    """The claims whose cells have an interval and a margin, as a forest plot in multiples of each margin,
+    signed so that right is "the variant better" (perplexity: lower); None when no claim has both yet."""
+    from ..report.forest import forest_plot
+    from ..report.verdicts import Verdict
+
+    results = Path(results)
+    rows = []
+    for claim in CLAIMS:
+        spath = results / claim.study / "summary.json"
+        cell, meta = _cell(json.loads(spath.read_text()) if spath.is_file() else {}, claim)
+        if cell is None or cell.get("ci") is None or cell.get("margin") is None:
+            continue
+        k = (1.0 if meta.get("higher_is_better", True) else -1.0) / cell["margin"]
+        clipped = any(abs(x * k) > _CLIP for x in cell["ci"])
+
+        def scaled(pair: list[float] | None, k: float = k) -> tuple[float, float] | None:
+            if pair is None:
+                return None
+            lo, hi = sorted((pair[0] * k, pair[1] * k))
+            return max(lo, -_CLIP), min(hi, _CLIP)
+
+        comparator = claim.comparator or (json.loads(spath.read_text())["verdicts"]["baseline"])
+        label = (f"{claim.variant} - {comparator}, {meta.get('title', claim.metric)}"
+                 + (f" (cut at +-{_CLIP:g})" if clipped else ""))
+        mean = max(-_CLIP, min(_CLIP, cell["mean"] * k))
+        rows.append((label, Verdict(
+            cell["word"], mean, scaled(cell["ci"]), cell.get("p_raw"), cell.get("p_holm"), cell.get("tost_p"),
+            scaled(cell.get("tost_ci")), 1.0, None, cell.get("seeds_needed"), cell["n"], None,
+            cell.get("alpha", 0.05), cell.get("reason", ""))))
+    if not rows:
+        return None
+    return forest_plot(rows, path, "Claims against their margins (1 = published effect)",
+                       "margins (> 0: variant better)")
 
 
 def update_results_doc(page: str | os.PathLike, results: str | os.PathLike = "results") -> bool:
