@@ -102,14 +102,27 @@ def _cell(summary: dict[str, Any], claim: Claim) -> tuple[dict[str, Any] | None,
     return (cells.get(claim.variant) or {}).get(claim.metric), meta
 
 
+def _claim_cells(results: Path) -> list[tuple[Claim, dict[str, Any] | None, dict[str, Any], str]]:
+    """``(claim, its cell or None, the metric's title / unit, the comparator's slug)`` of every claim, each
+    study's summary read once."""
+    summaries: dict[str, dict[str, Any]] = {}
+    out = []
+    for claim in CLAIMS:
+        if claim.study not in summaries:
+            path = results / claim.study / "summary.json"
+            summaries[claim.study] = json.loads(path.read_text()) if path.is_file() else {}
+        summary = summaries[claim.study]
+        cell, meta = _cell(summary, claim)
+        comparator = claim.comparator or (summary.get("verdicts") or {}).get("baseline") or "the baseline"
+        out.append((claim, cell, meta, comparator))
+    return out
+
+
 def _num(x: float) -> str:
     return f"{x:+.2f}"
 
 
-def _row(claim: Claim, results: Path) -> list[str]:
-    path = results / claim.study / "summary.json"
-    summary = json.loads(path.read_text()) if path.is_file() else {}
-    cell, meta = _cell(summary, claim)
+def _row(claim: Claim, cell: dict[str, Any] | None, meta: dict[str, Any]) -> list[str]:
     what = [claim.claim, claim.source]
     if cell is None:
         return [*what, f"`{claim.study}`", "-", "-", "no paired seeds yet"]
@@ -132,7 +145,7 @@ def headline_markdown(results: str | os.PathLike = "results") -> str:
     head = ["claim", "source, published effect", "study, paired seeds",
             "variant - comparator (95 % t interval)", "margin", "verdict"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(_row(c, results)) + " |" for c in CLAIMS]
+    lines += ["| " + " | ".join(_row(c, cell, meta)) + " |" for c, cell, meta, _ in _claim_cells(results)]
     return "\n".join(lines) + "\n"
 
 
@@ -145,11 +158,8 @@ def headline_plot(path: str | os.PathLike, results: str | os.PathLike = "results
     from ..report.forest import forest_plot
     from ..report.verdicts import Verdict
 
-    results = Path(results)
     rows = []
-    for claim in CLAIMS:
-        spath = results / claim.study / "summary.json"
-        cell, meta = _cell(json.loads(spath.read_text()) if spath.is_file() else {}, claim)
+    for claim, cell, meta, comparator in _claim_cells(Path(results)):
         if cell is None or cell.get("ci") is None or cell.get("margin") is None:
             continue
         k = (1.0 if meta.get("higher_is_better", True) else -1.0) / cell["margin"]
@@ -161,7 +171,6 @@ def headline_plot(path: str | os.PathLike, results: str | os.PathLike = "results
             lo, hi = sorted((pair[0] * k, pair[1] * k))
             return max(lo, -_CLIP), min(hi, _CLIP)
 
-        comparator = claim.comparator or (json.loads(spath.read_text())["verdicts"]["baseline"])
         label = (f"{claim.variant} - {comparator}, {meta.get('title', claim.metric)}"
                  + (f" (cut at +-{_CLIP:g})" if clipped else ""))
         mean = max(-_CLIP, min(_CLIP, cell["mean"] * k))
