@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kpca_attention.robustness.store import encode_bits
+from kpca_attention.studies import landed
 from kpca_attention.studies.headline import BEGIN, END, headline_markdown, headline_plot, update_results_doc
 from kpca_attention.studies.leaderboard import leaderboard_rows, write_leaderboard
 
@@ -180,3 +181,51 @@ def test_headline_rows_come_from_the_verdict_cells(tmp_path) -> None:
     assert update_results_doc(page, tmp_path) is False  # in sync: unchanged
     page.write_text("no markers\n")
     assert update_results_doc(page, tmp_path) is False and page.read_text() == "no markers\n"
+
+
+def test_the_landed_table_of_docs_results_is_in_sync_with_results() -> None:
+    text = (REPO / "docs" / "results.md").read_text()
+    assert landed.BEGIN in text and landed.END in text
+    block = text.split(landed.BEGIN, 1)[1].split(landed.END, 1)[0]
+    assert block == "\n" + landed.landed_markdown(REPO / "results"), \
+        "the table of finished seeds in docs/results.md is stale: run `kpca-attention leaderboard`"
+
+
+def test_landed_rows_count_finished_runs_their_machines_and_where_they_come_from(tmp_path) -> None:
+    """Finished seeds per row, the plan, the machines read from the runs' own files, the runs taken from
+    another study; a run with an item missing (still evaluating) is not finished."""
+    import shutil
+
+    for name in ("rpc-seeds", "zoo"):
+        shutil.copytree(REPO / "results" / name, tmp_path / name)
+    (tmp_path / "rpc-seeds" / "results" / "vit-s4.json").unlink()
+    twicing = tmp_path / "zoo" / "results" / "twicing-s0.json"
+    data = json.loads(twicing.read_text())
+    del data["items"]["attacks/pgd/8"]
+    twicing.write_text(json.dumps(data))
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:-1]]
+            for line in landed.landed_markdown(tmp_path).splitlines()[2:]}
+    assert {study for study, _ in rows} == {"`rpc-seeds`", "`zoo`"}  # no folder: no rows
+
+    def machines(study: str, slug: str, seeds: list[int]) -> str:  # read independently from the files
+        caps: dict[str, int] = {}
+        for s in seeds:
+            m = json.loads((tmp_path / study / "results" / f"{slug}-s{s}.json").read_text())
+            m = m["items"]["run"]["result"]["machine"]
+            assert m["cpu"] == "AMD EPYC"
+            cap = m.get("cpu_capability") or "not recorded"
+            caps[cap] = caps.get(cap, 0) + 1
+        return "AMD EPYC (" + ", ".join(f"{c} {n}" for c, n in sorted(caps.items())) + ")"
+
+    assert rows[("`rpc-seeds`", "ViT (asymmetric)")] == ["0-3 (4)", "0-7", machines("rpc-seeds", "vit",
+                                                                                     [0, 1, 2, 3])]
+    assert rows[("`rpc-seeds`", "SymViT")][:2] == ["0-4 (5)", "0-7"]
+    assert rows[("`zoo`", "SymViT")] == ["0-2 (3)", "0-2", machines("rpc-seeds", "symvit", [0, 1, 2])
+                                         + "; seeds 0-2 taken from `rpc-seeds`"]
+    assert rows[("`zoo`", "Twicing")] == ["-", "0-2", "-"]  # an item missing: not finished
+    assert rows[("`zoo`", "RPC-FAN")] == ["-", "0-2", "-"]
+    assert landed.seed_ranges([7, 0, 1, 2, 4, 6]) == "0-2, 4, 6-7" and landed.seed_ranges([]) == "-"
+    page = tmp_path / "page.md"
+    page.write_text(f"a\n{landed.BEGIN}\nold\n{landed.END}\nb\n")
+    assert update_results_doc(page, tmp_path) is True
+    assert page.read_text() == f"a\n{landed.BEGIN}\n{landed.landed_markdown(tmp_path)}{landed.END}\nb\n"

@@ -39,10 +39,12 @@ def leaderboard_cmd(
     out: Path = typer.Option(Path("results/leaderboard"), "--out", "-o", help="Folder for the leaderboard JSON files."),
     markdown: Path = typer.Option(Path("docs/leaderboard.md"), help="The leaderboard page."),
     results_page: Path = typer.Option(Path("docs/results.md"), help="The page whose headline table of claims "
-                                      "and verdicts (between its headline markers) is regenerated too."),
+                                      "and verdicts and table of finished seeds (each between its markers) "
+                                      "are regenerated too."),
 ) -> None:
-    """Regenerate the leaderboard (docs/leaderboard.md and results/leaderboard/*.json) and the headline
-    table of claims and verdicts in docs/results.md from every committed study under RESULTS."""
+    """Regenerate the leaderboard (docs/leaderboard.md and results/leaderboard/*.json), and the headline
+    table of claims and verdicts and the table of finished seeds in docs/results.md, from every committed
+    study under RESULTS."""
     from ..studies.headline import headline_plot, update_results_doc
     from ..studies.leaderboard import write_leaderboard
 
@@ -50,4 +52,4 @@ def leaderboard_cmd(
     headline_plot(out / "headline.png", results)
     changed = update_results_doc(results_page, results)
     typer.echo(f"wrote {len(paths)} files: {markdown} and {out}/"
-               + (f"; {results_page}: headline table updated" if changed else ""))
+               + (f"; {results_page}: generated tables updated" if changed else ""))

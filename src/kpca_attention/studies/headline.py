@@ -10,7 +10,8 @@ paired difference over seeds with its 95 % t interval, the margin, the verdict w
 claims that have a margin and an interval as one forest plot in units of their margins (each claim's
 published effect is 1 there, so claims in accuracy and in perplexity share one axis).
 :func:`update_results_doc` puts the table between the markers ``<!-- headline:begin -->`` and
-``<!-- headline:end -->`` of a page (``kpca-attention leaderboard`` does, after each finished run;
+``<!-- headline:end -->`` of a page, and :mod:`.landed`'s table of finished seeds between its own
+(``kpca-attention leaderboard`` does, after each finished run;
 ``tests/test_leaderboard.py`` checks that the committed page is in sync), so the page cannot keep a number
 its study no longer gives.
 """
@@ -185,17 +186,23 @@ def headline_plot(path: str | os.PathLike, results: str | os.PathLike = "results
 
 
 def update_results_doc(page: str | os.PathLike, results: str | os.PathLike = "results") -> bool:
-    """Put :func:`headline_markdown` between the page's markers; returns whether it changed. A page
-    without both markers is left alone (False)."""
+    """Regenerate the page's generated tables from ``results``: :func:`headline_markdown` between the
+    headline markers and :func:`~.landed.landed_markdown` (the finished seeds of each long study) between
+    the landed markers; returns whether the page changed. A table whose two markers are not both on the
+    page (in order) is left alone."""
     from ..io import write_text_atomic
+    from . import landed
 
     page = Path(page)
     text = page.read_text() if page.is_file() else ""
-    if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
-        return False
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    new = f"{head}{BEGIN}\n{headline_markdown(results)}{END}{tail}"
+    new = text
+    tables = ((BEGIN, END, headline_markdown), (landed.BEGIN, landed.END, landed.landed_markdown))
+    for begin, end, render in tables:
+        if begin not in new or end not in new or new.index(begin) > new.index(end):
+            continue
+        head, rest = new.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        new = f"{head}{begin}\n{render(results)}{end}{tail}"
     if new != text:
         write_text_atomic(page, new)
     return new != text

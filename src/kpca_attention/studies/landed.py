@@ -1,0 +1,106 @@
+"""What has landed: the table of ``docs/results.md`` that says, for each long study, which seeds of which
+row are finished and committed and which kinds of machine trained them - generated from the committed
+``results/<study>/`` folders, never typed (a typed one went stale within hours of each run landing).
+
+:func:`landed_markdown` reads each study as its report does
+(:func:`~kpca_attention.report.study.load_study_results`: only runs evaluated on every item their
+settings ask for count as finished) and renders one row per variant: the finished seeds, the seeds the
+study plans, and the machines that trained them (the kind, :func:`~kpca_attention.machine.machine_kind`,
+with the vector instructions of torch's CPU kernels where recorded); a run another study trained and this
+one refers to (``Study.reuse``) says where it came from. ``kpca-attention leaderboard`` puts it between
+the markers ``<!-- landed:begin -->`` and ``<!-- landed:end -->`` of docs/results.md after every finished
+run; ``tests/test_leaderboard.py`` checks that the committed page is in sync. Runs still training are not
+in ``results/`` (``kpca-attention study NAME --status`` lists them from the runs folder).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..io import read_json
+from ..machine import machine_kind
+
+__all__ = ["LANDED_STUDIES", "landed_markdown", "seed_ranges", "BEGIN", "END"]
+
+BEGIN, END = "<!-- landed:begin -->", "<!-- landed:end -->"
+
+#: the studies whose seeds are still landing, in the order docs/results.md discusses them
+LANDED_STUDIES: tuple[str, ...] = ("rpc-seeds", "rpc-depth12", "zoo", "zoo-language", "language")
+
+
+def seed_ranges(seeds: Iterable[int]) -> str:
+    """``[0, 1, 2, 4, 6, 7]`` -> ``"0-2, 4, 6-7"`` (``"-"`` for none)."""
+    out: list[str] = []
+    run: list[int] = []
+    for s in sorted(set(seeds)):
+        if run and s != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(s)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out) or "-"
+
+
+def _machines(runs: Sequence[dict[str, Any]]) -> str:
+    """``"AMD EPYC (AVX2 3, not recorded 2)"`` over the runs' recorded machines."""
+    kinds: dict[str, Counter[str]] = {}
+    for r in runs:
+        info = r.get("run", {}).get("machine") if isinstance(r.get("run"), dict) else None
+        if not isinstance(info, dict):
+            kinds.setdefault("not recorded", Counter())
+            continue
+        caps = kinds.setdefault(machine_kind(info), Counter())
+        if not info.get("gpu"):
+            caps[str(info.get("cpu_capability") or "not recorded")] += 1
+    parts = []
+    for kind, caps in kinds.items():
+        said = ", ".join(f"{cap} {n}" for cap, n in sorted(caps.items()))
+        parts.append(f"{kind} ({said})" if said else kind)
+    return "; ".join(parts) or "-"
+
+
+def _taken_from(out: Path, slug: str, seeds: Iterable[int]) -> dict[str, list[int]]:
+    """``{other study: [seeds]}`` of the runs whose result files here refer to another study's."""
+    taken: dict[str, list[int]] = {}
+    for s in seeds:
+        reuses = (read_json(out / "results" / f"{slug}-s{s}.json") or {}).get("reuses")
+        if isinstance(reuses, dict) and reuses.get("study"):
+            taken.setdefault(str(reuses["study"]), []).append(s)
+    return taken
+
+
+def _rows(out: Path) -> list[list[str]]:
+    from ..report.study import load_study_results
+
+    settings, res = load_study_results(out)
+    rows = []
+    for v in settings["variants"]:
+        slug = v["slug"]
+        finished = res.get(slug, {})
+        planned = [0] if v.get("source") else (v.get("seeds") or settings.get("seeds") or [])
+        done = f"{seed_ranges(finished)} ({len(finished)})" if finished else "-"
+        taken = _taken_from(out, slug, finished)
+        machines = _machines([finished[s] for s in sorted(finished)])
+        if taken:
+            machines += "; " + "; ".join(f"seeds {seed_ranges(s)} taken from `{other}`"
+                                         for other, s in taken.items())
+        rows.append([f"`{settings.get('name', out.name)}`", v.get("label", slug), done, seed_ranges(planned),
+                     machines])
+    return rows
+
+
+def landed_markdown(results: str | os.PathLike = "results", studies: Sequence[str] = LANDED_STUDIES) -> str:
+    """The table of finished seeds per study and row (a study without a committed folder is left out)."""
+    results = Path(results)
+    head = ["study", "row", "seeds finished (count)", "seeds planned",
+            "trained on (torch's CPU kernels: runs)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in studies:
+        if (results / name / "settings.json").is_file():
+            lines += ["| " + " | ".join(row) + " |" for row in _rows(results / name)]
+    return "\n".join(lines) + "\n"
