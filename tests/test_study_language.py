@@ -229,6 +229,7 @@ def test_quick_study_is_reused(quick, capsys) -> None:
 
 def test_registered_language_study() -> None:
     assert "language" in STUDIES
+    assert get_study("language").seeds == (0, 1, 2, 3, 4, 5)  # issue 24: at least 6 seeds
     study = get_study("language", seeds=(0, 1, 2))
     assert [v.slug for v in study.variants] == ["symlm", "rpc_symlm", "lm"] and study.baseline == "symlm"
     cfg = study.train_config(study.variant("rpc_symlm"), 0, "runs/x")
