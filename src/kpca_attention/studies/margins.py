@@ -178,7 +178,11 @@ ZOO_NOT_FOUND: dict[str, str] = {
                 "results in its READMEs; the paper's tables (arXiv 2312.00751) could not be read here",
     "pid": "no number found: no official code; the paper's tables (arXiv 2402.15989) could not be read here",
     "elliptical": "no number found: the repository READMEs (Elliptical-Attention) hold no result table; the "
-                  "paper's tables (arXiv 2406.13770) could not be read here",
+                  "paper's tables (arXiv 2406.13770) could not be read here; its attack logs "
+                  "(Elliptical_ImAttack/Scripts/output, read 2026-11-27) hold one DeiT baseline file, FGSM "
+                  "1/255, with two unlabelled runs (top-1 33.08 and 44.55 %), beside Elliptical variants "
+                  "of unnamed settings (FGSM 38.38 %) and PGD runs without a baseline: no pair to read a "
+                  "gain from",
     "rvt": "no number found for position-aware attention scaling alone (RVT CVPR 2022's ablation table could "
            "not be read here)",
     "fan": "no number found for FAN-tiny against a DeiT-tiny of the same recipe (FAN ICML 2022's tables "
