@@ -199,6 +199,8 @@ def test_landed_rows_count_finished_runs_their_machines_and_where_they_come_from
     for name in ("rpc-seeds", "zoo"):
         shutil.copytree(REPO / "results" / name, tmp_path / name)
     (tmp_path / "rpc-seeds" / "results" / "vit-s4.json").unlink()
+    for f in (tmp_path / "zoo" / "results").glob("rpc_fan-s*.json"):  # a row with no run yet
+        f.unlink()
     twicing = tmp_path / "zoo" / "results" / "twicing-s0.json"
     data = json.loads(twicing.read_text())
     del data["items"]["attacks/pgd/8"]
@@ -217,9 +219,17 @@ def test_landed_rows_count_finished_runs_their_machines_and_where_they_come_from
             caps[cap] = caps.get(cap, 0) + 1
         return "AMD EPYC (" + ", ".join(f"{c} {n}" for c, n in sorted(caps.items())) + ")"
 
-    assert rows[("`rpc-seeds`", "ViT (asymmetric)")] == ["0-3 (4)", "0-7", machines("rpc-seeds", "vit",
-                                                                                     [0, 1, 2, 3])]
-    assert rows[("`rpc-seeds`", "SymViT")][:2] == ["0-4 (5)", "0-7"]
+    def on_disk(study: str, slug: str) -> list[int]:  # the committed files hold finished runs only
+        files = (tmp_path / study / "results").glob(f"{slug}-s*.json")
+        return sorted(int(f.stem.rsplit("-s", 1)[1]) for f in files)
+
+    planned = landed.seed_ranges(json.loads((tmp_path / "rpc-seeds" / "settings.json").read_text())["seeds"])
+    vit = on_disk("rpc-seeds", "vit")
+    assert 4 not in vit and {0, 1, 2, 3} <= set(vit)
+    assert rows[("`rpc-seeds`", "ViT (asymmetric)")] == [f"{landed.seed_ranges(vit)} ({len(vit)})", planned,
+                                                         machines("rpc-seeds", "vit", vit)]
+    sym = on_disk("rpc-seeds", "symvit")
+    assert rows[("`rpc-seeds`", "SymViT")][:2] == [f"{landed.seed_ranges(sym)} ({len(sym)})", planned]
     assert rows[("`zoo`", "SymViT")] == ["0-2 (3)", "0-2", machines("rpc-seeds", "symvit", [0, 1, 2])
                                          + "; seeds 0-2 taken from `rpc-seeds`"]
     assert rows[("`zoo`", "Twicing")] == ["-", "0-2", "-"]  # an item missing: not finished
