@@ -376,6 +376,24 @@ def test_finished_results_are_reused_without_checkpoints(quick_demo, tmp_path, c
     assert write_study_report(copy).exists()
 
 
+def test_the_report_is_written_after_each_run_but_not_twice_at_the_end(quick_demo, tmp_path) -> None:
+    """Two runs: a report after the first (a long study's report stays current), then the final one - not
+    also one after the last run right before it."""
+    from unittest.mock import patch
+
+    import kpca_attention.report.study as report_study
+
+    out, _ = quick_demo
+    copy = tmp_path / "committed"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("runs"))
+    with patch.object(report_study, "write_study_report", wraps=report_study.write_study_report) as spy:
+        run_study(quick_demo_study(), copy, progress=False)
+    assert spy.call_count == len(quick_demo_study().runs()) == 2
+    with patch.object(report_study, "write_study_report", wraps=report_study.write_study_report) as spy:
+        run_study(quick_demo_study(), copy, progress=False, only=("symvit",))
+    assert spy.call_count == 1
+
+
 def test_settings_are_not_mixed(quick_demo, tmp_path) -> None:
     out, _ = quick_demo
     other = quick_demo_study().replace(recipe={**quick_demo_study().recipe, "train_subset": 256})

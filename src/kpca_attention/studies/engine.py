@@ -526,11 +526,13 @@ def run_study(
     print(f"[{study.name}] {len(todo)} run(s) of {len(study.variants)} variant(s) x seeds "
           f"{list(study.seeds)}; results in {out}, runs in {runs}"
           + (f", {jobs} in parallel" if jobs > 1 else ""), flush=True)
+    # the report is rewritten after each finished run (a long study's report stays current), except after
+    # the last one: the final report below follows it at once
     if jobs == 1:
-        for v, s in todo:
+        for i, (v, s) in enumerate(todo):
             run_one(study, v.slug, s, out, runs, progress=progress, device=device, cache=cache,
                     any_machine=any_machine, loader_workers=loader_workers)
-            if report:
+            if report and i < len(todo) - 1:
                 _report(out)
     else:
         import multiprocessing as mp
@@ -542,9 +544,9 @@ def run_study(
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             futures = [pool.submit(_worker, (study, v.slug, s, str(out), str(runs), device, cache,
                                              any_machine, loader_workers)) for v, s in todo]
-            for fut in as_completed(futures):
+            for i, fut in enumerate(as_completed(futures)):
                 fut.result()
-                if report:
+                if report and i < len(futures) - 1:
                     _report(out)
     if checks:
         run_checks(study, out, runs)
