@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,8 @@ from .board import leaderboard_lines
 from .forest import forest_plot
 from .verdicts import WORDS_HELP, Family, Verdict
 
-__all__ = ["read_settings", "load_runs", "load_study_results", "write_study_report", "regenerate_lines",
+__all__ = ["read_settings", "reused_runs", "machine_counts", "load_runs", "load_study_results",
+           "write_study_report", "regenerate_lines",
            "plot_training_curves", "trace_rows", "study_verdicts", "verdict_lines", "ALPHA", "NOISE_NOTE"]
 
 #: the verdicts' level (docs/verdicts.md)
@@ -92,17 +93,31 @@ def _sections(out: str | os.PathLike) -> tuple[StudySections, Runs]:
     return sec, sec.select(load_runs(out, sec.settings, sec.keep))
 
 
-def _taken_runs(out: Path) -> list[str]:
-    """A line per study whose runs this study's result files refer to instead of holding them
-    (``Study.reuse``; robustness.store's references)."""
+def reused_runs(out: str | os.PathLike) -> dict[str, list[str]]:
+    """``{other study: [run names]}`` of the result files of the study folder ``out`` that refer to another
+    study's instead of holding their items (``Study.reuse``; robustness.store's references)."""
     taken: dict[str, list[str]] = {}
-    for f in sorted((out / "results").glob("*.json")):
+    for f in sorted((Path(out) / "results").glob("*.json")):
         reuses = (read_json(f) or {}).get("reuses")
         if isinstance(reuses, dict):
             taken.setdefault(str(reuses.get("study")), []).append(f.stem)
+    return taken
+
+
+def machine_counts(results: Iterable[Mapping[str, Any]]) -> tuple[Counter[str], Counter[str]]:
+    """``(runs per machine kind, runs per torch CPU capability)`` over runs' results (their ``run`` item's
+    recorded machine; a run without one is not counted)."""
+    machines = [r["run"]["machine"] for r in results
+                if isinstance(r.get("run"), dict) and "machine" in r["run"]]
+    return (Counter(machine_kind(m) for m in machines),
+            Counter(m.get("cpu_capability") or "not recorded" for m in machines))
+
+
+def _taken_runs(out: Path) -> list[str]:
+    """A line per study whose runs this study's result files refer to instead of holding them."""
     return [f"Taken from the study `{other}` (the same model, training and suites: not trained again): "
             f"{', '.join(runs)}. Their files here refer to its result files (`../{other}/results/`) item by "
-            "item, by SHA-256.\n" for other, runs in taken.items()]
+            "item, by SHA-256.\n" for other, runs in reused_runs(out).items()]
 
 
 def load_study_results(out: str | os.PathLike) -> tuple[dict[str, Any], Runs]:
@@ -425,13 +440,10 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
 def _machines_line(res: Runs, slugs: Sequence[str]) -> str:
     """Which kinds of machine trained the runs (one kind per study: other kinds take other floating-point
     paths, :func:`~kpca_attention.machine.machine_kind`)."""
-    kinds = Counter(machine_kind(r["run"]["machine"]) for s in slugs for r in res[s].values()
-                    if isinstance(r.get("run"), dict) and "machine" in r["run"])
+    kinds, caps = machine_counts(r for s in slugs for r in res[s].values())
     if not kinds:
         return ""
     said = ", ".join(f"{k} ({n} run{'s' * (n > 1)})" for k, n in kinds.most_common())
-    caps = Counter(r["run"]["machine"].get("cpu_capability") or "not recorded" for s in slugs
-                   for r in res[s].values() if isinstance(r.get("run"), dict) and "machine" in r["run"])
     isa = ("" if set(caps) <= {"not recorded"} else
            " Vector instructions of torch's CPU kernels (hosts of one CPU model differ here, and so do their "
            "floating-point paths): " + ", ".join(f"{k} ({n})" for k, n in caps.most_common()) + ".")

@@ -16,13 +16,11 @@ in ``results/`` (``kpca-attention study NAME --status`` lists them from the runs
 from __future__ import annotations
 
 import os
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..io import read_json
-from ..machine import machine_kind
+from ..report.study import load_study_results, machine_counts, reused_runs
 
 __all__ = ["LANDED_STUDIES", "landed_markdown", "seed_ranges", "BEGIN", "END"]
 
@@ -47,36 +45,22 @@ def seed_ranges(seeds: Iterable[int]) -> str:
 
 
 def _machines(runs: Sequence[dict[str, Any]]) -> str:
-    """``"AMD EPYC (AVX2 3, not recorded 2)"`` over the runs' recorded machines."""
-    kinds: dict[str, Counter[str]] = {}
-    for r in runs:
-        info = r.get("run", {}).get("machine") if isinstance(r.get("run"), dict) else None
-        if not isinstance(info, dict):
-            kinds.setdefault("not recorded", Counter())
-            continue
-        caps = kinds.setdefault(machine_kind(info), Counter())
-        if not info.get("gpu"):
-            caps[str(info.get("cpu_capability") or "not recorded")] += 1
-    parts = []
-    for kind, caps in kinds.items():
-        said = ", ".join(f"{cap} {n}" for cap, n in sorted(caps.items()))
-        parts.append(f"{kind} ({said})" if said else kind)
-    return "; ".join(parts) or "-"
+    """``"AMD EPYC (AVX2 3, not recorded 2)"`` over the runs' recorded machines (one kind per study)."""
+    kinds, caps = machine_counts(runs)
+    if not kinds:
+        return "-"
+    said = ", ".join(f"{cap} {n}" for cap, n in sorted(caps.items()))
+    return "; ".join(kinds) + f" ({said})"
 
 
-def _taken_from(out: Path, slug: str, seeds: Iterable[int]) -> dict[str, list[int]]:
-    """``{other study: [seeds]}`` of the runs whose result files here refer to another study's."""
-    taken: dict[str, list[int]] = {}
-    for s in seeds:
-        reuses = (read_json(out / "results" / f"{slug}-s{s}.json") or {}).get("reuses")
-        if isinstance(reuses, dict) and reuses.get("study"):
-            taken.setdefault(str(reuses["study"]), []).append(s)
-    return taken
+def _taken_from(out: Path, slug: str) -> dict[str, list[int]]:
+    """``{other study: [seeds]}`` of this row's runs whose result files refer to another study's."""
+    return {other: [int(r.rsplit("-s", 1)[1]) for r in runs if r.rsplit("-s", 1)[0] == slug]
+            for other, runs in reused_runs(out).items()
+            if any(r.rsplit("-s", 1)[0] == slug for r in runs)}
 
 
 def _rows(out: Path) -> list[list[str]]:
-    from ..report.study import load_study_results
-
     settings, res = load_study_results(out)
     rows = []
     for v in settings["variants"]:
@@ -84,7 +68,7 @@ def _rows(out: Path) -> list[list[str]]:
         finished = res.get(slug, {})
         planned = [0] if v.get("source") else (v.get("seeds") or settings.get("seeds") or [])
         done = f"{seed_ranges(finished)} ({len(finished)})" if finished else "-"
-        taken = _taken_from(out, slug, finished)
+        taken = _taken_from(out, slug)
         machines = _machines([finished[s] for s in sorted(finished)])
         if taken:
             machines += "; " + "; ".join(f"seeds {seed_ranges(s)} taken from `{other}`"
