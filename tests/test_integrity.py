@@ -278,3 +278,58 @@ def test_a_reference_fails_loudly_when_the_other_file_changes_moves_or_escapes(t
         write_reference(tmp_path / "results" / "third" / "results" / "v-s0.json", mine)
     with pytest.raises(ValueError, match="not a result file of a study beside"):
         write_reference(tmp_path / "elsewhere" / "results" / "v-s0.json", theirs)
+
+
+def _train_items(n: int) -> list[tuple[str, dict, dict]]:
+    train = {"epochs": 12, "lr": 0.002, "model": "vit_mini_patch4_28", "model_kwargs": {}, "seed": 2}
+    return [(f"attacks/fgsm/{i}", {"eps": i / 255, "n": 4, "train": dict(train)},
+             {"correct": encode_bits([1, 0, 1, i % 2]), "n": 4, "top1": (2 + i % 2) / 4}) for i in range(n)]
+
+
+def test_a_runs_training_settings_are_stored_once_and_read_back_whole(tmp_path) -> None:
+    f = tmp_path / "r.json"
+    store = ResultStore(f)
+    for item, key, result in _train_items(5):
+        store.put(item, key, result)
+    store.put("other", {"n": 4, "train": {"epochs": 1}}, {"loss": 0.5})  # a different value stays in place
+    data = json.loads(f.read_text())
+    assert data["shared"]["train"]["model"] == "vit_mini_patch4_28"
+    assert [v["key"]["train"] for k, v in data["items"].items() if k != "other"] == [{"$shared": "train"}] * 5
+    assert data["items"]["other"]["key"]["train"] == {"epochs": 1}
+    assert f.read_text().count("vit_mini_patch4_28") == 1
+    records = ResultStore(f).records()
+    for item, key, result in _train_items(5):
+        assert records[item]["key"] == key and ResultStore(f).get(item, key) == result
+    # the hashes are those of the whole keys: a file with every key whole (the format before) holds the same
+    whole = {"items": {k: {**v, "key": records[k]["key"]} for k, v in data["items"].items()}, "sealed": True}
+    g = tmp_path / "whole.json"
+    g.write_text(json.dumps(whole))
+    assert ResultStore(g).records() == records
+    assert CliRunner().invoke(app, ["results", "seal", str(g)]).exit_code == 0  # sealing stores it compactly
+    assert json.loads(g.read_text()) == data
+
+
+def test_an_edit_of_the_shared_settings_names_every_item_using_them(tmp_path) -> None:
+    f = tmp_path / "r.json"
+    store = ResultStore(f)
+    for item, key, result in _train_items(3):
+        store.put(item, key, result)
+    data = json.loads(f.read_text())
+    data["shared"]["train"]["epochs"] = 100
+    f.write_text(json.dumps(data))
+    with pytest.raises(ResultIntegrityError, match="'attacks/fgsm/0'.*SHA-256"):
+        ResultStore(f)
+    data["shared"] = {}
+    f.write_text(json.dumps(data))
+    with pytest.raises(ResultIntegrityError, match="shared part 'train'"):
+        ResultStore(f)
+
+
+def test_a_key_that_looks_like_a_shared_marker_is_stored_whole(tmp_path) -> None:
+    f = tmp_path / "r.json"
+    store = ResultStore(f)
+    odd = {"train": {"$shared": "train"}, "data": [1, 2]}
+    store.put("a", odd, {"loss": 1.0})
+    store.put("b", {"data": [1, 2]}, {"loss": 2.0})
+    assert "shared" not in json.loads(f.read_text())
+    assert ResultStore(f).get("a", odd) == {"loss": 1.0}

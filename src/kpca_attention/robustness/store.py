@@ -20,6 +20,13 @@ no item lacks a hash; any failure is a :class:`ResultIntegrityError` naming the 
 A legacy file (no hashes, written before hashes existed) still loads, its summaries checked; new items
 written into it are hashed; ``kpca-attention results seal`` verifies it and adds the missing hashes.
 
+Shared key parts: a run's file keys each of its ~90 items by the same training settings, so the file holds
+each such part once: a key field whose value (an object or a list) is the same in several items is written
+once under ``"shared": {field: value}`` and each of those items' keys holds ``{"$shared": field}`` in its
+place (:func:`compact_items`). Reading puts the value back (:func:`expand_items`) before anything else
+looks at the items, so keys, hashes and references are those of the full keys: a file written before this
+format (every key whole) reads the same, and a changed shared part changes the hash of every item using it.
+
 Reuse without copies: a study that takes another study's results for a run (``Study.reuse``: the same model,
 training and suites) writes a *reference* (:func:`write_reference`) instead of a copy of the file:
 ``{"items": {}, "reuses": {"study": OTHER, "file": NAME, "sha256": {item: hash}}}``, the other file being
@@ -50,7 +57,7 @@ from .common import accuracy_of_hits, topk_hits
 
 __all__ = ["ResultStore", "ResultIntegrityError", "encode_bits", "decode_bits", "example_result",
            "example_hits", "join_hits", "normalise_key", "item_hash", "check_summary", "seal_store",
-           "store_files", "write_reference"]
+           "store_files", "write_reference", "compact_items", "expand_items"]
 
 
 class ResultIntegrityError(ValueError):
@@ -155,7 +162,82 @@ def _read_store(path: Path) -> dict[str, Any] | None:
                                    "recompute its items") from e
     if not isinstance(data, dict) or not isinstance(data.get("items", {}), dict):
         raise ResultIntegrityError(f"{path}: not a result file (expected {{\"items\": {{...}}}})")
+    shared = data.pop("shared", None)
+    data["items"] = expand_items(path, data.get("items", {}), shared)
     return data
+
+
+#: the marker of a key field whose value is the file's ``"shared"`` entry of that name (module docstring)
+_SHARED = "$shared"
+
+
+def _is_marker(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and _SHARED in value
+
+
+def compact_items(items: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(items, shared)`` as a result file stores them: each key field whose value (an object or a list)
+    occurs in two or more items' keys is kept once in ``shared`` (its most frequent value) and replaced by
+    ``{"$shared": field}`` in those keys; the rest is unchanged. Keys that already hold such a marker (none
+    that the library writes) are left whole, so the file always reads back to ``items``."""
+    keys = [stored["key"] for stored in items.values()
+            if isinstance(stored, dict) and isinstance(stored.get("key"), dict)]
+    if any(_is_marker(v) for k in keys for v in k.values()):
+        return dict(items), {}
+    counts: dict[tuple[str, str], int] = {}
+    values: dict[tuple[str, str], Any] = {}
+    for key in keys:
+        for field, value in key.items():
+            if isinstance(value, (dict, list)) and value:
+                at = (field, _canonical(value))
+                counts[at] = counts.get(at, 0) + 1
+                values[at] = value
+    best: dict[str, tuple[int, str]] = {}
+    for (field, text), n in counts.items():
+        if n >= 2 and n > best.get(field, (0, ""))[0]:
+            best[field] = (n, text)
+    if not best:
+        return dict(items), {}
+    shared_text = {field: text for field, (_, text) in best.items()}
+
+    def marked(key: dict[str, Any]) -> dict[str, Any]:
+        return {f: {_SHARED: f} if isinstance(v, (dict, list)) and shared_text.get(f) == _canonical(v) else v
+                for f, v in key.items()}
+
+    out = {item: {**stored, "key": marked(stored["key"])}
+           if isinstance(stored, dict) and isinstance(stored.get("key"), dict) else stored
+           for item, stored in items.items()}
+    return out, {field: values[(field, text)] for field, text in shared_text.items()}
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(json_ready(value), sort_keys=True, separators=(",", ":"))
+
+
+def expand_items(path: Path, items: Mapping[str, Any], shared: Any) -> dict[str, Any]:
+    """The items of a result file with every ``{"$shared": field}`` in their keys replaced by a copy of the
+    file's ``shared[field]`` (:func:`compact_items` undone; a file without ``shared`` is read as it is); a
+    marker without its shared value, or a damaged ``shared`` entry, is a :class:`ResultIntegrityError`."""
+    if shared is None:  # a file written whole (the format before, or keys that hold marker-like values)
+        return dict(items)
+    if not isinstance(shared, dict):
+        raise ResultIntegrityError(f"{path}: its \"shared\" entry is damaged (expected an object)")
+    out: dict[str, Any] = {}
+    for item, stored in items.items():
+        key = stored.get("key") if isinstance(stored, dict) else None
+        if isinstance(key, dict) and any(_is_marker(v) for v in key.values()):
+            whole = {}
+            for field, value in key.items():
+                if _is_marker(value):
+                    name = value[_SHARED]
+                    if not isinstance(name, str) or name not in shared:
+                        raise ResultIntegrityError(f"{path}: item {item!r} refers to shared part {name!r}, "
+                                                   "which the file does not hold")
+                    value = json.loads(json.dumps(shared[name]))  # a copy: items never share objects
+                whole[field] = value
+            stored = {**stored, "key": whole}
+        out[item] = stored
+    return out
 
 
 def _verify(path: Path, data: dict[str, Any], *, require_hashes: bool) -> None:
@@ -216,7 +298,10 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def _file_data(items: dict[str, Any], reuses: dict[str, Any] | None, *, sealed: bool) -> dict[str, Any]:
+    items, shared = compact_items(items)
     data: dict[str, Any] = {"items": items}
+    if shared:
+        data["shared"] = shared
     if reuses is not None:
         data["reuses"] = reuses
     if sealed:
