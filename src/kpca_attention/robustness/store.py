@@ -44,6 +44,7 @@ import json
 import math
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -117,9 +118,15 @@ def _as_read_back(value: Any) -> Any:
 def item_hash(key: Any, result: Any) -> str:
     """SHA-256 (hex) of the canonical JSON (sorted keys, no spaces) of ``{"key": key, "result": result}``
     as they read back from the file."""
-    text = json.dumps({"key": _as_read_back(key), "result": _as_read_back(result)}, sort_keys=True,
-                      separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    text = _canonical({"key": _as_read_back(key), "result": _as_read_back(result)})
     return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def _canonical(value: Any) -> str:
+    """The canonical JSON text of ``value`` (sorted keys, no spaces, ASCII, no NaN): what item hashes are
+    taken of and what tells equal shared key parts apart."""
+    return json.dumps(json_ready(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False)
 
 
 def check_summary(result: Any) -> str | None:
@@ -180,38 +187,31 @@ def compact_items(items: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
     occurs in two or more items' keys is kept once in ``shared`` (its most frequent value) and replaced by
     ``{"$shared": field}`` in those keys; the rest is unchanged. Keys that already hold such a marker (none
     that the library writes) are left whole, so the file always reads back to ``items``."""
-    keys = [stored["key"] for stored in items.values()
-            if isinstance(stored, dict) and isinstance(stored.get("key"), dict)]
-    if any(_is_marker(v) for k in keys for v in k.values()):
+    keys = {item: stored["key"] for item, stored in items.items()
+            if isinstance(stored, dict) and isinstance(stored.get("key"), dict)}
+    if any(_is_marker(v) for k in keys.values() for v in k.values()):
         return dict(items), {}
-    counts: dict[tuple[str, str], int] = {}
-    values: dict[tuple[str, str], Any] = {}
-    for key in keys:
-        for field, value in key.items():
-            if isinstance(value, (dict, list)) and value:
-                at = (field, _canonical(value))
-                counts[at] = counts.get(at, 0) + 1
-                values[at] = value
-    best: dict[str, tuple[int, str]] = {}
-    for (field, text), n in counts.items():
-        if n >= 2 and n > best.get(field, (0, ""))[0]:
-            best[field] = (n, text)
-    if not best:
+    # each key's object / list fields by their canonical text, computed once
+    texts = {item: {f: _canonical(v) for f, v in key.items() if isinstance(v, (dict, list)) and v}
+             for item, key in keys.items()}
+    counts = Counter((f, t) for by_field in texts.values() for f, t in by_field.items())
+    shared_text: dict[str, str] = {}
+    for (field, text), n in counts.most_common():
+        if n >= 2:
+            shared_text.setdefault(field, text)  # the most frequent value of each field
+    if not shared_text:
         return dict(items), {}
-    shared_text = {field: text for field, (_, text) in best.items()}
-
-    def marked(key: dict[str, Any]) -> dict[str, Any]:
-        return {f: {_SHARED: f} if isinstance(v, (dict, list)) and shared_text.get(f) == _canonical(v) else v
-                for f, v in key.items()}
-
-    out = {item: {**stored, "key": marked(stored["key"])}
-           if isinstance(stored, dict) and isinstance(stored.get("key"), dict) else stored
-           for item, stored in items.items()}
-    return out, {field: values[(field, text)] for field, text in shared_text.items()}
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(json_ready(value), sort_keys=True, separators=(",", ":"))
+    shared: dict[str, Any] = {}
+    out = dict(items)
+    for item, key in keys.items():
+        new_key = {}
+        for f, v in key.items():
+            if f in shared_text and texts[item].get(f) == shared_text[f]:
+                shared[f] = v
+                v = {_SHARED: f}
+            new_key[f] = v
+        out[item] = {**items[item], "key": new_key}
+    return out, shared
 
 
 def expand_items(path: Path, items: Mapping[str, Any], shared: Any) -> dict[str, Any]:

@@ -53,22 +53,27 @@ def _machines(runs: Sequence[dict[str, Any]]) -> str:
     return "; ".join(kinds) + f" ({said})"
 
 
-def _taken_from(out: Path, slug: str) -> dict[str, list[int]]:
-    """``{other study: [seeds]}`` of this row's runs whose result files refer to another study's."""
-    return {other: [int(r.rsplit("-s", 1)[1]) for r in runs if r.rsplit("-s", 1)[0] == slug]
-            for other, runs in reused_runs(out).items()
-            if any(r.rsplit("-s", 1)[0] == slug for r in runs)}
+def _taken_from(reused: dict[str, list[str]], slug: str) -> dict[str, list[int]]:
+    """``{other study: [seeds]}`` of this row's runs among a study's :func:`reused_runs`."""
+    taken: dict[str, list[int]] = {}
+    for other, runs in reused.items():
+        for run in runs:
+            variant, seed = run.rsplit("-s", 1)
+            if variant == slug:
+                taken.setdefault(other, []).append(int(seed))
+    return taken
 
 
 def _rows(out: Path) -> list[list[str]]:
     settings, res = load_study_results(out)
+    reused = reused_runs(out)  # read once per study, not once per row
     rows = []
     for v in settings["variants"]:
         slug = v["slug"]
         finished = res.get(slug, {})
         planned = [0] if v.get("source") else (v.get("seeds") or settings.get("seeds") or [])
         done = f"{seed_ranges(finished)} ({len(finished)})" if finished else "-"
-        taken = _taken_from(out, slug)
+        taken = _taken_from(reused, slug)
         machines = _machines([finished[s] for s in sorted(finished)])
         if taken:
             machines += "; " + "; ".join(f"seeds {seed_ranges(s)} taken from `{other}`"
