@@ -18,7 +18,7 @@ import numpy as np
 from ..io import write_json_atomic, write_text_atomic
 from ..kpca.analysis import CHANCE_MEASURES
 from ..kpca.claims import PAPER_EIGENVALUES, THRESHOLDS, fmt
-from ..plotting import new_figure, save_figure
+from ..plotting import new_figure, panel_grid, save_figure
 from ..tables import markdown_table
 
 __all__ = ["write_report", "write_claims"]
@@ -144,8 +144,8 @@ def _alignment_fig(res: dict[str, Any], out: Path) -> list[str]:
     keys = [k for k in ("direct_cosine", "optimal_cosine", "linear_cka", "kernel_cka") if k in rec]
     if not keys:
         return []
-    fig, axes = new_figure(1, len(keys), figsize=(3.4 * len(keys), 3.2), squeeze=False)
-    for ax, key in zip(axes[0], keys, strict=True):
+    fig, axes = panel_grid(len(keys), panel=(3.4, 3.2))
+    for ax, key in zip(axes, keys, strict=True):
         x = np.asarray(rec[key], dtype=float)
         x = x[np.isfinite(x)]
         ax.hist(x, bins=40, color="tab:blue", alpha=0.8)

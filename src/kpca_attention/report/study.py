@@ -26,7 +26,7 @@ import numpy as np
 
 from ..io import read_json, write_json_atomic, write_text_atomic
 from ..machine import machine_kind
-from ..plotting import new_figure, save_figure
+from ..plotting import new_figure, save_figure, series_style
 from ..robustness.store import ResultStore
 from ..tables import fmt_num, fmt_p, fmt_pm, markdown_table
 from ..tasks import for_settings as task_of_settings
@@ -170,7 +170,7 @@ def plot_training_curves(res: Runs, slugs: Sequence[str], label: Mapping[str, st
         for j, (_sd, r) in enumerate(sorted(res.get(s, {}).items())):
             ep = [e for e in r["run"].get("epochs", []) if metric in e]
             if ep:
-                ax.plot([e["epoch"] + 1 for e in ep], [scale * e[metric] for e in ep], "o-", color=f"C{i}",
+                ax.plot([e["epoch"] + 1 for e in ep], [scale * e[metric] for e in ep], **series_style(i),
                         alpha=0.7, label=label[s] if j == 0 else None)
                 drawn = True
     if not drawn:

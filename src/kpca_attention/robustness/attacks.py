@@ -480,14 +480,14 @@ def plot_eps_sweep(
     output. Linf budgets are shown in units of 1/255."""
     import matplotlib
 
-    from ..plotting import new_figure, save_figure
+    from ..plotting import panel_grid, save_figure
 
     methods = list(dict.fromkeys(m for s in sweeps.values() for m in s))
     if not methods:
         raise ValueError("nothing to plot")
-    fig, axes = new_figure(1, len(methods), figsize=(4.2 * len(methods), 3.4), squeeze=False)
+    fig, axes = panel_grid(len(methods), panel=(4.2, 3.4))
     colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, method in zip(axes[0], methods, strict=True):
+    for ax, method in zip(axes, methods, strict=True):
         scale = 255.0 if NORMS[method] == "Linf" else 1.0
         for i, (label, per_method) in enumerate(sweeps.items()):
             if method not in per_method:
@@ -502,7 +502,7 @@ def plot_eps_sweep(
         ax.set_ylabel("accuracy (%)")
         ax.set_title(method.upper())
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    axes[0].legend(fontsize=7)
     if title:
         fig.suptitle(title)
     return save_figure(fig, path, dpi=120)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ...plotting import new_figure, save_figure
+from ...plotting import new_figure, panel_grid, row_starts, save_figure, series_style
 from ...robustness.store import decode_bits
 from ...stats import paired_summary
 from ...tables import fmt_p, fmt_pm, markdown_table
@@ -359,15 +359,16 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
            title: Any = _metric_title) -> list[Path]:
     """The accuracy bars per metric, accuracy against corruption severity, accuracy against attack budget."""
     paths = []
-    fig, axes = new_figure(1, len(keys), figsize=(max(4.0, 3.0 * len(keys)), 4.4), squeeze=False)
-    for ax, k in zip(axes[0], keys, strict=True):
+    fig, axes = panel_grid(len(keys), panel=(3.0, 4.4))
+    for ax, k in zip(axes, keys, strict=True):
         bar_plot(ax, {s: [100 * met[s][sd][k] for sd in sorted(met[s]) if k in met[s][sd]] for s in slugs},
                  slugs, label, rotation=60)
         ax.set_title(title(k), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
         lo = min((100 * met[s][sd][k] for s in slugs for sd in met[s] if k in met[s][sd]), default=0)
         ax.set_ylim(max(0, lo - 10), None)
-    axes[0][0].set_ylabel("top-1 (%); bars: mean, dots: seeds")
+    for ax in row_starts(axes):
+        ax.set_ylabel("top-1 (%); bars: mean, dots: seeds")
     paths.append(save_figure(fig, out / "accuracy.png"))
 
     if any(r.get("corruptions") for per in res.values() for r in per.values()):
@@ -380,7 +381,7 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
                         sev.setdefault(int(sv), []).append(100 * x["top1"])
             xs = sorted(sev)
             clean = np.mean([100 * r["clean_corrupt_subset"]["top1"] for r in res[s].values()])
-            ax.plot([0, *xs], [clean, *[np.mean(sev[x]) for x in xs]], "o-", color=f"C{i}", label=label[s])
+            ax.plot([0, *xs], [clean, *[np.mean(sev[x]) for x in xs]], **series_style(i), label=label[s])
         ax.set_xlabel("severity (0 = clean, same images)")
         ax.set_ylabel("top-1 (%), mean over corruptions and seeds")
         ax.grid(alpha=0.3)
@@ -389,8 +390,13 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
 
     attacks = sorted({k.split("@")[0] for k in keys if "@" in k})
     if attacks:
-        fig, axes = new_figure(1, len(attacks), figsize=(4.5 * len(attacks), 4), squeeze=False)
-        for ax, a in zip(axes[0], attacks, strict=True):
+        from ...robustness.attacks import NORMS
+
+        fig, axes = panel_grid(len(attacks), panel=(4.5, 4.0))
+        for ax, a in zip(axes, attacks, strict=True):
+            base = a[:-4] if a.endswith("-lab") else a
+            norm = NORMS.get(base, "Linf")
+            unit = 1.0 if norm == "Linf" else 255.0  # keys name every budget in units of 1/255
             for i, s in enumerate(slugs):
                 eps = sorted({float(k.split("@")[1]) for sd in met[s] for k in met[s][sd]
                               if k.startswith(a + "@")})
@@ -399,12 +405,14 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
                 ys = [np.mean([100 * met[s][sd][f"{a}@{e:g}"] for sd in met[s] if f"{a}@{e:g}" in met[s][sd]])
                       for e in eps]
                 clean = np.mean([100 * met[s][sd]["clean@attack"] for sd in met[s]])
-                ax.plot([0, *eps], [clean, *ys], "o-", color=f"C{i}", label=label[s])
-            ax.set_title(a)
-            ax.set_xlabel("budget in units of 1/255")
+                ax.plot([0, *[e / unit for e in eps]], [clean, *ys], **series_style(i), label=label[s])
+            ax.set_title(_ATTACK_NAMES.get(base, base.upper()) + (f" {norm}" if norm != "Linf" else "")
+                         + (" (lab)" if base != a else ""))
+            ax.set_xlabel("Linf budget in units of 1/255" if norm == "Linf" else f"{norm} budget")
             ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("top-1 (%), mean over seeds")
-        axes[0][0].legend(fontsize=7)
+        for ax in row_starts(axes):
+            ax.set_ylabel("top-1 (%), mean over seeds")
+        axes[0].legend(fontsize=7)
         paths.append(save_figure(fig, out / "attacks.png"))
 
     return paths

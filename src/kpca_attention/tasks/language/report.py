@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ...plotting import new_figure, save_figure
+from ...plotting import new_figure, panel_grid, row_starts, save_figure, series_style
 from ...stats import bootstrap_diff_ci, seed_test
 from ...tables import fmt_num, fmt_p, fmt_pm, markdown_table
 from ..base import StudySections, bar_plot
@@ -320,32 +320,34 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
            positions: dict[str, dict[str, dict[str, list[float]]]]) -> tuple[list[Path], list[Path]]:
     """``([perplexity bars], [word-swap spill-over, mu / tau along the sequence])``: the plots before and
     after the training curves."""
-    fig, axes = new_figure(1, len(keys), figsize=(max(4.0, 3.0 * len(keys)), 4.2), squeeze=False)
-    for ax, k in zip(axes[0], keys, strict=True):
+    fig, axes = panel_grid(len(keys), panel=(3.0, 4.2))
+    for ax, k in zip(axes, keys, strict=True):
         bar_plot(ax, {s: [met[s][sd][k] for sd in sorted(met[s]) if k in met[s][sd]] for s in slugs},
                  slugs, label, rotation=45)
         ax.set_title(_title(k), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
         lo = min((met[s][sd][k] for s in slugs for sd in met[s] if k in met[s][sd]), default=0)
         ax.set_ylim(0.9 * lo, None)
-    axes[0][0].set_ylabel("perplexity; bars: mean, dots: seeds")
+    for ax in row_starts(axes):
+        ax.set_ylabel("perplexity; bars: mean, dots: seeds")
     before = [save_figure(fig, out / "perplexity.png")]
     paths: list[Path] = []
 
     if swap_splits:
-        fig, axes = new_figure(1, len(swap_splits), figsize=(5 * len(swap_splits), 4), squeeze=False)
-        for ax, sp in zip(axes[0], swap_splits, strict=True):
+        fig, axes = panel_grid(len(swap_splits), panel=(5.0, 4.0))
+        for ax, sp in zip(axes, swap_splits, strict=True):
             for i, s in enumerate(slugs):
                 curves = [c for c in (_spill(r, sp) for r in res[s].values()) if c is not None]
                 if curves:
-                    ax.plot(np.arange(SPILL + 1), np.nanmean(curves, axis=0), "o-", ms=3, color=f"C{i}",
+                    ax.plot(np.arange(SPILL + 1), np.nanmean(curves, axis=0), ms=3, **series_style(i),
                             label=label[s])
             ax.set_yscale("symlog", linthresh=0.01)
             ax.set_xlabel("tokens after the swapped word (0: predicting it)")
             ax.set_title(sp)
             ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("mean NLL increase (nats), word swap - clean")
-        axes[0][0].legend(fontsize=7)
+        for ax in row_starts(axes):
+            ax.set_ylabel("mean NLL increase (nats), word swap - clean")
+        axes[0].legend(fontsize=7)
         paths.append(save_figure(fig, out / "wordswap_spill.png"))
 
     if positions:

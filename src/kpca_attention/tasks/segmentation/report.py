@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ...plotting import new_figure, save_figure
+from ...plotting import new_figure, panel_grid, row_starts, save_figure, series_style
 from ...stats import N_BOOT, seed_test
 from ...tables import fmt_p, fmt_pm, markdown_table
 from ..base import StudySections, bar_plot
@@ -338,14 +338,15 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
     paths = []
     keys = [k for k in ("clean:miou", "corrupted:miou", "clean:mean_accuracy", "corrupted:mean_accuracy")
             if any(k in m for per in met.values() for m in per.values())]
-    fig, axes = new_figure(1, len(keys), figsize=(3.0 * len(keys) + 1, 4.2), squeeze=False)
-    for ax, k in zip(axes[0], keys, strict=True):
+    fig, axes = panel_grid(len(keys), panel=(3.5, 4.2))
+    for ax, k in zip(axes, keys, strict=True):
         bar_plot(ax, {s: [100 * met[s][sd][k] for sd in sorted(met[s]) if k in met[s][sd]] for s in slugs},
                  slugs, label, rotation=30)
         g, m = k.split(":")
         ax.set_title(f"{g} {_TITLE[m]}", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    axes[0][0].set_ylabel("% (bars: mean, dots: seeds)")
+    for ax in row_starts(axes):
+        ax.set_ylabel("% (bars: mean, dots: seeds)")
     paths.append(save_figure(fig, out / "metrics.png"))
 
     if any("per_severity" in m for per in met.values() for m in per.values()):
@@ -354,7 +355,7 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
             sevs = sorted({int(v) for m in met[s].values() for v in m.get("per_severity", {})})
             ys = [np.mean([100 * m["per_severity"][str(v)]["miou"] for m in met[s].values()]) for v in sevs]
             clean = np.mean([100 * m["clean@corrupt:miou"] for m in met[s].values()])
-            ax.plot([0, *sevs], [clean, *ys], "o-", color=f"C{i}", label=label[s])
+            ax.plot([0, *sevs], [clean, *ys], **series_style(i), label=label[s])
         ax.set_xlabel("severity (0 = clean, same images)")
         ax.set_ylabel("mIoU (%), mean over corruptions and seeds")
         ax.grid(alpha=0.3)
