@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
@@ -34,3 +39,28 @@ def single_thread_module():
     """:func:`single_thread` for a whole module, so module-scoped fixtures run single-threaded too."""
     with _threads(1):
         yield
+
+
+@pytest.fixture
+def copy_committed() -> Callable[[str, Path], Path]:
+    """``copy(study, dst)``: the committed folder ``results/<study>`` copied to ``dst`` without the files git
+    does not track. A study running on this checkout writes its unfinished runs' result files into that
+    folder, and the committed folders never hold them; outside a git checkout every file is copied."""
+    def copy(study: str, dst: Path) -> Path:
+        src = REPO / "results" / study
+        try:
+            out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--", f"results/{study}"],
+                                 capture_output=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            out = b""
+        tracked = [REPO / f for f in out.decode().split("\0") if f]
+        if not tracked:  # not a git checkout (or nothing tracked): the folder as it is
+            shutil.copytree(src, dst)
+            return dst
+        for f in tracked:
+            if f.is_file():
+                target = dst / f.relative_to(src)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, target)
+        return dst
+    return copy

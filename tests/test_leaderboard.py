@@ -115,18 +115,15 @@ def test_committed_benchmark_jsons_are_rows(tmp_path):
     assert (row["robust_acc"], row["seeds"], row["interval"]) == (40.0, [0], "Wilson, 1000 images")
 
 
-def test_a_study_s_copy_of_another_s_runs_is_listed_once(tmp_path) -> None:
+def test_a_study_s_copy_of_another_s_runs_is_listed_once(tmp_path, copy_committed) -> None:
     # Study.reuse copies another study's result files byte for byte: one row, under the study that ran them
     import json
-    import shutil
-    from pathlib import Path
 
     from kpca_attention.studies.leaderboard import leaderboard_rows
 
-    src = Path(__file__).resolve().parents[1] / "results" / "rpc-seeds"
-    shutil.copytree(src, tmp_path / "rpc-seeds")
+    copy_committed("rpc-seeds", tmp_path / "rpc-seeds")
     alone, _ = leaderboard_rows(tmp_path)
-    shutil.copytree(src, tmp_path / "zz-copy")
+    copy_committed("rpc-seeds", tmp_path / "zz-copy")
     settings = json.loads((tmp_path / "zz-copy" / "settings.json").read_text())
     settings["name"] = "zz-copy"
     (tmp_path / "zz-copy" / "settings.json").write_text(json.dumps(settings))
@@ -191,13 +188,12 @@ def test_the_landed_table_of_docs_results_is_in_sync_with_results() -> None:
         "the table of finished seeds in docs/results.md is stale: run `kpca-attention leaderboard`"
 
 
-def test_landed_rows_count_finished_runs_their_machines_and_where_they_come_from(tmp_path) -> None:
+def test_landed_rows_count_finished_runs_their_machines_and_where_they_come_from(
+        tmp_path, copy_committed) -> None:
     """Finished seeds per row, the plan, the machines read from the runs' own files, the runs taken from
     another study; a run with an item missing (still evaluating) is not finished."""
-    import shutil
-
     for name in ("rpc-seeds", "zoo"):
-        shutil.copytree(REPO / "results" / name, tmp_path / name)
+        copy_committed(name, tmp_path / name)
     (tmp_path / "rpc-seeds" / "results" / "vit-s4.json").unlink()
     for f in (tmp_path / "zoo" / "results").glob("rpc_fan-s*.json"):  # a row with no run yet
         f.unlink()
