@@ -94,12 +94,17 @@ def _metric_title(k: str, norms: Mapping[str, str] | None = None) -> str:
     if k == "corrupted":
         return "corrupted"
     a, e = k.split("@")
-    base, lab = (a[:-4], " (lab)") if a.endswith("-lab") else (a, "")  # lab protocol: normalised units
-    name = _ATTACK_NAMES.get(base, base.upper())
-    norm = (norms or {}).get(a, "Linf")
-    if norm != "Linf":  # budgets are named in units of 1/255 (eps_label); L2 / L1 budgets read as they are
-        return f"{name} {norm} {float(e) / 255:.3g}{lab}"
+    name, lab = _attack_title(a, norms)
+    if (norms or {}).get(a, "Linf") != "Linf":  # budgets are named in units of 1/255 (eps_label); L2 / L1
+        return f"{name} {float(e) / 255:.3g}{lab}"  # budgets read as they are
     return f"{name} {e}/255{lab}"
+
+
+def _attack_title(a: str, norms: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """``(name with its norm unless Linf, " (lab)" or "")`` of an attack's key name."""
+    base, lab = (a[:-4], " (lab)") if a.endswith("-lab") else (a, "")  # lab protocol: normalised units
+    norm = (norms or {}).get(a, "Linf")
+    return _ATTACK_NAMES.get(base, base.upper()) + (f" {norm}" if norm != "Linf" else ""), lab
 
 
 
@@ -325,7 +330,7 @@ class ClassificationSections(StudySections):
         return lines
 
     def plots(self, out: Path, summary: dict[str, Any]) -> tuple[list[Path], list[Path]]:
-        return _plots(out, self.slugs, self.label, self.res, self.met, self.keys_, self.title), []
+        return _plots(out, self.slugs, self.label, self.res, self.met, self.keys_, self.title, self.norms), []
 
 
 def _ood_section(ood: Mapping[str, Any], slugs: list[str], label: dict[str, str],
@@ -356,8 +361,9 @@ def _ood_section(ood: Mapping[str, Any], slugs: list[str], label: dict[str, str]
 
 def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, dict[int, dict[str, Any]]],
            met: dict[str, dict[int, dict[str, float]]], keys: list[str],
-           title: Any = _metric_title) -> list[Path]:
-    """The accuracy bars per metric, accuracy against corruption severity, accuracy against attack budget."""
+           title: Any = _metric_title, norms: Mapping[str, str] | None = None) -> list[Path]:
+    """The accuracy bars per metric, accuracy against corruption severity, accuracy against attack budget
+    (``norms``: attack key name -> "Linf" | "L2" | "L1", as for the titles; Linf when not named)."""
     paths = []
     fig, axes = panel_grid(len(keys), panel=(3.0, 4.4))
     for ax, k in zip(axes, keys, strict=True):
@@ -390,12 +396,9 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
 
     attacks = sorted({k.split("@")[0] for k in keys if "@" in k})
     if attacks:
-        from ...robustness.attacks import NORMS
-
         fig, axes = panel_grid(len(attacks), panel=(4.5, 4.0))
         for ax, a in zip(axes, attacks, strict=True):
-            base = a[:-4] if a.endswith("-lab") else a
-            norm = NORMS.get(base, "Linf")
+            norm = (norms or {}).get(a, "Linf")
             unit = 1.0 if norm == "Linf" else 255.0  # keys name every budget in units of 1/255
             for i, s in enumerate(slugs):
                 eps = sorted({float(k.split("@")[1]) for sd in met[s] for k in met[s][sd]
@@ -406,8 +409,7 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
                       for e in eps]
                 clean = np.mean([100 * met[s][sd]["clean@attack"] for sd in met[s]])
                 ax.plot([0, *[e / unit for e in eps]], [clean, *ys], **series_style(i), label=label[s])
-            ax.set_title(_ATTACK_NAMES.get(base, base.upper()) + (f" {norm}" if norm != "Linf" else "")
-                         + (" (lab)" if base != a else ""))
+            ax.set_title("".join(_attack_title(a, norms)))
             ax.set_xlabel("Linf budget in units of 1/255" if norm == "Linf" else f"{norm} budget")
             ax.grid(alpha=0.3)
         for ax in row_starts(axes):
