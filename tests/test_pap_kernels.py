@@ -25,7 +25,9 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 BUILDABLE = (platform.machine().lower() in ("x86_64", "amd64") and shutil.which("c++") is not None
              and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
-needs_kernels = pytest.mark.skipif(not kernels.available(), reason="PAP's kernels are not built here")
+# built, and not switched off (KPCA_ATTENTION_KERNELS=0 runs the suite on the eager ops alone)
+needs_kernels = pytest.mark.skipif(kernels.active() is None,
+                                   reason="PAP's kernels are not built here, or KPCA_ATTENTION_KERNELS=0")
 
 
 def test_kernels_are_built_where_they_can_be() -> None:
@@ -37,6 +39,7 @@ def test_kernels_are_built_where_they_can_be() -> None:
         assert kernels.BUILD == ("cpu_kernels_avx512" if capability == "AVX512" else "cpu_kernels")
 
 
+@needs_kernels
 @pytest.mark.skipif(kernels.BUILD != "cpu_kernels_avx512", reason="only the AVX2 build is loaded here")
 def test_the_avx2_build_passes_these_tests_too() -> None:
     # on an AVX512 machine the AVX512 build runs everywhere else; torch told to use AVX2
@@ -147,14 +150,12 @@ def test_update_equals_the_eager_ops(dtype: torch.dtype, tau_rows: str, alias: s
 def test_pap_with_kernels_as_accurate_as_without(case: str, graph: bool) -> None:
     # Values and gradients, every mask, the fused no-grad path and the graph paths (PAPSaved or a
     # Function per step): in float64 the kernels give the eager ops' numbers to rounding; in float32 both
-    # are compared with float64, and the kernels' error is no larger than the eager ops' (these inputs
-    # are ill-conditioned on purpose: keys at 3x scale, 4 steps; float32 itself is off by ~1e-4 there).
-    g = torch.Generator().manual_seed(5)
-    n = 13
-    k, v = (3.0 * torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64) for _ in range(2))
-    gout = torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64)
-
-    def run(dtype: torch.dtype) -> list[torch.Tensor]:
+    # are compared with float64, and the kernels' error is no larger than the eager ops'. These inputs are
+    # ill-conditioned on purpose (keys at 3x scale, 4 steps: float32 itself is off by ~1e-4, and an entry
+    # near the shrinkage threshold lands on either side of it by rounding), so one input's error ratio is
+    # heavy-tailed - 1/30 to 30 on both the AVX2 and the AVX512 build, median 1: the errors are compared as
+    # medians over 12 inputs, where both builds stay within 0.5-1.9x of the eager ops.
+    def run(k: torch.Tensor, v: torch.Tensor, gout: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
         kw = {key: (t.to(dtype) if torch.is_tensor(t) and t.is_floating_point() else t)
               for key, t in masks(n, n)[case].items()}
         kk, vv = (t.detach().to(dtype).clone().requires_grad_(graph) for t in (k, v))
@@ -164,27 +165,39 @@ def test_pap_with_kernels_as_accurate_as_without(case: str, graph: bool) -> None
                 out.backward(gout.to(dtype))
         return [t.detach().double() for t in (out, kk.grad, vv.grad) if t is not None]
 
-    spy = SubnormalSpy()
-    with spy:
-        ref = run(torch.float64)
-    for op in ("update_backward_", "softmax_backward_sym_"):  # PAPSaved's backward through the kernels
-        assert (op in spy.ops) == graph
-    fast32 = run(torch.float32)
-    with kernels.eager_only():
-        ref_eager = run(torch.float64)
-        eager32 = run(torch.float32)
-    for a, b in zip(ref, ref_eager, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9 * float(b.abs().max()))
-    for fast, eager, exact in zip(fast32, eager32, ref, strict=True):
-        err_fast, err_eager = float((fast - exact).abs().max()), float((eager - exact).abs().max())
-        assert err_fast <= 2.0 * err_eager + 1e-6 * float(exact.abs().max()), (err_fast, err_eager)
+    n = 13
+    err_fast: list[list[float]] = [[], [], []]
+    err_eager: list[list[float]] = [[], [], []]
+    for seed in range(12):
+        g = torch.Generator().manual_seed(seed)
+        k, v = (3.0 * torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64) for _ in range(2))
+        gout = torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64)
+        spy = SubnormalSpy()
+        with spy:
+            ref = run(k, v, gout, torch.float64)
+        for op in ("update_backward_", "softmax_backward_sym_"):  # PAPSaved's backward through the kernels
+            assert (op in spy.ops) == graph
+        fast32 = run(k, v, gout, torch.float32)
+        with kernels.eager_only():
+            ref_eager = run(k, v, gout, torch.float64)
+            eager32 = run(k, v, gout, torch.float32)
+        for a, b in zip(ref, ref_eager, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9 * float(b.abs().max()))
+        for i, (fast, eager, exact) in enumerate(zip(fast32, eager32, ref, strict=True)):
+            scale = float(exact.abs().max())
+            err_fast[i].append(float((fast - exact).abs().max()) / scale)
+            err_eager[i].append(float((eager - exact).abs().max()) / scale)
+    for i in range(3 if graph else 1):  # values; the keys' and values' gradients
+        fast_med, eager_med = torch.tensor(err_fast[i]).median(), torch.tensor(err_eager[i]).median()
+        assert eager_med < 1e-2, (i, eager_med)  # float32 does compute these, if roughly
+        assert fast_med <= 3.0 * eager_med, (i, float(fast_med), float(eager_med))
 
     # at unit scale (well-conditioned) float32 with the kernels equals float32 without them outright
-    k.mul_(1.0 / 3.0)
-    v.mul_(1.0 / 3.0)
-    fast32 = run(torch.float32)
+    g = torch.Generator().manual_seed(5)
+    k, v, gout = (torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    fast32 = run(k, v, gout, torch.float32)
     with kernels.eager_only():
-        eager32 = run(torch.float32)
+        eager32 = run(k, v, gout, torch.float32)
     for i, (fast, eager) in enumerate(zip(fast32, eager32, strict=True)):
         tol = 1e-5 if i == 0 else 2e-4  # values; gradients (through 4 clamps and softmax backwards)
         torch.testing.assert_close(fast, eager, rtol=tol, atol=tol * float(eager.abs().max()))
