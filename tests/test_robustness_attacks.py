@@ -3,6 +3,9 @@ images in [0, 1], leave the model's modes as they were, and the sweep writes a p
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import matplotlib.colors
 import pytest
 import torch
 from sklearn.datasets import load_digits
@@ -129,3 +132,19 @@ def test_standard_autoattack_runs_end_to_end(trained):
     adv = A.attack(model, xt[:8], yt[:8], "autoattack", 0.3)
     assert _acc(model, adv, yt[:8]) == 0.0
     assert A.perturbation_norm(adv - xt[:8], "Linf").max() <= 0.3 + 1e-6
+
+
+def test_eps_sweep_plot_tells_twelve_models_apart(tmp_path, monkeypatch):
+    # one colour per model wraps after matplotlib's ten (C10 = C0): past ten the marker changes, and each
+    # model's top-1 and top-5 lines share its colour and marker (solid filled / dashed hollow)
+    import kpca_attention.plotting as plotting
+
+    figs = []
+    monkeypatch.setattr(plotting, "save_figure", lambda fig, path, **kw: figs.append(fig) or Path(path))
+    sweep = [{"eps": e, "top1": 0.9 - e, "top5": 1.0 - e, "max_norm": e, "n": 4} for e in (0.0, 0.1)]
+    A.plot_eps_sweep({f"model {i}": {"fgsm": sweep} for i in range(12)}, tmp_path / "s.png")
+    lines = figs[0].axes[0].get_lines()
+    styles = [(matplotlib.colors.to_hex(ln.get_color()), ln.get_marker(), ln.get_linestyle()) for ln in lines]
+    top1, top5 = styles[0::2], styles[1::2]
+    assert len(set(top1)) == 12 and all(ls == "-" for *_, ls in top1)
+    assert all(a[:2] == b[:2] and b[2] == "--" for a, b in zip(top1, top5, strict=True))

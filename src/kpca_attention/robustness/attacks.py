@@ -475,18 +475,16 @@ def plot_eps_sweep(
     path: str | os.PathLike,
     title: str | None = None,
 ) -> Path:
-    """Top-1 (solid) and top-5 (dashed) accuracy against eps, one panel per attack and one colour per
-    model (the shape of the paper's Fig. 3, left). ``sweeps[model][method]`` = :func:`eps_sweep`
-    output. Linf budgets are shown in units of 1/255."""
-    import matplotlib
-
-    from ..plotting import panel_grid, save_figure
+    """Top-1 (solid, filled markers) and top-5 (dashed, hollow markers) accuracy against eps, one panel per
+    attack and one colour and marker per model (:func:`~kpca_attention.plotting.series_style`: past ten
+    models the marker changes) - the shape of the paper's Fig. 3, left. ``sweeps[model][method]`` =
+    :func:`eps_sweep` output. Linf budgets are shown in units of 1/255."""
+    from ..plotting import panel_grid, save_figure, series_style
 
     methods = list(dict.fromkeys(m for s in sweeps.values() for m in s))
     if not methods:
         raise ValueError("nothing to plot")
     fig, axes = panel_grid(len(methods), panel=(4.2, 3.4))
-    colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, method in zip(axes, methods, strict=True):
         scale = 255.0 if NORMS[method] == "Linf" else 1.0
         for i, (label, per_method) in enumerate(sweeps.items()):
@@ -494,9 +492,12 @@ def plot_eps_sweep(
                 continue
             rows = sorted(per_method[method], key=lambda r: r["eps"])
             e = [r["eps"] * scale for r in rows]
-            c = colours[i % len(colours)]
-            ax.plot(e, [100 * r["top1"] for r in rows], "o-", color=c, label=f"{label} top-1")
-            ax.plot(e, [100 * r["top5"] for r in rows], "s--", color=c, alpha=0.6, label=f"{label} top-5")
+            st = series_style(i)  # its line style is replaced: solid top-1, dashed top-5
+            c, m = st["color"], st["marker"]
+            top1, top5 = [100 * r["top1"] for r in rows], [100 * r["top5"] for r in rows]
+            ax.plot(e, top1, color=c, marker=m, linestyle="-", label=f"{label} top-1")
+            ax.plot(e, top5, color=c, marker=m, linestyle="--", markerfacecolor="none", alpha=0.6,
+                    label=f"{label} top-5")
         unit = " (x 1/255)" if scale == 255.0 else ""
         ax.set_xlabel(f"{NORMS[method]} eps{unit}")
         ax.set_ylabel("accuracy (%)")
