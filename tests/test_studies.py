@@ -146,11 +146,13 @@ def test_zoo_large_study_is_the_zoo_at_deit_tiny_size() -> None:
 
 
 def test_rpc_seeds_and_depth12_are_the_settings_the_issue_names() -> None:
-    # the verdicts issue: 8 seeds (up to 16) of the four main rows, the paper's settings with 3 seeds
-    # (lambda 3 with 2 iterations in every block; tau = lambda / mu with the paper's lambda and mu from the
-    # head width), a validation split of 2,000 training images, the paper's margins
+    # the verdicts issue: at least 8 seeds (up to 16) of the four main rows - 10 since eight seeds' report
+    # said 9-10 would decide the FGSM cells -, the paper's settings with 3 seeds (lambda 3 with 2 iterations
+    # in every block; tau = lambda / mu with the paper's lambda and mu from the head width), a validation
+    # split of 2,000 training images, the paper's margins
     s = get_study("rpc-seeds")
-    assert s.seeds == tuple(range(8)) and s.baseline == "symvit" and s.also_against == ("rpc_official",)
+    assert 8 <= len(s.seeds) <= 16 and s.seeds == tuple(range(len(s.seeds)))
+    assert s.baseline == "symvit" and s.also_against == ("rpc_official",)
     assert set(s.margins) >= {"clean", "corrupted", "fgsm@8", "pgd@8"} and s.margins["clean"].value == 0.5
     assert s.train_config(s.variant("symvit"), 0, "x").val_size == 2000
     built = {}

@@ -33,8 +33,10 @@ from .vision import SIZE, VISION_RECIPE, image_suites
 
 __all__ = ["rpc_seeds_study", "rpc_depth12_study", "MAIN_SEEDS", "PAPER_LAMBDA"]
 
-#: the seeds of the main rows (the verdict engine's planning numbers decide whether more are run, up to 16)
-MAIN_SEEDS = tuple(range(8))
+#: the seeds of the main rows (the verdict engine's planning numbers decide whether more are run, up to 16):
+#: 8 at first; at eight the report's seeds-to-decide put the FGSM 8/255 cells at 9-10 seeds (the clean
+#: ones decided, the corrupted ones past 16), so 10
+MAIN_SEEDS = tuple(range(10))
 #: the paper's lambda for PAP in the first layer (Sec. 4, Definition 1; the official README's too)
 PAPER_LAMBDA = 4.0
 #: the paper's lambda for 2 iterations in every layer
