@@ -147,7 +147,7 @@ def test_headline_rows_come_from_the_verdict_cells(tmp_path) -> None:
     """Each claim's row is its study's cell - against the baseline, or a further comparator's - with the
     interval, margin and word as the report computed them; a missing study or cell says so."""
     cell = {"mean": -1.234, "ci": [-2.5, 0.04], "margin": 0.9, "n": 5, "word": "inconclusive",
-            "seeds_needed": 12}
+            "seeds_needed": 12, "seeds_to_detect": 30}
     one = {"mean": 0.5, "ci": None, "margin": None, "n": 1, "word": "inconclusive"}
     summary = {"verdicts": {"baseline": "symvit", "metrics": {
         "corrupted": {"title": "corrupted", "unit": "percentage points"},
@@ -159,8 +159,8 @@ def test_headline_rows_come_from_the_verdict_cells(tmp_path) -> None:
     (tmp_path / "rpc-seeds" / "summary.json").write_text(json.dumps(summary))
     rows = {line.split(" | ")[0].lstrip("| "): line for line in headline_markdown(tmp_path).splitlines()}
     corrupted = rows["RPC-SymViT (4 it., block 1) vs SymViT: corrupted top-1"]
-    assert "`rpc-seeds`, 5 seeds | -1.23 (-2.50, +0.04) pp | +-0.9 | inconclusive (12 seeds would decide) |" \
-        in corrupted
+    assert ("`rpc-seeds`, 5 seeds | -1.23 (-2.50, +0.04) pp | +-0.9 | inconclusive (equivalence: 12 seeds; "
+            "the observed difference under Holm: > 16 seeds) |") in corrupted
     assert "| +0.50 pp | - | inconclusive (1 seed: no test yet) |" in \
         rows["RPC with 2 it. in every block, lambda 3, vs SymViT: clean"]
     assert "| +-0.5 | equivalent (within +-0.5) |" in \

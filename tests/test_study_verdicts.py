@@ -92,7 +92,7 @@ def test_report_verdict_cells_match_the_verdict_engine(study_dir: Path) -> None:
             assert cell[q] == pytest.approx(getattr(v, q), rel=1e-9, abs=1e-12), (slug, key, q)
         assert cell["ci"] == pytest.approx(list(v.ci), rel=1e-9)
         assert cell["tost_ci"] == pytest.approx(list(v.tost_ci), rel=1e-9)
-        assert cell["seeds_needed"] == v.seeds_needed
+        assert cell["seeds_needed"] == v.seeds_needed and cell["seeds_to_detect"] == v.seeds_to_detect
         # the report's verdict table: the word, the mean and the 95 % interval of this cell
         text = f"{v.word}: {v.mean:+.2f} ({v.ci[0]:+.2f}, {v.ci[1]:+.2f})"
         assert text in report, text

@@ -17,6 +17,7 @@ from kpca_attention.report.stats import (
     mde_paired,
     paired_t_power,
     seed_test,
+    seeds_to_detect,
     seeds_to_exclude,
     spread,
     tost,
@@ -194,6 +195,32 @@ def test_tost_power_differs_from_the_two_noncentral_t_shortcut_at_few_seeds():
     assert tost_power(100, 1.0, 0.3) == pytest.approx(shortcut(100, 0.3), abs=1e-6)
 
 
+def test_seeds_to_detect_is_where_the_power_first_reaches_80_percent():
+    for effect, sd, alpha in ((1.0, 1.0, 0.05), (-3.18, 2.0, 0.05 / 117), (0.4, 1.5, 0.01)):
+        n = seeds_to_detect(effect, sd, alpha)
+        assert paired_t_power(effect, sd, n, alpha) >= 0.8 > paired_t_power(effect, sd, n - 1, alpha)
+        # the noncentral t directly (scipy), an independent count
+        def power(k, effect=effect, sd=sd, alpha=alpha):
+            tc, nc = stats.t.ppf(1 - alpha / 2, k - 1), effect * math.sqrt(k) / sd
+            return stats.nct.sf(tc, k - 1, nc) + stats.nct.cdf(-tc, k - 1, nc)
+        assert n == next(k for k in range(2, 1000) if power(k) >= 0.8)
+    assert seeds_to_detect(-1.0, 1.0) == seeds_to_detect(1.0, 1.0)  # two-sided: the sign does not matter
+    assert seeds_to_detect(0.0, 1.0) is None and seeds_to_detect(0.1, 1.0, max_n=20) is None
+
+
+def test_seeds_to_detect_gives_its_power_in_simulated_studies():
+    # 4000 simulated studies of n = seeds_to_detect seeds, differences N(effect, sd^2): the paired t test at
+    # the family's first Holm level rejects in about 80 % of them (the exact power at n, within +-3 SE)
+    rng = np.random.default_rng(11)
+    effect, sd, alpha = 3.2, 2.0, 0.05 / 117
+    n = seeds_to_detect(effect, sd, alpha)
+    d = rng.normal(effect, sd, size=(4000, n))
+    p = stats.ttest_1samp(d, 0.0, axis=1).pvalue
+    rate, want = float(np.mean(p < alpha)), paired_t_power(effect, sd, n, alpha)
+    assert want >= 0.8
+    assert abs(rate - want) <= 3 * math.sqrt(want * (1 - want) / 4000), (rate, want)
+
+
 def test_seeds_to_exclude():
     for sd, m in ((1.0, 1.0), (0.8, 0.5)):
         n = seeds_to_exclude(sd, m)
@@ -279,10 +306,14 @@ def test_verdict_numbers_are_the_functions_numbers():
     assert v.p_raw == pytest.approx(stats.ttest_1samp(d, 0).pvalue)
     assert v.tost_p == tost(d, 0.8).p and v.tost_ci == tost(d, 0.8).ci
     assert v.mde == mde_paired(v.sd, 6) and v.seeds_needed == seeds_to_exclude(v.sd, 0.8)
+    assert v.seeds_to_detect == seeds_to_detect(v.mean, v.sd, 0.05)  # a family of one: level alpha
+    in_family = verdict(d, 0.8, min(1.0, 3 * st["p"]), family_size=117)
+    assert in_family.seeds_to_detect == seeds_to_detect(v.mean, v.sd, 0.05 / 117) > v.seeds_to_detect
     json.dumps(v.to_dict())
     assert json.loads(json.dumps(verdict([0.1], 0.5, None).to_dict()))["mde"] is None
     quick = verdict(d, 0.8, v.p_holm, plan=False)
     assert quick.word == v.word and quick.mde is None and quick.seeds_needed is None
+    assert quick.seeds_to_detect is None
 
 
 def test_verdict_rejects_bad_input():
@@ -384,7 +415,9 @@ def test_family_adjusts_all_its_tests_together():
     margins = {"clean": 0.5, "pgd": 1.0, "ppl": 1.1}
     out = fam.verdicts(lambda k: margins[k[0]], lambda k: k[0] != "ppl")
     for k, d in data.items():
-        assert out[k] == verdict(d, margins[k[0]], adj[k], higher_is_better=k[0] != "ppl")
+        # the family's size goes to the seeds-to-detect planning number (Holm's first level)
+        assert out[k] == verdict(d, margins[k[0]], adj[k], higher_is_better=k[0] != "ppl",
+                                 family_size=fam.size)
     assert out[("ppl", "a")].word == BETTER and out[("pgd", "b")].word == INCONCLUSIVE
     assert fam.verdicts(0.5)[("clean", "b")].margin == 0.5
     d = json.loads(json.dumps(fam.to_dict()))

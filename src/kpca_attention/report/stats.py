@@ -12,7 +12,8 @@ For verdicts (``report/verdicts.py`` turns them into words; ``docs/verdicts.md``
 * **multiplicity** - :func:`holm`, Holm's (1979) step-down adjusted p-values over a family of tests;
 * **power** - :func:`paired_t_power` and :func:`mde_paired` (the minimum detectable mean difference of
   the two-sided paired t test, from the noncentral t), :func:`tost_power` (exact, by integrating over the
-  sample SD) and :func:`seeds_to_exclude` (how many seeds a margin needs).
+  sample SD), :func:`seeds_to_exclude` (how many seeds a margin needs) and :func:`seeds_to_detect` (how
+  many seeds the paired t test needs to detect a given difference at a given level).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..checks import check_choice, check_int, check_real
 from ..stats import N_BOOT, bootstrap_diff_ci, mcnemar, paired_summary, seed_test, spread  # primitives
 
 __all__ = ["mcnemar", "bootstrap_diff_ci", "spread", "seed_test", "paired_summary", "N_BOOT", "TOST", "tost",
-           "holm", "paired_t_power", "mde_paired", "tost_power", "seeds_to_exclude"]
+           "holm", "paired_t_power", "mde_paired", "tost_power", "seeds_to_exclude", "seeds_to_detect"]
 
 # --- verdict statistics: equivalence, multiplicity, power ------------------------------------------
 
@@ -267,6 +268,35 @@ def seeds_to_exclude(sd: float, margin: float, alpha: float = 0.05, power: float
     if not enough(max_n):
         return None
     lo, hi = 1, 2  # enough(lo) is False (or lo = 1), enough(hi) is to be found
+    while hi < max_n and not enough(hi):
+        lo, hi = hi, min(2 * hi, max_n)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
+
+
+def seeds_to_detect(effect: float, sd: float, alpha: float = 0.05, power: float = 0.8,
+                    max_n: int = 1000) -> int | None:
+    """Smallest number of seeds (>= 2) at which the two-sided paired t test at level ``alpha`` detects a
+    true mean difference ``effect`` (SD of the differences ``sd``) with the given ``power``
+    (:func:`paired_t_power`, which rises with ``n``); ``None`` if ``max_n`` seeds are not enough or
+    ``effect`` is 0. For a cell of a family under Holm, ``alpha / family size`` is the level of Holm's
+    first step - the strictest one, so the seeds it gives are enough for Holm too."""
+    effect = check_real(effect, "effect")
+    sd = check_real(sd, "sd", min=0)
+    alpha = _alpha(alpha)
+    power = check_real(power, "power", min=alpha, max=1, min_open=True, max_open=True)
+    max_n = check_int(max_n, "max_n", min=2)
+    if effect == 0:
+        return None
+
+    def enough(n: int) -> bool:
+        return paired_t_power(effect, sd, n, alpha) >= power
+
+    if not enough(max_n):
+        return None
+    lo, hi = 1, 2  # enough(lo) is False (1 seed has no test), enough(hi) is to be found
     while hi < max_n and not enough(hi):
         lo, hi = hi, min(2 * hi, max_n)
     while hi - lo > 1:

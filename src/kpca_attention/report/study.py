@@ -406,16 +406,21 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
                       "tost_ci": "-" if v.tost_ci is None else f"({_f(v.tost_ci[0])}, {_f(v.tost_ci[1])})",
                       "tost_p": fmt_p(v.tost_p), "mde": fmt_num(v.mde),
                       "need": "-" if v.margin is None else str(v.seeds_needed or "> 1000"),
+                      "detect": "-" if not v.mean else str(v.seeds_to_detect or "> 1000"),
                       "word": v.word})
     if drows:
         lines += ["Details of every test over >= 2 seeds: paired t p raw and Holm-adjusted over the family; "
                   "TOST against the margin (90 % interval); MDE: the difference the paired t test detects "
                   "with 80 % power at these seeds and this SD; seeds needed: for TOST to show equivalence "
-                  "within the margin with 80 % power if the true difference is 0 (same SD).", "",
+                  "within the margin with 80 % power if the true difference is 0 (same SD); seeds to detect: "
+                  "for the paired t test at the level of Holm's first step over the family (alpha / family "
+                  "size) to detect the observed mean difference with 80 % power if it is the true one (same "
+                  "SD).", "",
                   markdown_table(drows, {"variant": "variant", "metric": "metric", "n": "n", "mean": "mean",
                                          "ci": "95 % CI", "p": "p", "holm": "p Holm", "margin": "margin",
                                          "tost_ci": "90 % CI", "tost_p": "TOST p", "mde": "MDE 80 %",
-                                         "need": "seeds needed", "word": "verdict"}), ""]
+                                         "need": "seeds needed", "detect": "seeds to detect",
+                                         "word": "verdict"}), ""]
     plots = []
     for s in variants:
         prow = [(m.title, ver[(m.key, s)]) for m in metrics if m.unit == main_unit and (m.key, s) in ver]

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..checks import check_int, check_real
-from .stats import holm, mde_paired, seed_test, seeds_to_exclude, tost
+from .stats import holm, mde_paired, seed_test, seeds_to_detect, seeds_to_exclude, tost
 
 __all__ = ["Verdict", "verdict", "Family", "BETTER", "WORSE", "INCONCLUSIVE", "equivalent_word",
            "WORDS_HELP"]
@@ -56,7 +56,10 @@ class Verdict:
     metric's unit). ``ci`` is the ``1 - alpha`` t interval (95 %), ``tost_ci`` the ``1 - 2 alpha``
     one (90 %); ``mde`` the minimum detectable effect at 80 % power for the observed SD and ``n``;
     ``seeds_needed`` the seeds for which TOST at true difference 0 reaches 80 % power to declare
-    equivalence within the margin (``None`` if more than the cap, or no margin, or SD unknown)."""
+    equivalence within the margin (``None`` if more than the cap, or no margin, or SD unknown);
+    ``seeds_to_detect`` the seeds for which the paired t test at the level of Holm's first step over the
+    family (``alpha / family_size``) reaches 80 % power if the true difference is the observed mean (same
+    SD) - the other way a cell gets decided (``None`` if more than the cap, or mean or SD 0)."""
 
     word: str
     mean: float | None
@@ -68,6 +71,7 @@ class Verdict:
     margin: float | None
     mde: float | None
     seeds_needed: int | None
+    seeds_to_detect: int | None
     n: int
     sd: float | None
     alpha: float
@@ -89,14 +93,15 @@ def _g(x: float) -> str:
 
 def verdict(diffs: Sequence[float], margin: float | None, p_adjusted: float | None, alpha: float = 0.05,
             higher_is_better: bool = True, *, power: float = 0.8, max_seeds: int = 1000,
-            plan: bool = True) -> Verdict:
+            plan: bool = True, family_size: int = 1) -> Verdict:
     """The verdict word for per-seed paired differences ``diffs`` ``(n,)`` (module docstring: the rule).
 
     ``margin``: the equivalence margin (> 0, in the metric's unit) declared before the runs, or
     ``None`` (then only ``better``/``worse``/``inconclusive``). ``p_adjusted``: this cell's
     Holm-adjusted p-value from its family (:class:`Family`; a family of one is the raw p); required
-    with 2 or more seeds. ``plan=False`` skips ``mde`` and ``seeds_needed`` (``None``), which cost a
-    root search and a few integrals - for simulations.
+    with 2 or more seeds. ``plan=False`` skips ``mde``, ``seeds_needed`` and ``seeds_to_detect``
+    (``None``), which cost a root search and a few integrals - for simulations. ``family_size``: the number
+    of tests in the cell's Holm family (:attr:`Family.size`), for ``seeds_to_detect``.
     """
     d = np.asarray(diffs, dtype=np.float64).ravel()
     alpha = check_real(alpha, "alpha", min=0, max=0.5, min_open=True, max_open=True)
@@ -104,10 +109,12 @@ def verdict(diffs: Sequence[float], margin: float | None, p_adjusted: float | No
     if not isinstance(higher_is_better, (bool, np.bool_)):
         raise ValueError(f"higher_is_better must be True or False; got {higher_is_better!r}")
     max_seeds = check_int(max_seeds, "max_seeds", min=2)
+    family_size = check_int(family_size, "family_size", min=1)
     st = seed_test(d, level=1 - alpha)
     n, mean, sd = st["n"], st["mean"], st["std"]
     base: dict[str, Any] = dict(mean=mean, ci=None, p_raw=None, p_holm=None, tost_p=None, tost_ci=None,
-                                margin=margin, mde=None, seeds_needed=None, n=n, sd=sd, alpha=alpha)
+                                margin=margin, mde=None, seeds_needed=None, seeds_to_detect=None, n=n, sd=sd,
+                                alpha=alpha)
     if n < 2:
         return Verdict(word=INCONCLUSIVE, reason=f"{n} seed{'s' if n != 1 else ''}: a paired t test "
                        "over seeds needs at least 2", **base)
@@ -129,6 +136,7 @@ def verdict(diffs: Sequence[float], margin: float | None, p_adjusted: float | No
         base["mde"] = mde_paired(sd, n, alpha, power)
         if margin is not None:
             base["seeds_needed"] = seeds_to_exclude(sd, margin, alpha, power, max_n=max_seeds)
+        base["seeds_to_detect"] = seeds_to_detect(mean, sd, alpha / family_size, power, max_n=max_seeds)
     pct = f"{100 * (1 - 2 * alpha):g} %"
     if p_holm < alpha:
         word = BETTER if (mean > 0) == higher_is_better else WORSE
@@ -229,6 +237,7 @@ class Family:
         ``higher_is_better`` are one value for all, a mapping by key, or a function of the key
         (e.g. ``lambda key: MARGINS[key[0]]``); ``kwargs`` go to :func:`verdict`."""
         adj = self.p_holm()
+        kwargs.setdefault("family_size", max(self.size, 1))
         return {k: verdict(d, _lookup(margin, k), adj[k], alpha, _lookup(higher_is_better, k), **kwargs)
                 for k, d in self.tests.items()}
 

@@ -6,7 +6,8 @@ variant, comparator and metric that test it). :func:`headline_markdown` reads ea
 (``summary["verdicts"]``: against the baseline in ``cells``, against a further comparator in
 ``also.<slug>.cells``; :mod:`kpca_attention.report.study` writes them) and renders one row per claim: the
 paired difference over seeds with its 95 % t interval, the margin, the verdict word and, for an
-``inconclusive`` cell with a margin, the seeds that would decide it; :func:`headline_plot` draws the
+``inconclusive`` cell, the seeds that would decide it either way (equivalence within the margin if the true
+difference is 0; the observed difference under Holm if it is the true one); :func:`headline_plot` draws the
 claims that have a margin and an interval as one forest plot in units of their margins (each claim's
 published effect is 1 there, so claims in accuracy and in perplexity share one axis).
 :func:`update_results_doc` puts the table between the markers ``<!-- headline:begin -->`` and
@@ -123,6 +124,26 @@ def _num(x: float) -> str:
     return f"{x:+.2f}"
 
 
+#: the most seeds a study of the verdicts issue runs (past it: "inconclusive" with the seeds it would take)
+SEED_CAP = 16
+
+
+def _seeds(n: int | None) -> str:
+    return f"{n} seeds" if n is not None and n <= SEED_CAP else f"> {SEED_CAP} seeds"
+
+
+def _plan(cell: dict[str, Any]) -> str:
+    """What would decide an inconclusive cell, from the report's two planning numbers: the seeds for TOST
+    to show equivalence within the margin if the true difference is 0, and the seeds for the paired t test
+    at the level of Holm's first step to detect the observed difference if it is the true one."""
+    parts = []
+    if cell.get("margin") is not None:
+        parts.append(f"equivalence: {_seeds(cell.get('seeds_needed'))}")
+    if "seeds_to_detect" in cell and cell.get("mean"):  # summaries written before the field lack it
+        parts.append(f"the observed difference under Holm: {_seeds(cell['seeds_to_detect'])}")
+    return "; ".join(parts) or "no margin declared"
+
+
 def _row(claim: Claim, cell: dict[str, Any] | None, meta: dict[str, Any]) -> list[str]:
     what = [claim.claim, claim.source]
     if cell is None:
@@ -132,9 +153,8 @@ def _row(claim: Claim, cell: dict[str, Any] | None, meta: dict[str, Any]) -> lis
     word = cell["word"]
     if cell.get("ci") is None:
         word += f" ({cell['n']} seed: no test yet)" if cell["n"] == 1 else f" ({cell.get('reason', '')})"
-    elif word == "inconclusive" and cell.get("margin") is not None:
-        need = cell.get("seeds_needed")
-        word += f" ({need} seeds would decide)" if need and need <= 16 else " (> 16 seeds would decide)"
+    elif word == "inconclusive":
+        word += f" ({_plan(cell)})"
     margin = "-" if cell.get("margin") is None else f"+-{cell['margin']:g}"
     return [*what, f"`{claim.study}`, {cell['n']} seed{'s' * (cell['n'] != 1)}",
             f"{diff} {unit}".rstrip(), margin, word]
@@ -176,9 +196,11 @@ def headline_plot(path: str | os.PathLike, results: str | os.PathLike = "results
                  + (f" (cut at +-{_CLIP:g})" if clipped else ""))
         mean = max(-_CLIP, min(_CLIP, cell["mean"] * k))
         rows.append((label, Verdict(
-            cell["word"], mean, scaled(cell["ci"]), cell.get("p_raw"), cell.get("p_holm"), cell.get("tost_p"),
-            scaled(cell.get("tost_ci")), 1.0, None, cell.get("seeds_needed"), cell["n"], None,
-            cell.get("alpha", 0.05), cell.get("reason", ""))))
+            word=cell["word"], mean=mean, ci=scaled(cell["ci"]), p_raw=cell.get("p_raw"),
+            p_holm=cell.get("p_holm"), tost_p=cell.get("tost_p"), tost_ci=scaled(cell.get("tost_ci")),
+            margin=1.0, mde=None, seeds_needed=cell.get("seeds_needed"),
+            seeds_to_detect=cell.get("seeds_to_detect"), n=cell["n"], sd=None,
+            alpha=cell.get("alpha", 0.05), reason=cell.get("reason", ""))))
     if not rows:
         return None
     return forest_plot(rows, path, "Claims against their margins (1 = published effect)",
