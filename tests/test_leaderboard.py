@@ -9,7 +9,14 @@ import pytest
 
 from kpca_attention.robustness.store import encode_bits
 from kpca_attention.studies import landed
-from kpca_attention.studies.headline import BEGIN, END, headline_markdown, headline_plot, update_results_doc
+from kpca_attention.studies.headline import (
+    BEGIN,
+    END,
+    clip_interval,
+    headline_markdown,
+    headline_plot,
+    update_results_doc,
+)
 from kpca_attention.studies.leaderboard import leaderboard_rows, write_leaderboard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -235,3 +242,26 @@ def test_landed_rows_count_finished_runs_their_machines_and_where_they_come_from
     page.write_text(f"a\n{landed.BEGIN}\nold\n{landed.END}\nb\n")
     assert update_results_doc(page, tmp_path) is True
     assert page.read_text() == f"a\n{landed.BEGIN}\n{landed.landed_markdown(tmp_path)}{landed.END}\nb\n"
+
+
+def test_the_headline_plot_cuts_intervals_at_its_edge_without_reversing_them(tmp_path, monkeypatch) -> None:
+    # rpc-seeds' PGD 8/255 at eight seeds: -3.18 (-4.85, -1.50) pp against a margin of 0.17, i.e. an interval
+    # of -28.5 to -8.8 margins, wholly past the plot's edge at -6: it must sit at the edge, not be drawn as a
+    # reversed interval from -8.8 back to -6
+    assert clip_interval(-28.5, -8.8) == (-6.0, -6.0)
+    assert clip_interval(-8.8, -28.5) == (-6.0, -6.0)
+    assert clip_interval(-9.0, 2.0) == (-6.0, 2.0) and clip_interval(0.5, -0.5) == (-0.5, 0.5)
+    assert clip_interval(7.0, 30.0) == (6.0, 6.0)
+    import kpca_attention.report.forest as forest
+
+    drawn = []
+    monkeypatch.setattr(forest, "forest_plot", lambda rows, path, *a, **k: drawn.extend(rows) or Path(path))
+    cell = {"mean": -3.18, "ci": [-4.85, -1.50], "tost_ci": [-4.52, -1.83], "margin": 0.17, "n": 8,
+            "word": "inconclusive"}
+    summary = {"verdicts": {"baseline": "symvit", "metrics": {"pgd@8": {"title": "PGD 8/255"}},
+                            "cells": {"rpc_official": {"pgd@8": cell}}}}
+    (tmp_path / "rpc-seeds").mkdir()
+    (tmp_path / "rpc-seeds" / "summary.json").write_text(json.dumps(summary))
+    headline_plot(tmp_path / "h.png", tmp_path)
+    (label, v), = drawn
+    assert "cut at +-6" in label and v.mean == -6.0 and v.ci == (-6.0, -6.0) and v.tost_ci == (-6.0, -6.0)

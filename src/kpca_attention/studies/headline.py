@@ -173,6 +173,14 @@ def headline_markdown(results: str | os.PathLike = "results") -> str:
 _CLIP = 6.0  # margins: an interval wider than this (PGD's +-0.17) is cut at the edge and says so
 
 
+def clip_interval(a: float, b: float, edge: float = _CLIP) -> tuple[float, float]:
+    """The interval between ``a`` and ``b`` (either order) cut to ``[-edge, +edge]``, as ``(lo, hi)`` with
+    ``lo <= hi``: both ends are clipped, so an interval wholly past one edge becomes that edge (a point),
+    not a reversed interval reaching back across it."""
+    lo, hi = sorted((a, b))
+    return min(max(lo, -edge), edge), min(max(hi, -edge), edge)
+
+
 def headline_plot(path: str | os.PathLike, results: str | os.PathLike = "results") -> Path | None:
     """The claims whose cells have an interval and a margin, as a forest plot in multiples of each margin,
     signed so that right is "the variant better" (perplexity: lower); None when no claim has both yet."""
@@ -187,10 +195,7 @@ def headline_plot(path: str | os.PathLike, results: str | os.PathLike = "results
         clipped = any(abs(x * k) > _CLIP for x in cell["ci"])
 
         def scaled(pair: list[float] | None, k: float = k) -> tuple[float, float] | None:
-            if pair is None:
-                return None
-            lo, hi = sorted((pair[0] * k, pair[1] * k))
-            return max(lo, -_CLIP), min(hi, _CLIP)
+            return None if pair is None else clip_interval(pair[0] * k, pair[1] * k)
 
         label = (f"{claim.variant} - {comparator}, {meta.get('title', claim.metric)}"
                  + (f" (cut at +-{_CLIP:g})" if clipped else ""))
