@@ -265,6 +265,12 @@ def seeds_to_exclude(sd: float, margin: float, alpha: float = 0.05, power: float
             return tost_power(n, sd, m, alpha, true_diff) >= power
         return _one_sided_power(n, sd, m, alpha, true_diff) >= power
 
+    return _fewest_seeds(enough, max_n)
+
+
+def _fewest_seeds(enough: Callable[[int], bool], max_n: int) -> int | None:
+    """Smallest ``n`` in ``2..max_n`` with ``enough(n)`` for a condition that, once true, stays true as ``n``
+    grows (a power rising with the seeds); ``None`` if ``enough(max_n)`` is false. Doubles, then bisects."""
     if not enough(max_n):
         return None
     lo, hi = 1, 2  # enough(lo) is False (or lo = 1), enough(hi) is to be found
@@ -291,15 +297,4 @@ def seeds_to_detect(effect: float, sd: float, alpha: float = 0.05, power: float 
     if effect == 0:
         return None
 
-    def enough(n: int) -> bool:
-        return paired_t_power(effect, sd, n, alpha) >= power
-
-    if not enough(max_n):
-        return None
-    lo, hi = 1, 2  # enough(lo) is False (1 seed has no test), enough(hi) is to be found
-    while hi < max_n and not enough(hi):
-        lo, hi = hi, min(2 * hi, max_n)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
-    return hi
+    return _fewest_seeds(lambda n: paired_t_power(effect, sd, n, alpha) >= power, max_n)
