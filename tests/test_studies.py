@@ -26,6 +26,7 @@ from kpca_attention.stats import bootstrap_diff_ci, mcnemar, seed_test
 from kpca_attention.studies import ablation_study, get_study, quick_demo_study, run_study
 from kpca_attention.studies.ablations import ablation_variants, candes_lambda
 from kpca_attention.studies.engine import ensure_trained
+from kpca_attention.studies.rpc_seeds import MIN_SEEDS, SEED_CAP
 from kpca_attention.tasks.classification.suites import Attack, Corruptions, ImageSuites, fixed_subset
 from kpca_attention.train import evaluate_vision, load_model
 
@@ -151,7 +152,7 @@ def test_rpc_seeds_and_depth12_are_the_settings_the_issue_names() -> None:
     # iterations in every block; tau = lambda / mu with the paper's lambda and mu from the head width), a
     # validation split of 2,000 training images, the paper's margins
     s = get_study("rpc-seeds")
-    assert 8 <= len(s.seeds) <= 16 and s.seeds == tuple(range(len(s.seeds)))
+    assert MIN_SEEDS <= len(s.seeds) <= SEED_CAP and s.seeds == tuple(range(len(s.seeds)))
     assert s.baseline == "symvit" and s.also_against == ("rpc_official",)
     assert set(s.margins) >= {"clean", "corrupted", "fgsm@8", "pgd@8"} and s.margins["clean"].value == 0.5
     assert s.train_config(s.variant("symvit"), 0, "x").val_size == 2000

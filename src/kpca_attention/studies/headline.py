@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .rpc_seeds import SEED_CAP
+
 __all__ = ["Claim", "CLAIMS", "headline_markdown", "headline_plot", "update_results_doc", "BEGIN", "END"]
 
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
@@ -122,10 +124,6 @@ def _claim_cells(results: Path) -> list[tuple[Claim, dict[str, Any] | None, dict
 
 def _num(x: float) -> str:
     return f"{x:+.2f}"
-
-
-#: the most seeds a study of the verdicts issue runs (past it: "inconclusive" with the seeds it would take)
-SEED_CAP = 16
 
 
 def _seeds(n: int | None) -> str:
