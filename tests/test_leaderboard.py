@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kpca_attention.robustness.store import encode_bits
+from kpca_attention.robustness.store import encode_bits, seal_store
 from kpca_attention.studies import landed
 from kpca_attention.studies.headline import (
     BEGIN,
@@ -242,6 +242,31 @@ def test_landed_rows_count_finished_runs_their_machines_and_where_they_come_from
     page.write_text(f"a\n{landed.BEGIN}\nold\n{landed.END}\nb\n")
     assert update_results_doc(page, tmp_path) is True
     assert page.read_text() == f"a\n{landed.BEGIN}\n{landed.landed_markdown(tmp_path)}{landed.END}\nb\n"
+
+
+def test_landed_rows_count_vector_instructions_within_each_kind_of_machine(tmp_path, copy_committed) -> None:
+    """A row trained on two kinds of machine says each kind's own runs per capability (they were pooled
+    across kinds, which put an Intel run's AVX512 under the AMD EPYC's name)."""
+    copy_committed("rpc-seeds", tmp_path / "rpc-seeds")
+    files = sorted((tmp_path / "rpc-seeds" / "results").glob("vit-s*.json"),
+                   key=lambda f: int(f.stem.rsplit("-s", 1)[1]))
+    last = files[-1]
+    data = json.loads(last.read_text())
+    data["items"]["run"]["result"]["machine"].update(cpu="Intel(R) Xeon(R) Processor", cpu_capability="AVX2")
+    del data["items"]["run"]["sha256"], data["sealed"]  # as if that run had been recorded there: sealed anew
+    last.write_text(json.dumps(data))
+    seal_store(last)
+    amd: dict[str, int] = {}
+    for f in files[:-1]:
+        m = json.loads(f.read_text())["items"]["run"]["result"]["machine"]
+        assert m["cpu"] == "AMD EPYC"
+        cap = m.get("cpu_capability") or "not recorded"
+        amd[cap] = amd.get(cap, 0) + 1
+    table = landed.landed_markdown(tmp_path).splitlines()
+    row = next(line for line in table if "| ViT (asymmetric) |" in line)
+    said = row.split("|")[5].strip()
+    assert said == ("AMD EPYC (" + ", ".join(f"{c} {n}" for c, n in sorted(amd.items())) + "); "
+                    "Intel(R) Xeon(R) Processor (AVX2 1)")
 
 
 def test_the_headline_plot_cuts_intervals_at_its_edge_without_reversing_them(tmp_path, monkeypatch) -> None:

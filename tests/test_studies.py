@@ -263,9 +263,9 @@ def test_a_study_trains_on_one_kind_of_machine(tmp_path, monkeypatch) -> None:
     assert engine.trained_on(tmp_path) == {here: ["symvit-s0"], "Another CPU": ["symvit-s1"]}
     report = (tmp_path / "report.md").read_text()
     assert "**Trained on 2 kinds of machine**" in report
-    # the vector instructions each run's torch used are recorded and counted (runs recorded before: "not
-    # recorded"), beside the kind, which is the CPU model only
-    assert f"{torch.backends.cpu.get_cpu_capability()} (1), not recorded (1)" in report
+    # the vector instructions each run's torch used are recorded and counted within each kind (runs recorded
+    # before: "not recorded"), beside the kind, which is the CPU model only
+    assert f"{here}: {torch.backends.cpu.get_cpu_capability()} (1); Another CPU: not recorded (1)." in report
 
 
 def test_runs_are_evaluated_where_their_recipe_trains(tmp_path, monkeypatch) -> None:

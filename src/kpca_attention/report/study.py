@@ -104,13 +104,19 @@ def reused_runs(out: str | os.PathLike) -> dict[str, list[str]]:
     return taken
 
 
-def machine_counts(results: Iterable[Mapping[str, Any]]) -> tuple[Counter[str], Counter[str]]:
-    """``(runs per machine kind, runs per torch CPU capability)`` over runs' results (their ``run`` item's
-    recorded machine; a run without one is not counted)."""
-    machines = [r["run"]["machine"] for r in results
-                if isinstance(r.get("run"), dict) and "machine" in r["run"]]
-    return (Counter(machine_kind(m) for m in machines),
-            Counter(m.get("cpu_capability") or "not recorded" for m in machines))
+def machine_counts(results: Iterable[Mapping[str, Any]]) -> tuple[Counter[str], dict[str, Counter[str]]]:
+    """``(runs per machine kind, {kind: runs per torch CPU capability})`` over runs' results (their ``run``
+    item's recorded machine; a run without one is not counted). Capabilities are counted within each kind:
+    pooled, an Intel run's AVX512 would read as the AMD EPYC's."""
+    kinds: Counter[str] = Counter()
+    caps: dict[str, Counter[str]] = {}
+    for r in results:
+        if isinstance(r.get("run"), dict) and "machine" in r["run"]:
+            m = r["run"]["machine"]
+            kind = machine_kind(m)
+            kinds[kind] += 1
+            caps.setdefault(kind, Counter())[m.get("cpu_capability") or "not recorded"] += 1
+    return kinds, caps
 
 
 def _taken_runs(out: Path) -> list[str]:
@@ -449,9 +455,14 @@ def _machines_line(res: Runs, slugs: Sequence[str]) -> str:
     if not kinds:
         return ""
     said = ", ".join(f"{k} ({n} run{'s' * (n > 1)})" for k, n in kinds.most_common())
-    isa = ("" if set(caps) <= {"not recorded"} else
+    per_kind = []
+    for kind, _ in kinds.most_common():
+        counted = ", ".join(f"{c} ({n})" for c, n in caps[kind].most_common())
+        per_kind.append(f"{kind}: {counted}" if len(kinds) > 1 else counted)
+    recorded = {c for of_kind in caps.values() for c in of_kind}
+    isa = ("" if recorded <= {"not recorded"} else
            " Vector instructions of torch's CPU kernels (hosts of one CPU model differ here, and so do their "
-           "floating-point paths): " + ", ".join(f"{k} ({n})" for k, n in caps.most_common()) + ".")
+           "floating-point paths): " + "; ".join(per_kind) + ".")
     if len(kinds) == 1:
         return f"Trained on one kind of machine: {said}.{isa}"
     return (f"**Trained on {len(kinds)} kinds of machine**: {said} - the same seed takes other "

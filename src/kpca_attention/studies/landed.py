@@ -45,12 +45,11 @@ def seed_ranges(seeds: Iterable[int]) -> str:
 
 
 def _machines(runs: Sequence[dict[str, Any]]) -> str:
-    """``"AMD EPYC (AVX2 3, not recorded 2)"`` over the runs' recorded machines (one kind per study)."""
+    """``"AMD EPYC (AVX2 3, not recorded 2)"`` over the runs' recorded machines, the vector instructions
+    counted within each kind (a study trains on one kind; where two trained it, each says its own)."""
     kinds, caps = machine_counts(runs)
-    if not kinds:
-        return "-"
-    said = ", ".join(f"{cap} {n}" for cap, n in sorted(caps.items()))
-    return "; ".join(kinds) + f" ({said})"
+    return "; ".join(f"{kind} (" + ", ".join(f"{c} {n}" for c, n in sorted(caps[kind].items())) + ")"
+                     for kind in kinds) or "-"
 
 
 def _taken_from(reused: dict[str, list[str]], slug: str) -> dict[str, list[int]]:
