@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kpca_attention.robustness.store import encode_bits, seal_store
-from kpca_attention.studies import landed
+from kpca_attention.studies import cells, landed
 from kpca_attention.studies.headline import (
     BEGIN,
     END,
@@ -267,6 +268,57 @@ def test_landed_rows_count_vector_instructions_within_each_kind_of_machine(tmp_p
     said = row.split("|")[5].strip()
     assert said == ("AMD EPYC (" + ", ".join(f"{c} {n}" for c, n in sorted(amd.items())) + "); "
                     "Intel(R) Xeon(R) Processor (AVX2 1)")
+
+
+def test_the_cells_tables_of_docs_results_are_in_sync_with_results() -> None:
+    text = (REPO / "docs" / "results.md").read_text()
+    assert cells.BEGIN in text and cells.END in text
+    block = text.split(cells.BEGIN, 1)[1].split(cells.END, 1)[0]
+    assert block == "\n" + cells.cells_markdown(REPO / "results"), \
+        "the paired cells in docs/results.md are stale: run `kpca-attention leaderboard`"
+
+
+def test_cells_rows_are_the_paired_differences_of_the_committed_seeds(tmp_path, copy_committed) -> None:
+    """Each cell's difference and t interval, and each row's mean and SD, recomputed from the per-seed
+    metrics of the committed summary with scipy and numpy (not from the verdict cells the table reads)."""
+    from scipy import stats as sps
+
+    copy_committed("rpc-seeds", tmp_path / "rpc-seeds")
+    summary = json.loads((tmp_path / "rpc-seeds" / "summary.json").read_text())
+    per_seed = summary["metrics"]
+    grid = cells.Grid("rpc-seeds", (("vit", "rpc_official"),), ("clean", "pgd@8"))
+    text = cells.cells_markdown(tmp_path, (grid,))
+    row = next(line for line in text.splitlines() if line.startswith("| ViT (asymmetric) - RPC-SymViT"))
+    for metric in ("clean", "pgd@8"):
+        seeds = sorted(set(per_seed["vit"]) & set(per_seed["rpc_official"]), key=int)
+        vit, rpc = per_seed["vit"], per_seed["rpc_official"]
+        d = np.array([100 * (vit[s][metric] - rpc[s][metric]) for s in seeds])
+        half = sps.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+        assert f"{d.mean():+.2f} ({d.mean() - half:+.2f}, {d.mean() + half:+.2f})" in row
+        assert f"({len(d)})" in row
+    labels = (("symvit", "SymViT"), ("vit", "ViT (asymmetric)"), ("rpc_official", "RPC-SymViT 4 it."))
+    for slug, label in labels:
+        if slug == "symvit":  # the baseline is listed though no comparison names it
+            assert f"| {label} ({len(per_seed[slug])}) |" in text
+        pgd = np.array([100 * v["pgd@8"] for v in per_seed[slug].values()])
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"| {label} ("))
+        assert line.endswith(f"| {pgd.mean():.1f} +- {pgd.std(ddof=1):.1f} |")
+    # margins that differ between rows are named in each row; a comparison with no cell yet is left out
+    copy_committed("zoo", tmp_path / "zoo")
+    zoo = json.loads((tmp_path / "zoo" / "summary.json").read_text())["verdicts"]
+    margin = zoo["also"]["fan"]["cells"]["rpc_fan"]["pgd@8"]["margin"]
+    grid = cells.Grid("zoo", (("no_such", None), ("rpc_fan", "fan"), ("kde", None)), ("clean", "pgd@8"))
+    text = cells.cells_markdown(tmp_path, (grid,))
+    assert "no_such" not in text and "named in each row" in text
+    rpc_fan = next(ln for ln in text.splitlines() if ln.startswith("| RPC-FAN"))
+    assert f"PGD 8/255 +-{margin:g})" in rpc_fan and "; margins clean +-" in rpc_fan
+    # the raw and Holm p of an inconclusive cell whose interval excludes 0, and only of those
+    cell = {"mean": -3.2, "ci": [-4.9, -1.5], "n": 8, "word": "inconclusive", "p_raw": 0.003, "p_holm": 0.33}
+    assert cells._cell_text(cell) == "-3.20 (-4.90, -1.50) inconclusive (raw p 0.003, Holm 0.330)"
+    assert cells._cell_text({**cell, "p_raw": 0.2, "p_holm": 1.0}).endswith(") inconclusive")
+    assert cells._cell_text({**cell, "word": "worse"}).endswith("**worse**")
+    one = {"mean": 1.0, "ci": None, "n": 1, "word": "inconclusive"}
+    assert cells._cell_text(one) == "+1.00 (1 seed: no test)"
 
 
 def test_the_headline_plot_cuts_intervals_at_its_edge_without_reversing_them(tmp_path, monkeypatch) -> None:

@@ -27,7 +27,8 @@ from typing import Any
 
 from .rpc_seeds import SEED_CAP
 
-__all__ = ["Claim", "CLAIMS", "headline_markdown", "headline_plot", "update_results_doc", "BEGIN", "END"]
+__all__ = ["Claim", "CLAIMS", "verdict_cell", "headline_markdown", "headline_plot", "update_results_doc",
+           "BEGIN", "END"]
 
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 
@@ -94,16 +95,22 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 
-def _cell(summary: dict[str, Any], claim: Claim) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """``(the verdict cell or None, the metric's title / unit)`` of ``claim`` in a study summary."""
+def verdict_cell(summary: dict[str, Any], variant: str, metric: str,
+                 comparator: str | None = None) -> dict[str, Any] | None:
+    """The verdict cell of ``variant`` against ``comparator`` (None: the study's baseline) on ``metric`` in
+    a study summary (``verdicts.cells``, or ``verdicts.also.<comparator>.cells``), or None."""
     ver = summary.get("verdicts") or {}
-    base = ver.get("baseline")
-    if claim.comparator in (None, base):
+    if comparator in (None, ver.get("baseline")):
         cells = ver.get("cells") or {}
     else:
-        cells = ((ver.get("also") or {}).get(claim.comparator) or {}).get("cells") or {}
-    meta = (ver.get("metrics") or {}).get(claim.metric) or {}
-    return (cells.get(claim.variant) or {}).get(claim.metric), meta
+        cells = ((ver.get("also") or {}).get(comparator) or {}).get("cells") or {}
+    return (cells.get(variant) or {}).get(metric)
+
+
+def _cell(summary: dict[str, Any], claim: Claim) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """``(the verdict cell or None, the metric's title / unit)`` of ``claim`` in a study summary."""
+    meta = ((summary.get("verdicts") or {}).get("metrics") or {}).get(claim.metric) or {}
+    return verdict_cell(summary, claim.variant, claim.metric, claim.comparator), meta
 
 
 def _claim_cells(results: Path) -> list[tuple[Claim, dict[str, Any] | None, dict[str, Any], str]]:
@@ -212,16 +219,18 @@ def headline_plot(path: str | os.PathLike, results: str | os.PathLike = "results
 
 def update_results_doc(page: str | os.PathLike, results: str | os.PathLike = "results") -> bool:
     """Regenerate the page's generated tables from ``results``: :func:`headline_markdown` between the
-    headline markers and :func:`~.landed.landed_markdown` (the finished seeds of each long study) between
-    the landed markers; returns whether the page changed. A table whose two markers are not both on the
+    headline markers, :func:`~.landed.landed_markdown` (the finished seeds of each long study) between
+    the landed markers and :func:`~.cells.cells_markdown` (the paired cells of the studies that decide)
+    between the cells markers; returns whether the page changed. A table whose two markers are not both on the
     page (in order) is left alone."""
     from ..io import write_text_atomic
-    from . import landed
+    from . import cells, landed
 
     page = Path(page)
     text = page.read_text() if page.is_file() else ""
     new = text
-    tables = ((BEGIN, END, headline_markdown), (landed.BEGIN, landed.END, landed.landed_markdown))
+    tables = ((BEGIN, END, headline_markdown), (landed.BEGIN, landed.END, landed.landed_markdown),
+              (cells.BEGIN, cells.END, cells.cells_markdown))
     for begin, end, render in tables:
         if begin not in new or end not in new or new.index(begin) > new.index(end):
             continue
