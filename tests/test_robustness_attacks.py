@@ -148,3 +148,65 @@ def test_eps_sweep_plot_tells_twelve_models_apart(tmp_path, monkeypatch):
     top1, top5 = styles[0::2], styles[1::2]
     assert len(set(top1)) == 12 and all(ls == "-" for *_, ls in top1)
     assert all(a[:2] == b[:2] and b[2] == "--" for a, b in zip(top1, top5, strict=True))
+
+
+@pytest.mark.parametrize("opts", [{}, {"version": "plus"}, {"version": "rand"}, {"attacks": ["apgd-ce"]},
+                                  {"attacks": ["apgd-ce", "square"], "apgd_restarts": 1}])
+def test_attack_settings_say_what_pyautoattack_runs(trained, opts):
+    """The words a report prints for AutoAttack are read off pyautoattack's own objects: the attacks,
+    APGD's iterations and restarts (5 for a custom list such as the studies' ["apgd-ce"], 1 in
+    "standard"), Square's queries and rand's EOT."""
+    model, *_ = trained
+    aa = A.build_autoattack(model, 0.1, 10, version=opts.get("version", "standard"),
+                            attacks=opts.get("attacks"), apgd_restarts=opts.get("apgd_restarts"))
+    said = A.attack_settings("autoattack", opts)
+    version = "custom" if "attacks" in opts else opts.get("version", "standard")
+    assert said.startswith(f"pyautoattack {version}, Linf: ")
+    listed = said.split(": ", 1)[1]
+    at = [listed.find(name.upper() if name != "square" else "Square") for name in aa.attacks_to_run]
+    assert -1 not in at and at == sorted(at), (said, aa.attacks_to_run)  # each attack run, in its order
+    assert len(listed.split(", ")) >= len(at) == len(set(at))
+    if "apgd-ce" in aa.attacks_to_run:
+        r = aa.apgd.n_restarts
+        assert f"APGD-CE ({aa.apgd.n_iter} iterations, {r} restart{'s' * (r != 1)}" in said
+    assert ("EOT 20" in said) == (aa.apgd.eot_iter == 20 and "apgd-ce" in aa.attacks_to_run)
+    if "square" in aa.attacks_to_run:
+        assert f"Square ({aa.square.n_queries} queries)" in said
+    assert A.attack_settings("pgd") == "20 steps of 0.15 eps, random start"
+    assert A.attack_settings("square", {"n_queries": 1000}) == "1000 queries, p_init 0.8"
+    with pytest.raises(ValueError, match="apgd_restarts"):
+        A.attack_settings("autoattack", {"apgd_restarts": 0})
+
+
+def test_apgd_restarts_reach_pyautoattack(trained, monkeypatch):
+    """``apgd_restarts`` sets how often APGD runs on the points still robust; a custom ["apgd-ce"]
+    without it restarts 5 times (pyautoattack's constructor), as the studies' APGD-CE did."""
+    from pyautoattack.autopgd_base import APGDAttack
+
+    model, xt, yt, _ = trained
+    runs = []
+    real = APGDAttack.attack_single_run
+
+    def counted(self, x, y, *a, **k):
+        runs.append(len(x))
+        return real(self, x, y, *a, **k)
+
+    monkeypatch.setattr(APGDAttack, "attack_single_run", counted)
+    eps = 1e-4  # too small to flip a point: every restart runs on every correctly classified image
+    for restarts, expected in ((None, 5), (1, 1), (2, 2)):
+        runs.clear()
+        opts = {"attacks": ["apgd-ce"]} | ({} if restarts is None else {"apgd_restarts": restarts})
+        A.attack(model, xt[:4], yt[:4], "autoattack", eps, **opts)
+        assert len(runs) == expected
+
+
+def test_attack_defaults_are_the_table(trained):
+    """attack() with no options runs :data:`DEFAULTS` (PGD: torchattacks' PGD, 20 steps of 0.15 eps)."""
+    import torchattacks as ta
+
+    model, xt, yt, _ = trained
+    eps = 0.1
+    torch.manual_seed(0)
+    ref = ta.PGD(model, eps=eps, alpha=A.PGD_ALPHA * eps, steps=20, random_start=True)(xt, yt)
+    assert torch.equal(A.attack(model, xt, yt, "pgd", eps), ref)
+    assert A.DEFAULTS["pgd"] == {"steps": 20, "alpha": None, "random_start": True} and A.PGD_ALPHA == 0.15

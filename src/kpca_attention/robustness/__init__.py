@@ -5,7 +5,17 @@ Heavy dependencies (imagecorruptions/numba, torchattacks, pyautoattack, scikit-l
 only when a function needs them.
 """
 
-from .attacks import METHODS, NORMS, attack, eps_sweep, evaluate_attack, plot_eps_sweep, sparse_l1_descent
+from .attacks import (
+    DEFAULTS,
+    METHODS,
+    NORMS,
+    attack,
+    attack_settings,
+    eps_sweep,
+    evaluate_attack,
+    plot_eps_sweep,
+    sparse_l1_descent,
+)
 from .corruptions import (
     ALL_CORRUPTIONS,
     COMMON_CORRUPTIONS,
@@ -31,6 +41,7 @@ __all__ = [
     "COMMON_CORRUPTIONS", "EXTRA_CORRUPTIONS", "ALL_CORRUPTIONS",
     "mce", "relative_mce", "corruption_errors", "accuracy_table", "ALEXNET_ERRORS",
     "masked_accuracy", "imagenet_o_aupr", "ood_aupr",
-    "attack", "evaluate_attack", "eps_sweep", "plot_eps_sweep", "sparse_l1_descent", "METHODS", "NORMS",
+    "attack", "attack_settings", "evaluate_attack", "eps_sweep", "plot_eps_sweep", "sparse_l1_descent",
+    "METHODS", "NORMS", "DEFAULTS",
     "swap_words", "wordswap_perplexity",
 ]  # fmt: skip

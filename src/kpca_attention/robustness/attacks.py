@@ -116,9 +116,76 @@ OPTION_CHECKS: dict[str, dict[str, Callable[[Any, str], Any]]] = {
     "square": {"n_queries": _steps, "p_init": lambda v, n: check_real(v, n, min=0, max=1, min_open=True)},
     "autoattack": {"version": lambda v, n: check_choice(v, n, AUTOATTACK_VERSIONS),
                    "attacks": _aa_attacks, "batch_size": _steps,
-                   "norm": lambda v, n: check_choice(v, n, AUTOATTACK_NORMS)},
+                   "norm": lambda v, n: check_choice(v, n, AUTOATTACK_NORMS), "apgd_restarts": _steps},
 }
 OPTIONS: dict[str, tuple[str, ...]] = {m: tuple(checks) for m, checks in OPTION_CHECKS.items()}
+
+#: Each method's defaults (the paper's where it has one): what :func:`attack` runs when an option is not
+#: given, and what :func:`attack_settings` reports. PGD's ``alpha`` None is ``PGD_ALPHA * eps``; SLD's
+#: ``step_size`` None is its own rule (:func:`sparse_l1_descent`). AutoAttack's are pyautoattack's, per
+#: version: :data:`AUTOATTACK_APGD_RESTARTS`.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "fgsm": {},
+    "pgd": {"steps": 20, "alpha": None, "random_start": True},
+    "cw": {"c": 1.0, "kappa": 0.0, "steps": 50, "lr": 0.01},
+    "spsa": {"nb_iter": 40, "delta": 0.01, "lr": 0.01, "nb_sample": 128, "max_batch_size": 64},
+    "noise": {},
+    "sld": {"steps": 20, "step_size": None, "sparsity": 0.95},
+    "square": {"n_queries": 5000, "p_init": 0.8},
+    "autoattack": {"norm": "Linf", "apgd_restarts": None},
+}
+PGD_ALPHA = 0.15  # the paper's PGD step, a fraction of eps
+#: the restarts of pyautoattack's untargeted APGD (APGD-CE, APGD-DLR) when ``apgd_restarts`` is not given:
+#: its "standard" and "rand" versions set 1, "plus" 5, and a custom list of attacks keeps the constructor's
+#: 5 - so ``attacks=["apgd-ce"]`` is APGD-CE with five restarts, at least as strong as the APGD-CE inside
+#: AutoAttack standard (one restart)
+AUTOATTACK_APGD_RESTARTS: dict[str, int] = {"standard": 1, "rand": 1, "plus": 5, "custom": 5}
+#: the attacks each pyautoattack version runs, in its order
+AUTOATTACK_VERSION_ATTACKS: dict[str, tuple[str, ...]] = {
+    "standard": ("apgd-ce", "apgd-t", "fab-t", "square"),
+    "plus": ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t"),
+    "rand": ("apgd-ce", "apgd-dlr"),
+}
+AUTOATTACK_RAND_EOT = 20  # "rand": expectation over 20 draws per gradient
+#: pyautoattack's other settings that :func:`attack_settings` names (its APGD iterations and Square's queries)
+AUTOATTACK_APGD_ITERATIONS = 100
+AUTOATTACK_SQUARE_QUERIES = 5000
+
+
+def attack_settings(method: str, options: Mapping[str, Any] | None = None) -> str:
+    """What ``method`` runs with these options (the rest at :data:`DEFAULTS`), in words - for reports,
+    so that a number can be lined up with a paper's protocol or RobustBench's: e.g. ``"20 steps of
+    0.15 eps, random start"`` for PGD, ``"pyautoattack custom, Linf: APGD-CE (100 iterations, 5
+    restarts)"`` for ``autoattack`` with ``attacks=["apgd-ce"]``."""
+    check_attack_options(method, 0.0, options or {})
+    o = {**DEFAULTS[method], **(options or {})}
+    if method == "pgd":
+        alpha = f"{PGD_ALPHA:g} eps" if o["alpha"] is None else f"{o['alpha']:g}"
+        return f"{o['steps']} steps of {alpha}" + (", random start" if o["random_start"] else "")
+    if method == "cw":
+        return f"{o['steps']} steps, c {o['c']:g}, kappa {o['kappa']:g}, lr {o['lr']:g}"
+    if method == "spsa":
+        return (f"{o['nb_iter']} iterations of {o['nb_sample']} samples, delta {o['delta']:g}, "
+                f"lr {o['lr']:g}")
+    if method == "square":
+        return f"{o['n_queries']} queries, p_init {o['p_init']:g}"
+    if method == "sld":
+        return f"{o['steps']} steps, sparsity {o['sparsity']:g}"
+    if method != "autoattack":
+        return {"fgsm": "one signed-gradient step", "noise": "uniform noise"}[method]
+    version = "custom" if "attacks" in o else o.get("version", "standard")
+    restarts = o["apgd_restarts"] or AUTOATTACK_APGD_RESTARTS[version]
+    parts = []
+    for name in o.get("attacks") or AUTOATTACK_VERSION_ATTACKS[version]:
+        if name in ("apgd-ce", "apgd-dlr"):
+            eot = f", EOT {AUTOATTACK_RAND_EOT}" if version == "rand" else ""
+            parts.append(f"{name.upper()} ({AUTOATTACK_APGD_ITERATIONS} iterations, {restarts} "
+                         f"restart{'s' * (restarts != 1)}{eot})")
+        elif name == "square":
+            parts.append(f"Square ({AUTOATTACK_SQUARE_QUERIES} queries)")
+        else:
+            parts.append(name.upper())
+    return f"pyautoattack {version}, {o['norm']}: " + ", ".join(parts)
 
 
 def _check_method(method: Any) -> None:
@@ -252,12 +319,15 @@ def build_autoattack(
     seed: int = 0,
     device: torch.device | str = "cpu",
     norm: str = "Linf",
+    apgd_restarts: int | None = None,
 ) -> Any:
     """A ``pyautoattack.AutoAttack`` (``norm`` Linf or L2) with the number of target classes fitted to
     the model.
 
     ``version="standard"`` runs APGD-CE, APGD-T, FAB-T and Square (5000 queries), as in Croce & Hein
     2020; ``attacks=[...]`` picks a subset (version "custom"), e.g. ``["apgd-ce", "apgd-t"]``.
+    ``apgd_restarts`` sets the untargeted APGD's restarts; None keeps pyautoattack's
+    (:data:`AUTOATTACK_APGD_RESTARTS`: 1 in "standard", 5 in a custom list).
     """
     from pyautoattack import AutoAttack
 
@@ -265,6 +335,8 @@ def build_autoattack(
         raise ValueError(f"AutoAttack needs at least 2 classes, got {n_classes}")
     opts: dict[str, Any] = {"seed": seed, "norm": norm}
     opts.update({"attacks": attacks} if attacks is not None else {"version": version})
+    if apgd_restarts is not None:
+        opts["apgd_restarts"] = apgd_restarts
     check_attack_options("autoattack", eps, opts)
     if attacks is not None:
         aa = AutoAttack(model, eps=eps, norm=norm, version="custom", attacks=list(attacks),
@@ -275,6 +347,8 @@ def build_autoattack(
     # targeted attacks would ask for targets that do not exist.
     aa.apgd_targeted.n_target_classes = min(9, n_classes - 1)
     aa.fab.n_target_classes = min(9, n_classes - 1)
+    if apgd_restarts is not None:
+        aa.apgd.n_restarts = apgd_restarts
     aa.verbose = False
     return aa
 
@@ -284,7 +358,7 @@ def _autoattack(model: nn.Module, x: Tensor, y: Tensor, eps: float, opts: dict[s
         n_classes = int(model(x[:1]).shape[1])
     aa = build_autoattack(model, eps, n_classes, version=opts.pop("version", "standard"),
                           attacks=opts.pop("attacks", None), seed=opts.pop("seed", 0), device=x.device,
-                          norm=opts.pop("norm", "Linf"))
+                          norm=opts.pop("norm"), apgd_restarts=opts.pop("apgd_restarts"))
     x_adv, _ = aa.run_standard_evaluation(x, y, batch_size=opts.pop("batch_size", len(x)))
     return x_adv
 
@@ -306,13 +380,12 @@ def attack(
         eps: budget in pixel units, in the method's norm (:data:`NORMS`). For ``cw``, CW is a
             minimum-norm attack: adversarial images with L2 perturbation above ``eps`` are replaced by
             the clean image (``eps=inf`` keeps them all).
-        options: per method, with the paper's defaults -
-            pgd: ``steps=20``, ``alpha=0.15*eps``, ``random_start=True``;
-            cw: ``c=1``, ``kappa=0``, ``steps=50``, ``lr=0.01``;
-            spsa: ``nb_iter=40``, ``delta=0.01``, ``lr=0.01``, ``nb_sample=128``, ``max_batch_size=64``;
-            square: ``n_queries=5000``, ``p_init=0.8``; sld: ``steps=20``, ``step_size``, ``sparsity=0.95``;
-            autoattack: ``version="standard"`` or ``attacks=[...]``, ``norm="Linf"`` or ``"L2"``;
-            all: ``seed=0`` (the global torch RNG is left untouched).
+        options: per method (:data:`OPTIONS`; :func:`check_attack_options` says the ranges), the rest at
+            :data:`DEFAULTS` (the paper's where it has one: PGD 20 steps of 0.15 * eps from a random
+            start); autoattack: ``version="standard"`` or ``attacks=[...]``, ``norm="Linf"`` or ``"L2"``,
+            ``apgd_restarts`` (pyautoattack's by default: 1 in "standard", 5 for a list of attacks);
+            all: ``seed=0`` (the global torch RNG is left untouched). :func:`attack_settings` says in
+            words what a method runs with.
         protocol: ``"pixel"`` (the default: the above) or ``"lab"`` - the papers' protocol for fgsm and
             pgd (:mod:`.protocol`): ``eps`` and ``alpha`` in *normalised* units, the attack on the
             normalised tensor of a ``NormalizedModel``, the clean prediction as the attacked label, and
@@ -331,8 +404,8 @@ def attack(
 
     check_protocol(protocol, method)
     _check_inputs(images, labels, method, eps, options)
-    opts = dict(options)
-    seed = int(opts.pop("seed", 0))
+    seed = int(options.get("seed", 0))
+    opts = {**DEFAULTS[method], **{k: v for k, v in options.items() if k != "seed"}}
     device = model_device(model)
     x = images.detach().to(device)
     y = labels.to(device).long()
@@ -348,26 +421,24 @@ def attack(
         if method == "fgsm":
             adv = ta.FGSM(model, eps=eps)(x, y)
         elif method == "pgd":
-            adv = ta.PGD(model, eps=eps, alpha=opts.pop("alpha", 0.15 * eps), steps=opts.pop("steps", 20),
-                         random_start=opts.pop("random_start", True))(x, y)
+            alpha = PGD_ALPHA * eps if opts["alpha"] is None else opts["alpha"]
+            adv = ta.PGD(model, eps=eps, alpha=alpha, steps=opts["steps"],
+                         random_start=opts["random_start"])(x, y)
         elif method == "cw":
-            adv = ta.CW(model, c=opts.pop("c", 1.0), kappa=opts.pop("kappa", 0.0),
-                        steps=opts.pop("steps", 50), lr=opts.pop("lr", 0.01))(x, y)
+            adv = ta.CW(model, c=opts["c"], kappa=opts["kappa"], steps=opts["steps"], lr=opts["lr"])(x, y)
             too_far = perturbation_norm(adv - x, "L2") > eps
             adv = torch.where(too_far.view(-1, 1, 1, 1), x, adv)
         elif method == "spsa":
-            adv = ta.SPSA(model, eps=eps, delta=opts.pop("delta", 0.01), lr=opts.pop("lr", 0.01),
-                          nb_iter=opts.pop("nb_iter", 40), nb_sample=opts.pop("nb_sample", 128),
-                          max_batch_size=opts.pop("max_batch_size", 64))(x, y)
+            adv = ta.SPSA(model, eps=eps, delta=opts["delta"], lr=opts["lr"], nb_iter=opts["nb_iter"],
+                          nb_sample=opts["nb_sample"], max_batch_size=opts["max_batch_size"])(x, y)
         elif method == "square":
-            adv = ta.Square(model, norm="Linf", eps=eps, n_queries=opts.pop("n_queries", 5000),
-                            p_init=opts.pop("p_init", 0.8), seed=seed)(x, y)
+            adv = ta.Square(model, norm="Linf", eps=eps, n_queries=opts["n_queries"], p_init=opts["p_init"],
+                            seed=seed)(x, y)
         elif method == "noise":
             adv = (x + torch.empty_like(x).uniform_(-eps, eps)).clamp(0, 1)
         elif method == "sld":
-            adv = sparse_l1_descent(model, x, y, eps, steps=opts.pop("steps", 20),
-                                    step_size=opts.pop("step_size", None),
-                                    sparsity=opts.pop("sparsity", 0.95))
+            adv = sparse_l1_descent(model, x, y, eps, steps=opts["steps"], step_size=opts["step_size"],
+                                    sparsity=opts["sparsity"])
         else:  # autoattack
             opts["seed"] = seed
             adv = _autoattack(model, x, y, eps, opts)

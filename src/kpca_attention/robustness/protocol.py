@@ -27,6 +27,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from .attacks import PGD_ALPHA
+
 __all__ = ["PROTOCOLS", "LAB_METHODS", "check_protocol", "split_normalized", "lab_attack"]
 
 #: the attack protocols (see the module docstring)
@@ -84,7 +86,7 @@ def lab_attack(model: nn.Module, images: Tensor, method: str, eps: float, *, ste
     if method == "fgsm":
         adv = _signed_step(net, z, y, eps)
     else:
-        step = 0.15 * eps if alpha is None else alpha
+        step = PGD_ALPHA * eps if alpha is None else alpha
         eta = torch.empty_like(z).uniform_(-eps, eps) if random_start else torch.zeros_like(z)
         adv = z + eta
         for _ in range(steps):

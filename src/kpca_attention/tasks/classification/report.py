@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ...plotting import new_figure, panel_grid, row_starts, save_figure, series_style
+from ...robustness.attacks import attack_settings
 from ...robustness.store import decode_bits
 from ...stats import paired_summary
 from ...tables import fmt_p, fmt_pm, markdown_table
@@ -190,15 +191,14 @@ class ClassificationSections(StudySections):
         s_ = self.settings
         suites = s_["suites"]
         corr = suites.get("corruptions")
+        attacks = [f"{_attack_name(a)} ({attack_settings(a['method'], a.get('options'))}) on {a['n']} images"
+                   + (f" (seeds {a['seeds']} only)" if a.get("seeds") else "") for a in suites["attacks"]]
         return (
             f"Evaluation: clean on {'all' if suites['clean'] is None else suites['clean']} test images"
             + (f"; {len(corr['names'])} corruptions x severities {corr['severities']} on {corr['n']} fixed "
                "test images (imagecorruptions, seeded per image)" if corr else "")
             + ("; attacks in pixel space (Linf eps in units of 1/255, normalisation inside the model): "
-               + ", ".join(f"{_attack_name(a)} on {a['n']} images"
-                           + (f" (seeds {a['seeds']} only)" if a.get("seeds") else "")
-                           for a in suites["attacks"])
-               if suites["attacks"] else "")
+               + ", ".join(attacks) if attacks else "")
             + (f"; PAP trace of the RPC models on {s_['trace']} test images" if s_.get("trace") else "") + "."
         )
 
