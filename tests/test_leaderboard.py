@@ -111,6 +111,37 @@ def test_write_leaderboard_removes_tables_that_went_away(tmp_path):
     assert [p.name for p in (tmp_path / "lb").rglob("*.json")] == ["4_255-pixel-worst_case_of_fgsm_pgd.json"]
 
 
+def test_tables_name_their_attack_settings_and_never_pool_other_settings(tmp_path):
+    """Each row and table says what its attacks ran with; a second study whose PGD took other steps is
+    another threat evaluation: its rows go to their own table, whose evaluation names the settings."""
+    from kpca_attention.robustness.attacks import attack_settings
+
+    _study(tmp_path, "toy")
+    tables, _ = leaderboard_rows(tmp_path)
+    key = ("digits", "Linf", "4/255", "pixel", "worst case of fgsm, pgd")
+    said = f"fgsm: {attack_settings('fgsm')}; pgd: {attack_settings('pgd')}"
+    assert said == "fgsm: one signed-gradient step; pgd: 20 steps of 0.15 eps, random start"
+    assert {r["attack_settings"] for r in tables[key]} == {said}
+    write_leaderboard(tmp_path, tmp_path / "lb", tmp_path / "lb.md")
+    assert f"Attacks: {said}.\n" in (tmp_path / "lb.md").read_text()
+    table = tmp_path / "lb" / "digits" / "Linf" / "4_255-pixel-worst_case_of_fgsm_pgd.json"
+    table = json.loads(table.read_text())
+    assert table["attack_settings"] == said
+    other = _study(tmp_path, "other")  # the same attack names (PGD labelled "pgd"), PGD with 5 steps
+    settings = json.loads((other / "settings.json").read_text())
+    settings["suites"]["attacks"][1].update(options={"steps": 5}, label="pgd")
+    (other / "settings.json").write_text(json.dumps(settings))
+    for run in (other / "results").glob("*.json"):  # other runs than toy's (not byte-identical copies)
+        data = json.loads(run.read_text())
+        data["items"]["attacks/clean"]["key"]["study"] = "other"
+        run.write_text(json.dumps(data))
+    tables, _ = leaderboard_rows(tmp_path)
+    assert key not in tables
+    five = f"fgsm: {attack_settings('fgsm')}; pgd: {attack_settings('pgd', {'steps': 5})}"
+    assert {r["name"] for r in tables[(*key[:4], f"{key[4]} [{said}]")]} == {"toy/a", "toy/b"}
+    assert {r["name"] for r in tables[(*key[:4], f"{key[4]} [{five}]")]} == {"other/a", "other/b"}
+
+
 def test_committed_benchmark_jsons_are_rows(tmp_path):
     rec = {"name": "symvit-s0", "dataset": "digits", "threat_model": "Linf", "eps": "4/255",
            "protocol": "pixel", "version": "standard", "clean_acc": "90.00", "autoattack_acc": "40.00",
@@ -205,10 +236,10 @@ def test_landed_rows_count_finished_runs_their_machines_and_where_they_come_from
     (tmp_path / "rpc-seeds" / "results" / "vit-s4.json").unlink()
     for f in (tmp_path / "zoo" / "results").glob("rpc_fan-s*.json"):  # a row with no run yet
         f.unlink()
-    twicing = tmp_path / "zoo" / "results" / "twicing-s0.json"
-    data = json.loads(twicing.read_text())
-    del data["items"]["attacks/pgd/8"]
-    twicing.write_text(json.dumps(data))
+    for twicing in (tmp_path / "zoo" / "results").glob("twicing-s*.json"):
+        data = json.loads(twicing.read_text())
+        del data["items"]["attacks/pgd/8"]
+        twicing.write_text(json.dumps(data))
     rows = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:-1]]
             for line in landed.landed_markdown(tmp_path).splitlines()[2:]}
     assert {study for study, _ in rows} == {"`rpc-seeds`", "`zoo`"}  # no folder: no rows

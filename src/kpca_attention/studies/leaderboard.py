@@ -18,8 +18,9 @@ page changes only when runs finish. Numbers are means over the seeds present; th
 interval over seeds when there are two or more, else a Wilson interval over the images of the one run
 (the table says which). Clean accuracy is on the same images. Everything is measured
 (``reported: false``); attacks under the ``lab`` protocol get their own tables, never mixed with
-``pixel`` ones. Studies of other tasks (segmentation, language) have no RobustBench threat model and
-are listed as skipped.
+``pixel`` ones, and so do attacks run with other settings (each table and row names them, from
+:func:`~kpca_attention.robustness.attacks.attack_settings`). Studies of other tasks (segmentation,
+language) have no RobustBench threat model and are listed as skipped.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ hand; `tests/test_leaderboard.py` checks that this page and `results/leaderboard
 `results/`). One table per threat model, one row per model, sorted by robust accuracy; clean accuracy on
 the same images. Mean over the seeds listed; 95 % interval: t over seeds (2+ seeds) or Wilson over images
 (1 seed). All numbers are measured here (`reported: false`), attacks in pixel space (images in [0, 1],
-eps in pixel units) unless a table says `lab`. Models are small and trained on CPU budgets: read the
+eps in pixel units) unless a table says `lab`; each table names its attacks' settings, and runs whose
+settings differ are never pooled in one table. Models are small and trained on CPU budgets: read the
 rows as comparisons within a study, not as results next to RobustBench's.
 """
 
@@ -63,9 +65,12 @@ def _eps_text(norm: str, label: str) -> str:
 
 def _threats(settings: Mapping[str, Any], items: Mapping[str, Any]) -> dict[tuple, dict[str, Any]]:
     """``{threat key: {"robust": bits, "clean": bits, "attacks": [...], "left_out": [...]}}`` of one run."""
+    from ..robustness.attacks import attack_settings
     from ..tasks.classification.suites import attack_name
 
-    methods = {attack_name(a): a["method"] for a in settings["suites"].get("attacks", [])}
+    attacks = settings["suites"].get("attacks", [])
+    methods = {attack_name(a): a["method"] for a in attacks}
+    described = {attack_name(a): attack_settings(a["method"], a.get("options")) for a in attacks}
     out: dict[tuple, dict[str, Any]] = {}
     groups: dict[tuple, list[tuple[str, np.ndarray]]] = {}
     for item, r in items.items():
@@ -82,19 +87,41 @@ def _threats(settings: Mapping[str, Any], items: Mapping[str, Any]) -> dict[tupl
             version, norm = parts[1].split("-", 1)
             key = (norm, _eps_text(norm, parts[2]), "pixel", f"AutoAttack {version}")
             out[key] = {"robust": _bits(r), "clean": _bits(items["autoattack/clean"]), "attacks": [parts[1]],
-                        "left_out": []}
+                        "left_out": [], "settings": _autoattack_settings(version, norm)}
     for (norm, label, protocol), runs in groups.items():
         n = max(len(b) for _, b in runs)
         used = sorted(a for a, b in runs if len(b) == n)
         robust = np.logical_and.reduce([b for _, b in runs if len(b) == n])
         key = (norm, _eps_text(norm, label), protocol, "worst case of " + ", ".join(used))
         out[key] = {"robust": robust, "clean": _bits(items["attacks/clean"])[:n], "attacks": used,
-                    "left_out": sorted(a for a, b in runs if len(b) != n)}
+                    "left_out": sorted(a for a, b in runs if len(b) != n),
+                    "settings": "; ".join(f"{a}: {described[a]}" for a in used)}
     views = [_bits(r) for k, r in items.items() if k.startswith("corruptions/") and k.count("/") == 2]
     if views:
         out[("corruptions", None, "pixel", f"mean of {len(views)} corruption views")] = {
             "robust": np.stack(views).mean(0), "clean": _bits(items["corruptions/clean"]), "attacks": [],
-            "left_out": []}
+            "left_out": [], "settings": ""}
+    return out
+
+
+def _autoattack_settings(version: str, norm: str) -> str:
+    from ..robustness.attacks import attack_settings
+
+    return attack_settings("autoattack", {"version": version, "norm": norm})
+
+
+def _split_by_settings(tables: dict[tuple, list[dict[str, Any]]]) -> dict[tuple, list[dict[str, Any]]]:
+    """Rows whose attacks ran with other settings (another Square budget, APGD's restarts...) are other
+    threat evaluations: a table whose rows differ there becomes one table per setting, each evaluation
+    naming its settings (rows are never pooled across settings)."""
+    out: dict[tuple, list[dict[str, Any]]] = {}
+    for key, rows in tables.items():
+        texts = sorted({r["attack_settings"] for r in rows})
+        if len(texts) == 1:
+            out[key] = rows
+            continue
+        for text in texts:
+            out[(*key[:4], f"{key[4]} [{text}]")] = [r for r in rows if r["attack_settings"] == text]
     return out
 
 
@@ -185,10 +212,11 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
                     "robust_acc": round(100 * float(np.mean(rob)), 2),
                     "robust_acc_interval": [round(100 * lo, 2), round(100 * hi, 2)], "interval": how,
                     "n": int(len(first["robust"])), "attacks": first["attacks"],
-                    "left_out": first["left_out"], "reported": False})
+                    "attack_settings": first["settings"], "left_out": first["left_out"], "reported": False})
         # a study with no finished run yet is not mentioned: its folder may exist in one checkout (runs in
         # progress) and not in another, and the page must be the same in both
     _benchmarks(Path(results) / "benchmark", tables)
+    tables = _split_by_settings(tables)
     for rows in tables.values():
         rows.sort(key=lambda r: (-r["robust_acc"], r["name"]))
     return tables, notes
@@ -213,7 +241,9 @@ def _benchmarks(folder: Path, tables: dict[tuple, list[dict[str, Any]]]) -> None
             "seeds": [int(m.group(1))] if m else [], "clean_acc": float(r["clean_acc"]),
             "robust_acc": float(r[field]), "robust_acc_interval": r[f"{field}_interval"],
             "interval": f"{'Wilson' if aa else 'bootstrap'}, {r['n']} images", "n": r["n"],
-            "attacks": [], "left_out": [], "reported": False})
+            "attacks": [], "attack_settings": _autoattack_settings(r.get("version", "standard"),
+                                                                   r["threat_model"]) if aa else "",
+            "left_out": [], "reported": False})
 
 
 def _title(key: tuple) -> str:
@@ -237,6 +267,8 @@ def render_markdown(tables: Mapping[tuple, list[dict[str, Any]]], notes: list[st
         rows = tables[key]
         robust = "corrupted top-1 (%)" if key[1] == "corruptions" else "robust top-1 (%)"
         parts.append(f"## {_title(key)}\n")
+        if rows[0]["attack_settings"]:
+            parts.append(f"Attacks: {rows[0]['attack_settings']}.\n")
         body = [{"rank": i + 1, "label": r["label"], "name": f"`{r['name']}`",
                  "seeds": ",".join(map(str, r["seeds"])), "clean": f"{r['clean_acc']:.2f}",
                  "robust": f"{r['robust_acc']:.2f}",
@@ -279,7 +311,7 @@ def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike,
         keep.add(path)
         written.append(write_json_atomic(path, {
             "dataset": dataset, "threat_model": norm, "eps": eps, "protocol": protocol,
-            "evaluation": evaluation, "rows": rows}))
+            "evaluation": evaluation, "attack_settings": rows[0]["attack_settings"], "rows": rows}))
     for old in out.rglob("*.json") if out.is_dir() else []:
         if old not in keep:
             old.unlink()
