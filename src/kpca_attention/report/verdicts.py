@@ -34,7 +34,7 @@ from ..checks import check_int, check_real
 from .stats import holm, mde_paired, seed_test, seeds_to_detect, seeds_to_exclude, tost
 
 __all__ = ["Verdict", "verdict", "Family", "BETTER", "WORSE", "INCONCLUSIVE", "equivalent_word",
-           "WORDS_HELP"]
+           "WORDS_HELP", "verdict_cell"]
 
 BETTER, WORSE, INCONCLUSIVE = "better", "worse", "inconclusive"
 WORDS_HELP = {
@@ -247,3 +247,15 @@ class Family:
         return {"family": self.statement, "method": "holm", "size": self.size,
                 "tests": [{"key": list(k) if isinstance(k, tuple) else k, "p_raw": raw[k], "p_holm": adj[k]}
                           for k in self.tests]}
+
+
+def verdict_cell(summary: Mapping[str, Any], variant: str, metric: str,
+                 comparator: str | None = None) -> dict[str, Any] | None:
+    """The verdict cell of ``variant`` against ``comparator`` (None: the study's baseline) on ``metric`` in
+    a study's ``summary.json`` (``verdicts.cells``, or ``verdicts.also.<comparator>.cells``), or None."""
+    ver = summary.get("verdicts") or {}
+    if comparator in (None, ver.get("baseline")):
+        cells = ver.get("cells") or {}
+    else:
+        cells = ((ver.get("also") or {}).get(comparator) or {}).get("cells") or {}
+    return (cells.get(variant) or {}).get(metric)

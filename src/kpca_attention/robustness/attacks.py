@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from ..checks import check_choice, check_int, check_real
-from .common import eval_mode, model_device, topk_accuracy
+from .common import PGD_ALPHA, eval_mode, model_device, topk_accuracy
 
 METHODS: tuple[str, ...] = ("fgsm", "pgd", "cw", "spsa", "noise", "sld", "square", "autoattack")
 NORMS: dict[str, str] = {
@@ -134,7 +134,6 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "square": {"n_queries": 5000, "p_init": 0.8},
     "autoattack": {"norm": "Linf", "apgd_restarts": None},
 }
-PGD_ALPHA = 0.15  # the paper's PGD step, a fraction of eps
 #: the restarts of pyautoattack's untargeted APGD (APGD-CE, APGD-DLR) when ``apgd_restarts`` is not given:
 #: its "standard" and "rand" versions set 1, "plus" 5, and a custom list of attacks keeps the constructor's
 #: 5 - so ``attacks=["apgd-ce"]`` is APGD-CE with five restarts, at least as strong as the APGD-CE inside

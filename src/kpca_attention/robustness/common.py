@@ -1,5 +1,5 @@
 """Small pieces shared by the robustness suites: exact model-mode restoration, batched logits over
-a dataset, top-k accuracy."""
+a dataset, top-k accuracy, PGD's default step."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
+
+#: the paper's PGD step, a fraction of eps (both protocols: attacks.py in pixels, protocol.py normalised)
+PGD_ALPHA = 0.15
 
 
 @contextlib.contextmanager

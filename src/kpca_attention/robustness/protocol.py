@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .attacks import PGD_ALPHA
+from .common import PGD_ALPHA
 
 __all__ = ["PROTOCOLS", "LAB_METHODS", "check_protocol", "split_normalized", "lab_attack"]
 

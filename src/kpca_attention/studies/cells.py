@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .headline import verdict_cell
+from ..report.verdicts import verdict_cell
 
 __all__ = ["Grid", "GRIDS", "cells_markdown", "BEGIN", "END"]
 

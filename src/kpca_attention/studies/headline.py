@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..report.verdicts import verdict_cell
 from .rpc_seeds import SEED_CAP
 
-__all__ = ["Claim", "CLAIMS", "verdict_cell", "headline_markdown", "headline_plot", "update_results_doc",
+__all__ = ["Claim", "CLAIMS", "headline_markdown", "headline_plot", "update_results_doc",
            "BEGIN", "END"]
 
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
@@ -93,18 +94,6 @@ CLAIMS: tuple[Claim, ...] = (
         ("RVT's position-aware scaling", "rvt", "CVPR 2022", "corrupted top-1", "corrupted"),
         ("FAN", "fan", "ICML 2022", "corrupted top-1", "corrupted"))),
 )
-
-
-def verdict_cell(summary: dict[str, Any], variant: str, metric: str,
-                 comparator: str | None = None) -> dict[str, Any] | None:
-    """The verdict cell of ``variant`` against ``comparator`` (None: the study's baseline) on ``metric`` in
-    a study summary (``verdicts.cells``, or ``verdicts.also.<comparator>.cells``), or None."""
-    ver = summary.get("verdicts") or {}
-    if comparator in (None, ver.get("baseline")):
-        cells = ver.get("cells") or {}
-    else:
-        cells = ((ver.get("also") or {}).get(comparator) or {}).get("cells") or {}
-    return (cells.get(variant) or {}).get(metric)
 
 
 def _cell(summary: dict[str, Any], claim: Claim) -> tuple[dict[str, Any] | None, dict[str, Any]]:
