@@ -174,12 +174,16 @@ def test_a_study_s_copy_of_another_s_runs_is_listed_once(tmp_path, copy_committe
     assert all(r["name"].startswith("rpc-seeds/") for rows in both.values() for r in rows)
 
 
-def test_the_headline_table_of_docs_results_is_in_sync_with_results() -> None:
+@pytest.mark.parametrize(("what", "begin", "end", "render"), [
+    ("the headline table", BEGIN, END, headline_markdown),
+    ("the table of finished seeds", landed.BEGIN, landed.END, landed.landed_markdown),
+    ("the paired cells", cells.BEGIN, cells.END, cells.cells_markdown)])
+def test_the_generated_tables_of_docs_results_are_in_sync_with_results(what, begin, end, render) -> None:
     text = (REPO / "docs" / "results.md").read_text()
-    assert BEGIN in text and END in text
-    block = text.split(BEGIN, 1)[1].split(END, 1)[0]
-    assert block == "\n" + headline_markdown(REPO / "results"), \
-        "the headline table of docs/results.md is stale: run `kpca-attention leaderboard`"
+    assert begin in text and end in text
+    block = text.split(begin, 1)[1].split(end, 1)[0]
+    assert block == "\n" + render(REPO / "results"), \
+        f"{what} in docs/results.md is stale: run `kpca-attention leaderboard`"
 
 
 def test_headline_rows_come_from_the_verdict_cells(tmp_path) -> None:
@@ -217,14 +221,6 @@ def test_headline_rows_come_from_the_verdict_cells(tmp_path) -> None:
     assert update_results_doc(page, tmp_path) is False  # in sync: unchanged
     page.write_text("no markers\n")
     assert update_results_doc(page, tmp_path) is False and page.read_text() == "no markers\n"
-
-
-def test_the_landed_table_of_docs_results_is_in_sync_with_results() -> None:
-    text = (REPO / "docs" / "results.md").read_text()
-    assert landed.BEGIN in text and landed.END in text
-    block = text.split(landed.BEGIN, 1)[1].split(landed.END, 1)[0]
-    assert block == "\n" + landed.landed_markdown(REPO / "results"), \
-        "the table of finished seeds in docs/results.md is stale: run `kpca-attention leaderboard`"
 
 
 def test_landed_rows_count_finished_runs_their_machines_and_where_they_come_from(
@@ -299,14 +295,6 @@ def test_landed_rows_count_vector_instructions_within_each_kind_of_machine(tmp_p
     said = row.split("|")[5].strip()
     assert said == ("AMD EPYC (" + ", ".join(f"{c} {n}" for c, n in sorted(amd.items())) + "); "
                     "Intel(R) Xeon(R) Processor (AVX2 1)")
-
-
-def test_the_cells_tables_of_docs_results_are_in_sync_with_results() -> None:
-    text = (REPO / "docs" / "results.md").read_text()
-    assert cells.BEGIN in text and cells.END in text
-    block = text.split(cells.BEGIN, 1)[1].split(cells.END, 1)[0]
-    assert block == "\n" + cells.cells_markdown(REPO / "results"), \
-        "the paired cells in docs/results.md are stale: run `kpca-attention leaderboard`"
 
 
 def test_cells_rows_are_the_paired_differences_of_the_committed_seeds(tmp_path, copy_committed) -> None:
