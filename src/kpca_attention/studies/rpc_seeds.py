@@ -42,8 +42,9 @@ SEED_CAP = 16
 #: 8 at first; at eight the report's planning numbers put equivalence in the FGSM 8/255 cells at 9-10 seeds
 #: and the observed PGD 8/255 and FGSM 8/255 differences (RPC-SymViT below SymViT, the ViT above
 #: RPC-SymViT, every seed) at 12-14 seeds under Holm over the family (the clean cells decided, the
-#: corrupted ones past 16), so 14
-MAIN_SEEDS = tuple(range(14))
+#: corrupted ones past 16), so 14; at eleven pairs the PGD 8/255 difference of RPC-SymViT below SymViT
+#: (the paper's main comparison, lower in all eleven) needs 16 to be detected under Holm, so the cap
+MAIN_SEEDS = tuple(range(SEED_CAP))
 assert MIN_SEEDS <= len(MAIN_SEEDS) <= SEED_CAP
 #: the paper's lambda for PAP in the first layer (Sec. 4, Definition 1; the official README's too)
 PAPER_LAMBDA = 4.0
