@@ -151,27 +151,44 @@ def test_eps_sweep_plot_tells_twelve_models_apart(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("opts", [{}, {"version": "plus"}, {"version": "rand"}, {"attacks": ["apgd-ce"]},
-                                  {"attacks": ["apgd-ce", "square"], "apgd_restarts": 1}])
-def test_attack_settings_say_what_pyautoattack_runs(trained, opts):
-    """The words a report prints for AutoAttack are read off pyautoattack's own objects: the attacks,
-    APGD's iterations and restarts (5 for a custom list such as the studies' ["apgd-ce"], 1 in
-    "standard"), Square's queries and rand's EOT."""
-    model, *_ = trained
-    aa = A.build_autoattack(model, 0.1, 10, version=opts.get("version", "standard"),
+                                  {"attacks": ["apgd-ce", "square"], "apgd_restarts": 1},
+                                  {"attacks": ["fab", "apgd-t"]}, {"attacks": ["fab-t", "fab"]}])
+@pytest.mark.parametrize("n_classes", [10, 4])
+def test_attack_settings_say_what_pyautoattack_runs(trained, monkeypatch, opts, n_classes):
+    """The words a report prints for AutoAttack are what pyautoattack runs: every attack is caught as it
+    starts (its perturb replaced by a recorder that returns the images unchanged, so each one runs on every
+    image) and its iterations, restarts, EOT draws, target classes and queries are read off the object
+    then - in the order of the run. Covers the restarts pyautoattack changes itself: 5 for a custom list
+    such as the studies' ["apgd-ce"] and 1 in "standard", FAB-T's 1 left in place for a FAB after it, and
+    the target classes fitted to a model with fewer than ten classes."""
+    from pyautoattack.autopgd_base import APGDAttack, APGDAttack_targeted
+    from pyautoattack.fab_pt import FABAttack_PT
+    from pyautoattack.square import SquareAttack
+
+    def runs(a) -> str:
+        return f"{a.n_iter} iterations, {a.n_restarts} restart{'s' * (a.n_restarts != 1)}"
+
+    seen = []
+    said_by = {
+        APGDAttack: lambda a: f"APGD-{a.loss.upper()} ({runs(a)}"
+                              + (f", EOT {a.eot_iter})" if a.eot_iter > 1 else ")"),
+        APGDAttack_targeted: lambda a: f"APGD-T ({runs(a)}, {a.n_target_classes} target classes)",
+        FABAttack_PT: lambda a: (f"FAB-T ({runs(a)}, {a.n_target_classes} target classes)" if a.targeted
+                                 else f"FAB ({runs(a)})"),
+        SquareAttack: lambda a: f"Square ({a.n_queries} queries)",
+    }
+    for cls, words in said_by.items():
+        monkeypatch.setattr(cls, "perturb",
+                            lambda self, x, y=None, *a, _w=words, **k: seen.append(_w(self)) or x)
+    model, xt, yt, _ = trained
+    aa = A.build_autoattack(model, 0.1, n_classes, version=opts.get("version", "standard"),
                             attacks=opts.get("attacks"), apgd_restarts=opts.get("apgd_restarts"))
-    said = A.attack_settings("autoattack", opts)
+    aa.run_standard_evaluation(xt[:4], yt[:4], batch_size=4)
+    said = A.attack_settings("autoattack", opts, n_classes=n_classes)
     version = "custom" if "attacks" in opts else opts.get("version", "standard")
-    assert said.startswith(f"pyautoattack {version}, Linf: ")
-    listed = said.split(": ", 1)[1]
-    at = [listed.find(name.upper() if name != "square" else "Square") for name in aa.attacks_to_run]
-    assert -1 not in at and at == sorted(at), (said, aa.attacks_to_run)  # each attack run, in its order
-    assert len(listed.split(", ")) >= len(at) == len(set(at))
-    if "apgd-ce" in aa.attacks_to_run:
-        r = aa.apgd.n_restarts
-        assert f"APGD-CE ({aa.apgd.n_iter} iterations, {r} restart{'s' * (r != 1)}" in said
-    assert ("EOT 20" in said) == (aa.apgd.eot_iter == 20 and "apgd-ce" in aa.attacks_to_run)
-    if "square" in aa.attacks_to_run:
-        assert f"Square ({aa.square.n_queries} queries)" in said
+    assert said == f"pyautoattack {version}, Linf: " + ", ".join(seen)
+    unsure = A.attack_settings("autoattack", opts)  # the model's classes not given: "up to 9"
+    assert unsure == said.replace(f"{min(9, n_classes - 1)} target classes", "up to 9 target classes")
     assert A.attack_settings("pgd") == "20 steps of 0.15 eps, random start"
     assert A.attack_settings("square", {"n_queries": 1000}) == "1000 queries, p_init 0.8"
     with pytest.raises(ValueError, match="apgd_restarts"):

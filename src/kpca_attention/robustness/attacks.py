@@ -146,16 +146,24 @@ AUTOATTACK_VERSION_ATTACKS: dict[str, tuple[str, ...]] = {
     "rand": ("apgd-ce", "apgd-dlr"),
 }
 AUTOATTACK_RAND_EOT = 20  # "rand": expectation over 20 draws per gradient
-#: pyautoattack's other settings that :func:`attack_settings` names (its APGD iterations and Square's queries)
-AUTOATTACK_APGD_ITERATIONS = 100
+#: the restarts of pyautoattack's untargeted FAB (in "plus" and a custom list; "standard" runs only FAB-T,
+#: whose restarts pyautoattack sets to 1 per target class, as APGD-T's - and leaves at 1 for a FAB after it)
+AUTOATTACK_FAB_RESTARTS: dict[str, int] = {"standard": 1, "rand": 1, "plus": 5, "custom": 5}
+#: pyautoattack's other settings that :func:`attack_settings` names: the iterations of APGD and FAB, Square's
+#: queries, the target classes of APGD-T and FAB-T (at most; see ``_autoattack_targets``)
+AUTOATTACK_ITERATIONS = 100
 AUTOATTACK_SQUARE_QUERIES = 5000
+AUTOATTACK_TARGETS = 9
 
 
-def attack_settings(method: str, options: Mapping[str, Any] | None = None) -> str:
+def attack_settings(method: str, options: Mapping[str, Any] | None = None, *,
+                    n_classes: int | None = None) -> str:
     """What ``method`` runs with these options (the rest at :data:`DEFAULTS`), in words - for reports,
     so that a number can be lined up with a paper's protocol or RobustBench's: e.g. ``"20 steps of
     0.15 eps, random start"`` for PGD, ``"pyautoattack custom, Linf: APGD-CE (100 iterations, 5
-    restarts)"`` for ``autoattack`` with ``attacks=["apgd-ce"]``."""
+    restarts)"`` for ``autoattack`` with ``attacks=["apgd-ce"]``. ``n_classes`` (the model's) gives the
+    target count of AutoAttack's targeted attacks, :func:`build_autoattack`'s ``min(9, n_classes - 1)``;
+    without it they are said to use "up to 9"."""
     check_attack_options(method, 0.0, options or {})
     o = {**DEFAULTS[method], **(options or {})}
     if method == "pgd":
@@ -174,17 +182,32 @@ def attack_settings(method: str, options: Mapping[str, Any] | None = None) -> st
         return {"fgsm": "one signed-gradient step", "noise": "uniform noise"}[method]
     version = "custom" if "attacks" in o else o.get("version", "standard")
     restarts = o["apgd_restarts"] or AUTOATTACK_APGD_RESTARTS[version]
-    parts = []
+    targets = (f"{_autoattack_targets(n_classes)} target classes" if n_classes is not None
+               else f"up to {AUTOATTACK_TARGETS} target classes")
+
+    def runs(n: int) -> str:
+        return f"{AUTOATTACK_ITERATIONS} iterations, {n} restart{'s' * (n != 1)}"
+
+    parts, fab_restarts = [], AUTOATTACK_FAB_RESTARTS[version]
     for name in o.get("attacks") or AUTOATTACK_VERSION_ATTACKS[version]:
         if name in ("apgd-ce", "apgd-dlr"):
             eot = f", EOT {AUTOATTACK_RAND_EOT}" if version == "rand" else ""
-            parts.append(f"{name.upper()} ({AUTOATTACK_APGD_ITERATIONS} iterations, {restarts} "
-                         f"restart{'s' * (restarts != 1)}{eot})")
+            parts.append(f"{name.upper()} ({runs(restarts)}{eot})")
         elif name == "square":
             parts.append(f"Square ({AUTOATTACK_SQUARE_QUERIES} queries)")
-        else:
-            parts.append(name.upper())
+        elif name == "fab":
+            parts.append(f"FAB ({runs(fab_restarts)})")
+        else:  # apgd-t, fab-t: one restart per target class
+            parts.append(f"{name.upper()} ({runs(1)}, {targets})")
+            if name == "fab-t":  # pyautoattack sets FAB's restarts to 1 for FAB-T and leaves them there
+                fab_restarts = 1
     return f"pyautoattack {version}, {o['norm']}: " + ", ".join(parts)
+
+
+def _autoattack_targets(n_classes: int) -> int:
+    """The target classes of AutoAttack's targeted attacks for a model with ``n_classes`` outputs:
+    pyautoattack's 9 (CIFAR-10, ImageNet), fewer when there are not that many other classes."""
+    return min(AUTOATTACK_TARGETS, n_classes - 1)
 
 
 def _check_method(method: Any) -> None:
@@ -344,8 +367,7 @@ def build_autoattack(
         aa = AutoAttack(model, eps=eps, norm=norm, version=version, device=device, seed=seed)
     # pyautoattack sets 9 target classes (right for CIFAR-10 and ImageNet); with fewer classes its
     # targeted attacks would ask for targets that do not exist.
-    aa.apgd_targeted.n_target_classes = min(9, n_classes - 1)
-    aa.fab.n_target_classes = min(9, n_classes - 1)
+    aa.apgd_targeted.n_target_classes = aa.fab.n_target_classes = _autoattack_targets(n_classes)
     if apgd_restarts is not None:
         aa.apgd.n_restarts = apgd_restarts
     aa.verbose = False

@@ -63,14 +63,29 @@ def _eps_text(norm: str, label: str) -> str:
     return f"{float(label) / 255:.3g}"
 
 
-def _threats(settings: Mapping[str, Any], items: Mapping[str, Any]) -> dict[tuple, dict[str, Any]]:
-    """``{threat key: {"robust": bits, "clean": bits, "attacks": [...], "left_out": [...]}}`` of one run."""
+def _n_classes(dataset: str | None) -> int | None:
+    """The classes of a known image dataset (None when it is not known or depends on a folder)."""
+    from ..data.images import dataset_info
+
+    if dataset is None:
+        return None
+    try:
+        return dataset_info(dataset).num_classes or None
+    except ValueError:
+        return None
+
+
+def _threats(settings: Mapping[str, Any], items: Mapping[str, Any],
+             n_classes: int | None = None) -> dict[tuple, dict[str, Any]]:
+    """``{threat key: {"robust": bits, "clean": bits, "attacks": [...], "left_out": [...]}}`` of one run
+    (``n_classes``: the model's, for the target count of AutoAttack's targeted attacks)."""
     from ..robustness.attacks import attack_settings
     from ..tasks.classification.suites import attack_name
 
     attacks = settings["suites"].get("attacks", [])
     methods = {attack_name(a): a["method"] for a in attacks}
-    described = {attack_name(a): attack_settings(a["method"], a.get("options")) for a in attacks}
+    described = {attack_name(a): attack_settings(a["method"], a.get("options"), n_classes=n_classes)
+                 for a in attacks}
     out: dict[tuple, dict[str, Any]] = {}
     groups: dict[tuple, list[tuple[str, np.ndarray]]] = {}
     for item, r in items.items():
@@ -87,7 +102,7 @@ def _threats(settings: Mapping[str, Any], items: Mapping[str, Any]) -> dict[tupl
             version, norm = parts[1].split("-", 1)
             key = (norm, _eps_text(norm, parts[2]), "pixel", f"AutoAttack {version}")
             out[key] = {"robust": _bits(r), "clean": _bits(items["autoattack/clean"]), "attacks": [parts[1]],
-                        "left_out": [], "settings": _autoattack_settings(version, norm)}
+                        "left_out": [], "settings": _autoattack_settings(version, norm, n_classes)}
     for (norm, label, protocol), runs in groups.items():
         n = max(len(b) for _, b in runs)
         used = sorted(a for a, b in runs if len(b) == n)
@@ -104,10 +119,10 @@ def _threats(settings: Mapping[str, Any], items: Mapping[str, Any]) -> dict[tupl
     return out
 
 
-def _autoattack_settings(version: str, norm: str) -> str:
+def _autoattack_settings(version: str, norm: str, n_classes: int | None) -> str:
     from ..robustness.attacks import attack_settings
 
-    return attack_settings("autoattack", {"version": version, "norm": norm})
+    return attack_settings("autoattack", {"version": version, "norm": norm}, n_classes=n_classes)
 
 
 def _split_by_settings(tables: dict[tuple, list[dict[str, Any]]]) -> dict[tuple, list[dict[str, Any]]]:
@@ -197,7 +212,7 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
                 dataset = dataset or next((k["train"]["dataset"] for k in keys if "train" in k), None)
                 if _missing(settings, items, int(m.group(1))):
                     continue  # a run in progress: left out until it has every item
-                for key, th in _threats(settings, items).items():
+                for key, th in _threats(settings, items, _n_classes(dataset)).items():
                     runs.setdefault(key, {})[int(m.group(1))] = th
             for key, per_seed in runs.items():
                 seeds = sorted(per_seed)
@@ -241,8 +256,8 @@ def _benchmarks(folder: Path, tables: dict[tuple, list[dict[str, Any]]]) -> None
             "seeds": [int(m.group(1))] if m else [], "clean_acc": float(r["clean_acc"]),
             "robust_acc": float(r[field]), "robust_acc_interval": r[f"{field}_interval"],
             "interval": f"{'Wilson' if aa else 'bootstrap'}, {r['n']} images", "n": r["n"],
-            "attacks": [], "attack_settings": _autoattack_settings(r.get("version", "standard"),
-                                                                   r["threat_model"]) if aa else "",
+            "attacks": [], "attack_settings": _autoattack_settings(
+                r.get("version", "standard"), r["threat_model"], _n_classes(r["dataset"])) if aa else "",
             "left_out": [], "reported": False})
 
 
