@@ -146,8 +146,7 @@ AUTOATTACK_VERSION_ATTACKS: dict[str, tuple[str, ...]] = {
     "rand": ("apgd-ce", "apgd-dlr"),
 }
 AUTOATTACK_RAND_EOT = 20  # "rand": expectation over 20 draws per gradient
-#: the restarts of pyautoattack's untargeted FAB (in "plus" and a custom list; "standard" runs only FAB-T,
-#: whose restarts pyautoattack sets to 1 per target class, as APGD-T's - and leaves at 1 for a FAB after it)
+#: the restarts of pyautoattack's untargeted FAB ("standard" runs FAB-T: 1, which stays for a FAB after it)
 AUTOATTACK_FAB_RESTARTS: dict[str, int] = {"standard": 1, "rand": 1, "plus": 5, "custom": 5}
 #: pyautoattack's other settings that :func:`attack_settings` names: the iterations of APGD and FAB, Square's
 #: queries, the target classes of APGD-T and FAB-T (at most; see ``_autoattack_targets``)
@@ -205,8 +204,7 @@ def attack_settings(method: str, options: Mapping[str, Any] | None = None, *,
 
 
 def _autoattack_targets(n_classes: int) -> int:
-    """The target classes of AutoAttack's targeted attacks for a model with ``n_classes`` outputs:
-    pyautoattack's 9 (CIFAR-10, ImageNet), fewer when there are not that many other classes."""
+    """The targets of APGD-T and FAB-T: pyautoattack's 9, fewer when there are not that many other classes."""
     return min(AUTOATTACK_TARGETS, n_classes - 1)
 
 
