@@ -13,7 +13,17 @@ import pytest
 
 from kpca_attention.io import read_json, write_json_atomic
 from kpca_attention.report.study import write_study_report
-from kpca_attention.report.verdicts import BETTER, INCONCLUSIVE, Family, equivalent_word
+from kpca_attention.report.verdicts import (
+    BETTER,
+    INCONCLUSIVE,
+    INTERIM_NOTE,
+    Family,
+    decided_word,
+    equivalent_word,
+    interim_note,
+    planned_pairs,
+    planned_seeds,
+)
 from kpca_attention.robustness.store import ResultStore
 from kpca_attention.studies.language import quick_language_study
 from kpca_attention.studies.margins import (
@@ -137,6 +147,41 @@ def test_old_settings_without_margins_still_report(study_dir: Path) -> None:
     assert lm["tost_p"] is None and lm["seeds_needed"] is None and lm["mde"] > 0
 
 
+def test_a_verdict_before_the_planned_seeds_is_marked_interim(study_dir: Path) -> None:
+    """The study plans seven seeds and six have landed: every cell carries its planned pairs, the decided
+    cells say they are interim in the report, the headline's words and the docs' cells, and the words
+    themselves are the engine's. With the plan met (six planned) nothing says interim."""
+    settings = read_json(study_dir / "settings.json")
+    settings["seeds"] = [*SEEDS, 6]
+    write_json_atomic(study_dir / "settings.json", settings)
+    report = write_study_report(study_dir).read_text()
+    cells = read_json(study_dir / "summary.json")["verdicts"]["cells"]
+    better = cells["rpc_symlm"]["ppl/test"]
+    assert better["word"] == BETTER and better["n"] == 6 and better["planned"] == 7
+    assert decided_word(better) == "better (interim: 6 of 7 planned seeds)"
+    same = cells["lm"]["ppl/test"]
+    assert decided_word(same) == "equivalent (within +-1.1; interim: 6 of 7 planned seeds)"
+    assert "| RPC-Symlm | 6 of 7 planned |" in report
+    assert "| better (interim: 6 of 7 planned seeds) |" in report and INTERIM_NOTE in report
+    settings["seeds"] = SEEDS
+    write_json_atomic(study_dir / "settings.json", settings)
+    report = write_study_report(study_dir).read_text()
+    cells = read_json(study_dir / "summary.json")["verdicts"]["cells"]
+    met = cells["rpc_symlm"]["ppl/test"]
+    assert met["planned"] == 6 and interim_note(met) is None
+    assert "interim" not in report and decided_word(cells["lm"]["ppl/test"]) == equivalent_word(1.1)
+
+
+def test_planned_pairs_follow_the_variants_seeds_sources_and_the_metric_s_suite() -> None:
+    settings = {"seeds": [0, 1, 2, 3], "variants": [
+        {"slug": "base"}, {"slug": "few", "seeds": [0, 1]}, {"slug": "taken", "source": {"kind": "hf"}}]}
+    assert planned_seeds(settings, "base") == {0, 1, 2, 3} and planned_seeds(settings, "few") == {0, 1}
+    assert planned_seeds(settings, "taken") == {0}
+    assert planned_pairs(settings, "few", "base") == 2 and planned_pairs(settings, "base", "base") == 4
+    assert planned_pairs(settings, "base", "few", metric_seeds=[1, 3]) == 1  # an attack on some seeds only
+    assert planned_pairs(settings, "taken", "base") == 1
+
+
 def test_a_variant_on_one_seed_is_inconclusive_and_outside_the_family(study_dir: Path) -> None:
     for f in (study_dir / "results").glob("lm-s*.json"):
         if f.name != "lm-s0.json":
@@ -209,3 +254,18 @@ def test_two_seeds_report_and_power_at_one_degree_of_freedom(study_dir: Path) ->
     cells = read_json(study_dir / "summary.json")["verdicts"]["cells"]
     assert all(c["n"] == 2 and c["mde"] is not None and c["mde"] > 0 for per in cells.values()
                for c in per.values())
+
+
+def test_an_attack_on_the_first_seed_only_plans_one_pair() -> None:
+    """rpc-seeds runs CW and SPSA on its first seed only: their cells plan one pair (never interim), the
+    attacks on every seed plan the study's seeds."""
+    from kpca_attention.studies.rpc_seeds import rpc_seeds_study
+    from kpca_attention.tasks.classification.report import ClassificationSections
+
+    settings = rpc_seeds_study().to_dict()
+    sec = ClassificationSections(settings, "images_per_s")
+    assert sec.metric_seeds("cw@127.5") == (0,) == sec.metric_seeds("spsa@4")
+    assert sec.metric_seeds("pgd@8") is None and sec.metric_seeds("clean") is None
+    assert planned_pairs(settings, "rpc_official", "symvit", sec.metric_seeds("cw@255")) == 1
+    assert planned_pairs(settings, "rpc_official", "symvit") == len(settings["seeds"]) == 16
+    assert planned_pairs(settings, "rpc_all2_l3", "symvit") == 3

@@ -34,7 +34,7 @@ from ..tasks.base import SeedMetric, StudySections
 from ..tasks.classification.suites import structure_items
 from .board import leaderboard_lines
 from .forest import forest_plot
-from .verdicts import WORDS_HELP, Family, Verdict
+from .verdicts import INTERIM_NOTE, WORDS_HELP, Family, Verdict, planned_pairs
 
 __all__ = ["read_settings", "reused_runs", "machine_counts", "load_runs", "load_study_results",
            "write_study_report", "regenerate_lines",
@@ -361,10 +361,12 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
                 if comp in settings.get("also_against", []) else
                 f" A single comparison the study declares (pairs): {', '.join(label[v] for v in variants)} "
                 f"against {label[comp]}."), ""]
+    planned = {(m.key, s): planned_pairs(settings, s, comp, m.seeds) for m in metrics for s in variants}
     rows = []
     for s in variants:
         n = max((len(seeds[(m.key, s)]) for m in metrics if (m.key, s) in seeds), default=0)
-        row = {"variant": label[s], "seeds": str(n)}
+        most = max((planned[(m.key, s)] for m in metrics), default=0)
+        row = {"variant": label[s], "seeds": str(n) if n >= most else f"{n} of {most} planned"}
         for m in metrics:
             if (m.key, s) in ver:
                 row[m.key] = _cell(ver[(m.key, s)])
@@ -413,7 +415,8 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
                       "tost_p": fmt_p(v.tost_p), "mde": fmt_num(v.mde),
                       "need": "-" if v.margin is None else str(v.seeds_needed or "> 1000"),
                       "detect": "-" if not v.mean else str(v.seeds_to_detect or "> 1000"),
-                      "word": v.word})
+                      "word": v.word + (f" (interim: {v.n} of {planned[(k, s)]} planned seeds)"
+                                        if v.n < planned[(k, s)] else "")})
     if drows:
         lines += ["Details of every test over >= 2 seeds: paired t p raw and Holm-adjusted over the family; "
                   "TOST against the margin (90 % interval); MDE: the difference the paired t test detects "
@@ -421,7 +424,7 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
                   "within the margin with 80 % power if the true difference is 0 (same SD); seeds to detect: "
                   "for the paired t test at the level of Holm's first step over the family (alpha / family "
                   "size) to detect the observed mean difference with 80 % power if it is the true one (same "
-                  "SD).", "",
+                  "SD)." + (INTERIM_NOTE if any("interim" in r["word"] for r in drows) else ""), "",
                   markdown_table(drows, {"variant": "variant", "metric": "metric", "n": "n", "mean": "mean",
                                          "ci": "95 % CI", "p": "p", "holm": "p Holm", "margin": "margin",
                                          "tost_ci": "90 % CI", "tost_p": "TOST p", "mde": "MDE 80 %",
@@ -441,8 +444,8 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
                      if any(m.unit != main_unit for m in metrics) else "")
                   + "thin line: 95 % interval, thick: 90 % TOST interval, grey band: the margin):", ""]
         lines += [f"![{p.stem}]({p.name})\n" for p in plots]
-    cells = {s: {k: {"seeds": seeds[(k, s2)], **v.to_dict()} for (k, s2), v in ver.items() if s2 == s}
-             for s in variants}
+    cells = {s: {k: {"seeds": seeds[(k, s2)], "planned": planned[(k, s2)], **v.to_dict()}
+                 for (k, s2), v in ver.items() if s2 == s} for s in variants}
     return lines, cells, [p.name for p in plots]
 
 

@@ -34,7 +34,8 @@ from ..checks import check_int, check_real
 from .stats import holm, mde_paired, seed_test, seeds_to_detect, seeds_to_exclude, tost
 
 __all__ = ["Verdict", "verdict", "Family", "BETTER", "WORSE", "INCONCLUSIVE", "equivalent_word",
-           "WORDS_HELP", "verdict_cell"]
+           "WORDS_HELP", "verdict_cell", "planned_seeds", "planned_pairs", "INTERIM_NOTE", "decided_word",
+           "interim_note"]
 
 BETTER, WORSE, INCONCLUSIVE = "better", "worse", "inconclusive"
 WORDS_HELP = {
@@ -247,6 +248,43 @@ class Family:
         return {"family": self.statement, "method": "holm", "size": self.size,
                 "tests": [{"key": list(k) if isinstance(k, tuple) else k, "p_raw": raw[k], "p_holm": adj[k]}
                           for k in self.tests]}
+
+
+INTERIM_NOTE = (" A verdict on fewer paired seeds than the study plans is interim: it is computed again as "
+                "each seed lands, and its error rates (docs/verdicts.md) are those of the verdict read at "
+                "the planned seeds, not of every look along the way.")
+
+
+def planned_seeds(settings: Mapping[str, Any], slug: str) -> set[int]:
+    """The seeds the study definition plans for a variant: its own list, else the study's (the first only
+    for a variant that evaluates an existing model)."""
+    v = next((v for v in settings.get("variants", []) if v["slug"] == slug), {})
+    seeds = settings.get("seeds", [])
+    return set(seeds[:1] if v.get("source") else v.get("seeds") or seeds)
+
+
+def planned_pairs(settings: Mapping[str, Any], slug: str, comparator: str,
+                  metric_seeds: Sequence[int] | None = None) -> int:
+    """How many paired seeds a study's ``settings`` plan for ``slug`` against ``comparator`` (on a metric
+    evaluated on ``metric_seeds`` only, if given): a verdict on fewer is interim."""
+    both = planned_seeds(settings, slug) & planned_seeds(settings, comparator)
+    return len(both if metric_seeds is None else both & set(metric_seeds))
+
+
+def interim_note(cell: Mapping[str, Any]) -> str | None:
+    """``"interim: 12 of 16 planned seeds"`` for a summary cell on fewer paired seeds than its study plans
+    (None when the planned seeds are in, or the summary predates the field)."""
+    n, planned = cell["n"], cell.get("planned")
+    return None if planned is None or n >= planned else f"interim: {n} of {planned} planned seeds"
+
+
+def decided_word(cell: Mapping[str, Any]) -> str:
+    """A summary cell's verdict word with its :func:`interim_note`: ``"worse (interim: 12 of 16 planned
+    seeds)"``, ``"equivalent (within +-0.5; interim: 12 of 16 planned seeds)"``."""
+    word, note = cell["word"], interim_note(cell)
+    if note is None:
+        return word
+    return f"{word[:-1]}; {note})" if word.endswith(")") else f"{word} ({note})"
 
 
 def verdict_cell(summary: Mapping[str, Any], variant: str, metric: str,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..report.verdicts import verdict_cell
+from ..report.verdicts import interim_note, verdict_cell
 
 __all__ = ["Grid", "GRIDS", "cells_markdown", "BEGIN", "END"]
 
@@ -70,7 +70,8 @@ def _cell_text(cell: dict[str, Any] | None) -> str:
     text += f" ({cell['ci'][0]:+.2f}, {cell['ci'][1]:+.2f}) "
     word = cell["word"]
     if word != "inconclusive":
-        return text + f"**{word}**"
+        note = interim_note(cell)
+        return text + f"**{word}**" + (f" ({note})" if note else "")
     p_raw, p_holm = cell.get("p_raw"), cell.get("p_holm")
     if p_raw is not None and p_raw < 0.05 and p_holm is not None:
         return text + f"inconclusive (raw p {_p(p_raw)}, Holm {_p(p_holm)})"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..report.verdicts import verdict_cell
+from ..report.verdicts import decided_word, verdict_cell
 from .rpc_seeds import SEED_CAP
 
 __all__ = ["Claim", "CLAIMS", "headline_markdown", "headline_plot", "update_results_doc",
@@ -149,6 +149,8 @@ def _row(claim: Claim, cell: dict[str, Any] | None, meta: dict[str, Any]) -> lis
         word += f" ({cell['n']} seed: no test yet)" if cell["n"] == 1 else f" ({cell.get('reason', '')})"
     elif word == "inconclusive":
         word += f" ({_plan(cell)})"
+    else:
+        word = decided_word(cell)
     margin = "-" if cell.get("margin") is None else f"+-{cell['margin']:g}"
     return [*what, f"`{claim.study}`, {cell['n']} seed{'s' * (cell['n'] != 1)}",
             f"{diff} {unit}".rstrip(), margin, word]

@@ -241,13 +241,15 @@ Runs = dict[str, dict[int, dict[str, Any]]]
 class SeedMetric:
     """One seed-level metric of a study's verdicts: ``values`` ``{slug: {seed: value}}`` in ``unit``
     (e.g. top-1 in percent, so that differences are in percentage points), the good direction, and the
-    metric's key (the key of a declared margin) and column title."""
+    metric's key (the key of a declared margin) and column title. ``seeds``: the only seeds the study
+    evaluates this metric on (an expensive attack on the first seed), None for every seed trained."""
 
     key: str
     title: str
     unit: str
     higher_is_better: bool
     values: dict[str, dict[int, float]]
+    seeds: tuple[int, ...] | None = None
 
 
 class StudySections(ABC):
@@ -346,8 +348,13 @@ class StudySections(ABC):
         for k in self.keys_:
             vals = {s: {sd: self.verdict_scale * float(m[k]) for sd, m in sorted(self.met[s].items())
                         if m.get(k) is not None and math.isfinite(m[k])} for s in self.slugs}
-            out.append(SeedMetric(k, self.title(k), self.verdict_unit, self.higher_is_better, vals))
+            out.append(SeedMetric(k, self.title(k), self.verdict_unit, self.higher_is_better, vals,
+                                  self.metric_seeds(k)))
         return out
+
+    def metric_seeds(self, key: str) -> tuple[int, ...] | None:
+        """The only seeds the study's suites evaluate metric ``key`` on (None: every seed trained)."""
+        return None
 
     def evaluation(self) -> str:
         """The sentence saying what was evaluated and how."""

@@ -229,6 +229,12 @@ class ClassificationSections(StudySections):
                                   False, mce))
         return out
 
+    def metric_seeds(self, key: str) -> tuple[int, ...] | None:
+        """An attack's metric (``<attack>@<eps>``) on the seeds its suite names, if it names any."""
+        name = key.split("@", 1)[0] if "@" in key else None
+        return next((tuple(a["seeds"]) for a in self.settings["suites"].get("attacks", [])
+                     if a.get("seeds") and _attack_name(a) == name), None)
+
     def extra_columns(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         if not any("mCE" in r for r in rows):
             return {}
