@@ -140,6 +140,17 @@ def test_zoo_report_two_comparators_margins_and_leaderboard(zoo_dir: Path) -> No
     assert lb["plot"] == {"x": "ppl/valid", "y": "ppl/test", "file": "leaderboard.png"}
     assert (zoo_dir / "leaderboard.png").stat().st_size > 10000
     assert report.index("## Leaderboard") < report.index("## Verdicts over seeds against LM")
+    # a fifth seed planned and not landed: the leaderboard's rows and decided words say so
+    settings = read_json(zoo_dir / "settings.json")
+    settings["seeds"] = [*SEEDS, 4]
+    write_json_atomic(zoo_dir / "settings.json", settings)
+    report = write_study_report(zoo_dir).read_text()
+    v = want[("ppl/test", "rpc_symlm", "lm")]
+    assert "| RPC-Symlm | 4 of 5 planned | " in report and "| LM (asymmetric) | 4 of 5 planned | " in report
+    assert f"{v.mean:+.2f} ({v.ci[0]:+.2f}, {v.ci[1]:+.2f}) better (interim: 4 of 5 planned seeds); m +-5" \
+        in report
+    rows = read_json(zoo_dir / "summary.json")["leaderboard"]["rows"]
+    assert rows["kde"]["ppl/test"]["diff"]["planned"] == 5
 
 
 def test_the_zoo_declares_each_papers_own_gain() -> None:

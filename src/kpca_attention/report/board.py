@@ -19,19 +19,21 @@ import numpy as np
 from ..plotting import new_figure, save_figure
 from ..tables import fmt_pm, markdown_table
 from ..tasks.base import SeedMetric, StudySections
-from .verdicts import Verdict
+from .verdicts import INCONCLUSIVE, Verdict, decided_word, planned_pairs, planned_seeds
 
 __all__ = ["leaderboard_lines", "leaderboard_plot", "diff_cell"]
 
 
-def diff_cell(v: Verdict | None) -> str:
-    """A leaderboard's paired-difference cell: ``mean (low, high) word; margin`` (``-`` for none)."""
+def diff_cell(v: Verdict | None, planned: int | None = None) -> str:
+    """A leaderboard's paired-difference cell: ``mean (low, high) word; margin`` (``-`` for none); a
+    decided word on fewer than the ``planned`` paired seeds says it is interim (:func:`.decided_word`)."""
     if v is None:
         return "-"
     interval = f" ({v.ci[0]:+.2f}, {v.ci[1]:+.2f})" if v.ci is not None else f" ({v.n} seed)"
     margin = f"m +-{v.margin:g}" if v.margin is not None else "no margin"
     mean = "-" if v.mean is None else f"{v.mean:+.2f}"
-    return f"{mean}{interval} {v.word}; {margin}"
+    word = v.word if v.word == INCONCLUSIVE else decided_word({"word": v.word, "n": v.n, "planned": planned})
+    return f"{mean}{interval} {word}; {margin}"
 
 
 def _stats(values: Mapping[int, float]) -> dict[str, Any]:
@@ -57,15 +59,18 @@ def leaderboard_lines(out: Path, sec: StudySections, verdicts: Mapping[tuple[str
     for s in sec.slugs:
         row: dict[str, str] = {"variant": label[s]}
         data[s] = {}
+        planned = {k: planned_pairs(sec.settings, s, base, metrics[k].seeds) for k in keys}
         for k in keys:
             st = _stats(metrics[k].values.get(s, {}))
             v = verdicts.get((k, s)) if s != base else None
             row[k] = fmt_pm(list(metrics[k].values.get(s, {}).values()), scale=1, digits=2)
-            row["d:" + k] = "baseline" if s == base else diff_cell(v)
+            row["d:" + k] = "baseline" if s == base else diff_cell(v, planned[k])
             data[s][k] = {**st, "diff": None if v is None else {
                 "mean": v.mean, "ci": None if v.ci is None else list(v.ci), "word": v.word,
-                "margin": v.margin, "n": v.n}}
-        row["seeds"] = str(max((data[s][k]["n"] for k in keys), default=0))
+                "margin": v.margin, "n": v.n, "planned": planned[k]}}
+        n = max((data[s][k]["n"] for k in keys), default=0)
+        most = len(planned_seeds(sec.settings, s)) if s == base else max(planned.values(), default=0)
+        row["seeds"] = str(n) if n >= most else f"{n} of {most} planned"
         rows.append(row)
     unit = metrics[keys[0]].unit
     cols = {"variant": "variant", "seeds": "seeds", **{k: metrics[k].title for k in keys},
