@@ -34,7 +34,7 @@ from ..tasks.base import SeedMetric, StudySections
 from ..tasks.classification.suites import structure_items
 from .board import leaderboard_lines
 from .forest import forest_plot
-from .verdicts import INTERIM_NOTE, WORDS_HELP, Family, Verdict, planned_pairs
+from .verdicts import INTERIM_NOTE, WORDS_HELP, Family, Verdict, decided_word, planned_pairs
 
 __all__ = ["read_settings", "reused_runs", "machine_counts", "load_runs", "load_study_results",
            "write_study_report", "regenerate_lines",
@@ -415,8 +415,7 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
                       "tost_p": fmt_p(v.tost_p), "mde": fmt_num(v.mde),
                       "need": "-" if v.margin is None else str(v.seeds_needed or "> 1000"),
                       "detect": "-" if not v.mean else str(v.seeds_to_detect or "> 1000"),
-                      "word": v.word + (f" (interim: {v.n} of {planned[(k, s)]} planned seeds)"
-                                        if v.n < planned[(k, s)] else "")})
+                      "word": decided_word({"word": v.word, "n": v.n, "planned": planned[(k, s)]})})
     if drows:
         lines += ["Details of every test over >= 2 seeds: paired t p raw and Holm-adjusted over the family; "
                   "TOST against the margin (90 % interval); MDE: the difference the paired t test detects "
