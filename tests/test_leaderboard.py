@@ -361,3 +361,10 @@ def test_the_headline_plot_cuts_intervals_at_its_edge_without_reversing_them(tmp
     headline_plot(tmp_path / "h.png", tmp_path)
     (label, v), = drawn
     assert "cut at +-6" in label and v.mean == -6.0 and v.ci == (-6.0, -6.0) and v.tost_ci == (-6.0, -6.0)
+    assert "interim" not in label  # the summary predates the planned seeds: nothing to compare with
+    drawn.clear()
+    cell["planned"] = 16  # eight of sixteen planned: the row's label says the word is interim
+    (tmp_path / "rpc-seeds" / "summary.json").write_text(json.dumps(summary))
+    headline_plot(tmp_path / "h.png", tmp_path)
+    (label, _), = drawn
+    assert label.endswith("(cut at +-6) (interim)")

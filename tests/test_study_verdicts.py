@@ -147,10 +147,16 @@ def test_old_settings_without_margins_still_report(study_dir: Path) -> None:
     assert lm["tost_p"] is None and lm["seeds_needed"] is None and lm["mde"] > 0
 
 
-def test_a_verdict_before_the_planned_seeds_is_marked_interim(study_dir: Path) -> None:
+def test_a_verdict_before_the_planned_seeds_is_marked_interim(study_dir: Path, monkeypatch) -> None:
     """The study plans seven seeds and six have landed: every cell carries its planned pairs, the decided
-    cells say they are interim in the report, the headline's words and the docs' cells, and the words
-    themselves are the engine's. With the plan met (six planned) nothing says interim."""
+    cells say they are interim in the report, its forest plots' titles, the headline's words and the docs'
+    cells, and the words themselves are the engine's. With the plan met (six planned) nothing says interim."""
+    import kpca_attention.report.study as study_report
+
+    titles: list[str] = []
+    draw = study_report.forest_plot
+    monkeypatch.setattr(study_report, "forest_plot",
+                        lambda rows, path, title, unit: titles.append(title) or draw(rows, path, title, unit))
     settings = read_json(study_dir / "settings.json")
     settings["seeds"] = [*SEEDS, 6]
     write_json_atomic(study_dir / "settings.json", settings)
@@ -163,6 +169,8 @@ def test_a_verdict_before_the_planned_seeds_is_marked_interim(study_dir: Path) -
     assert decided_word(same) == "equivalent (within +-1.1; interim: 6 of 7 planned seeds)"
     assert "| RPC-Symlm | 6 of 7 planned |" in report
     assert "| better (interim: 6 of 7 planned seeds) |" in report and INTERIM_NOTE in report
+    assert titles and all(t.endswith("over 6 seeds (interim: 6 of 7 planned seeds)") for t in titles)
+    titles.clear()
     settings["seeds"] = SEEDS
     write_json_atomic(study_dir / "settings.json", settings)
     report = write_study_report(study_dir).read_text()
@@ -170,6 +178,7 @@ def test_a_verdict_before_the_planned_seeds_is_marked_interim(study_dir: Path) -
     met = cells["rpc_symlm"]["ppl/test"]
     assert met["planned"] == 6 and interim_note(met) is None
     assert "interim" not in report and decided_word(cells["lm"]["ppl/test"]) == equivalent_word(1.1)
+    assert titles and all(t.endswith("over 6 seeds") for t in titles)
 
 
 def test_planned_pairs_follow_the_variants_seeds_sources_and_the_metric_s_suite() -> None:

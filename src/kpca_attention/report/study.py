@@ -34,7 +34,7 @@ from ..tasks.base import SeedMetric, StudySections
 from ..tasks.classification.suites import structure_items
 from .board import leaderboard_lines
 from .forest import forest_plot
-from .verdicts import INTERIM_NOTE, WORDS_HELP, Family, Verdict, decided_word, planned_pairs
+from .verdicts import INTERIM_NOTE, WORDS_HELP, Family, Verdict, decided_word, interim_note, planned_pairs
 
 __all__ = ["read_settings", "reused_runs", "machine_counts", "load_runs", "load_study_results",
            "write_study_report", "regenerate_lines",
@@ -434,9 +434,11 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
         prow = [(m.title, ver[(m.key, s)]) for m in metrics if m.unit == main_unit and (m.key, s) in ver]
         if any(v.ci is not None for _, v in prow):
             n = max(v.n for _, v in prow)
+            note = interim_note({"n": n, "planned": max(planned[(m.key, s)] for m in metrics
+                                                         if m.unit == main_unit and (m.key, s) in ver)})
             name = f"forest_{s}.png" if first else f"forest_{s}_vs_{comp}.png"
-            plots.append(forest_plot(prow, out / name, f"{label[s]} - {label[comp]} over {n} seeds",
-                                     main_unit))
+            plots.append(forest_plot(prow, out / name, f"{label[s]} - {label[comp]} over {n} seeds"
+                                     + (f" ({note})" if note else ""), main_unit))
     if plots:
         lines += ["Forest plots (one per comparison with >= 2 paired seeds; "
                   + (f"{', '.join(m.title for m in metrics if m.unit != main_unit)} in the table only; "

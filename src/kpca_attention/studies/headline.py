@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..report.verdicts import decided_word, verdict_cell
+from ..report.verdicts import decided_word, interim_note, verdict_cell
 from .rpc_seeds import SEED_CAP
 
 __all__ = ["Claim", "CLAIMS", "headline_markdown", "headline_plot", "update_results_doc",
@@ -194,7 +194,8 @@ def headline_plot(path: str | os.PathLike, results: str | os.PathLike = "results
             return None if pair is None else clip_interval(pair[0] * k, pair[1] * k)
 
         label = (f"{claim.variant} - {comparator}, {meta.get('title', claim.metric)}"
-                 + (f" (cut at +-{_CLIP:g})" if clipped else ""))
+                 + (f" (cut at +-{_CLIP:g})" if clipped else "")
+                 + (" (interim)" if interim_note(cell) else ""))
         mean = max(-_CLIP, min(_CLIP, cell["mean"] * k))
         rows.append((label, Verdict(
             word=cell["word"], mean=mean, ci=scaled(cell["ci"]), p_raw=cell.get("p_raw"),
