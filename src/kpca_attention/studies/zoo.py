@@ -10,7 +10,8 @@ validation, its recipe and its suites: clean; 15 corruptions x 5 severities with
 1, 2, 4, 8 / 255; APGD-CE and Square at 4/255; SPSA and CW on seed 0). SymViT, ViT and RPC-SymViT are
 the same variants with the same settings as in ``rpc-seeds``: their results are taken from there
 (identical keys) instead of being trained again. Every mechanism at its paper's defaults (asymmetric,
-as their papers train them), 3 seeds.
+as their papers train them), 8 seeds (:data:`ZOO_SEEDS`: 3 at first, as the family issue asked; raised to
+the verdicts issue's minimum for a main answer when three seeds left every cell undecided).
 
 Margins (studies/margins.py, ZOO_MARGINS; docs/verdicts.md has the table of sources): each mechanism's
 OWN paper's reported gain, per (variant, metric); a mechanism whose numbers could not be found has none.
@@ -31,12 +32,22 @@ from .checks import cost_check
 from .demo import RPC_OFFICIAL
 from .language import LANGUAGE_RECIPE, LM_RPC
 from .margins import zoo_language_margins, zoo_margins
-from .rpc_seeds import MAIN_SEEDS
+from .rpc_seeds import MAIN_SEEDS, MIN_SEEDS
 from .spec import Leaderboard, Margin, Study, Variant
 from .vision import LARGE_ARCH, LARGE_RECIPE, SIZE, VISION_RECIPE, image_suites
 
 __all__ = ["zoo_study", "zoo_large_study", "zoo_language_study", "ZOO_MECHANISMS", "ZOO_LEADERBOARD",
-           "ZOO_LM_LEADERBOARD"]
+           "ZOO_LM_LEADERBOARD", "ZOO_SEEDS"]
+
+#: the zoo's seeds. 3 at first (the family issue's plan); at three, no cell of the 282-test Holm family could
+#: be decided (2 degrees of freedom: the largest effects - FAN and RPC-FAN under attack, RKDE-Huber below the
+#: ViT under every attack in every seed - reach raw p 0.0002-0.02, Holm 1), and the report's planning numbers
+#: put most of them at 4-9 seeds. So the plan was raised, for every mechanism alike (no cell chosen), to the
+#: verdicts issue's minimum for a main answer, before any seed past 2 was trained. The look at three seeds
+#: rejected nothing, so no word was kept because it came out early: the words at eight are read once, at the
+#: plan, like rpc-seeds'. SymViT, the ViT and RPC-SymViT come from rpc-seeds (16 seeds there): only the
+#: mechanisms train (45 runs, 15-45 min each on one CPU thread).
+ZOO_SEEDS = MAIN_SEEDS[:MIN_SEEDS]
 
 #: slug -> (label, registered family name prefix, what). Each at its paper's defaults (attention/ modules).
 ZOO_MECHANISMS: dict[str, tuple[str, str, str]] = {
@@ -68,7 +79,7 @@ def _flat(per_variant: dict[str, dict[str, Margin]], slugs: set[str]) -> dict[tu
     return {(s, k): m for s, d in per_variant.items() if s in slugs for k, m in d.items()}
 
 
-def zoo_study(*, seeds: tuple[int, ...] = MAIN_SEEDS[:3], corrupt_images: int = 500,
+def zoo_study(*, seeds: tuple[int, ...] = ZOO_SEEDS, corrupt_images: int = 500,
               attack_images: int = 500) -> Study:
     seeds = tuple(seeds)
     variants = (
@@ -85,7 +96,7 @@ def zoo_study(*, seeds: tuple[int, ...] = MAIN_SEEDS[:3], corrupt_images: int = 
               "over seeds",
         description="The rpc-seeds harness: the 64-wide 4-block mini ViT on Fashion-MNIST (58,000 training "
                     "images, 2,000 held out for validation), the same recipe, batches and test images for "
-                    "every mechanism.",
+                    "every mechanism; 8 seeds (3 at first, raised when three decided nothing).",
         variants=variants, seeds=seeds, preset="fmnist-cpu", recipe=VISION_RECIPE,
         suites=image_suites(seeds, corrupt_images, attack_images),
         baseline="vit", trace=512, also_against=("symvit",), pairs=(("rpc_fan", "fan"),),
