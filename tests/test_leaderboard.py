@@ -229,7 +229,14 @@ def test_landed_rows_count_finished_runs_their_machines_and_where_they_come_from
     another study; a run with an item missing (still evaluating) is not finished."""
     for name in ("rpc-seeds", "zoo"):
         copy_committed(name, tmp_path / name)
-    (tmp_path / "rpc-seeds" / "results" / "vit-s4.json").unlink()
+
+    def files_of(study: str, slug: str) -> set[int]:
+        files = (tmp_path / study / "results").glob(f"{slug}-s*.json")
+        return {int(f.stem.rsplit("-s", 1)[1]) for f in files}
+
+    zoo_refs, gone = files_of("zoo", "vit"), max(files_of("rpc-seeds", "vit"))
+    assert gone not in zoo_refs  # a run the zoo does not refer to (its reference would be damaged)
+    (tmp_path / "rpc-seeds" / "results" / f"vit-s{gone}.json").unlink()
     for f in (tmp_path / "zoo" / "results").glob("rpc_fan-s*.json"):  # a row with no run yet
         f.unlink()
     for twicing in (tmp_path / "zoo" / "results").glob("twicing-s*.json"):
@@ -251,20 +258,23 @@ def test_landed_rows_count_finished_runs_their_machines_and_where_they_come_from
         return "AMD EPYC (" + ", ".join(f"{c} {n}" for c, n in sorted(caps.items())) + ")"
 
     def on_disk(study: str, slug: str) -> list[int]:  # the committed files hold finished runs only
-        files = (tmp_path / study / "results").glob(f"{slug}-s*.json")
-        return sorted(int(f.stem.rsplit("-s", 1)[1]) for f in files)
+        return sorted(files_of(study, slug))
 
     planned = landed.seed_ranges(json.loads((tmp_path / "rpc-seeds" / "settings.json").read_text())["seeds"])
     vit = on_disk("rpc-seeds", "vit")
-    assert 4 not in vit and {0, 1, 2, 3} <= set(vit)
+    assert gone not in vit and {0, 1, 2, 3} <= set(vit)
     assert rows[("`rpc-seeds`", "ViT (asymmetric)")] == [f"{landed.seed_ranges(vit)} ({len(vit)})", planned,
                                                          machines("rpc-seeds", "vit", vit)]
     sym = on_disk("rpc-seeds", "symvit")
     assert rows[("`rpc-seeds`", "SymViT")][:2] == [f"{landed.seed_ranges(sym)} ({len(sym)})", planned]
-    assert rows[("`zoo`", "SymViT")] == ["0-2 (3)", "0-2", machines("rpc-seeds", "symvit", [0, 1, 2])
-                                         + "; seeds 0-2 taken from `rpc-seeds`"]
-    assert rows[("`zoo`", "Twicing")] == ["-", "0-2", "-"]  # an item missing: not finished
-    assert rows[("`zoo`", "RPC-FAN")] == ["-", "0-2", "-"]
+    zoo_planned = landed.seed_ranges(json.loads((tmp_path / "zoo" / "settings.json").read_text())["seeds"])
+    taken = sorted(files_of("zoo", "symvit"))
+    ranges = landed.seed_ranges(taken)
+    assert {0, 1, 2} <= set(taken) and rows[("`zoo`", "SymViT")] == [
+        f"{ranges} ({len(taken)})", zoo_planned, machines("rpc-seeds", "symvit", taken)
+        + f"; seeds {ranges} taken from `rpc-seeds`"]
+    assert rows[("`zoo`", "Twicing")] == ["-", zoo_planned, "-"]  # an item missing: not finished
+    assert rows[("`zoo`", "RPC-FAN")] == ["-", zoo_planned, "-"]
     assert landed.seed_ranges([7, 0, 1, 2, 4, 6]) == "0-2, 4, 6-7" and landed.seed_ranges([]) == "-"
     page = tmp_path / "page.md"
     page.write_text(f"a\n{landed.BEGIN}\nold\n{landed.END}\nb\n")
