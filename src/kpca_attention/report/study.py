@@ -431,11 +431,11 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
                                          "word": "verdict"}), ""]
     plots = []
     for s in variants:
-        prow = [(m.title, ver[(m.key, s)]) for m in metrics if m.unit == main_unit and (m.key, s) in ver]
+        shown = [m for m in metrics if m.unit == main_unit and (m.key, s) in ver]
+        prow = [(m.title, ver[(m.key, s)]) for m in shown]
         if any(v.ci is not None for _, v in prow):
             n = max(v.n for _, v in prow)
-            note = interim_note({"n": n, "planned": max(planned[(m.key, s)] for m in metrics
-                                                         if m.unit == main_unit and (m.key, s) in ver)})
+            note = interim_note({"n": n, "planned": max(planned[(m.key, s)] for m in shown)})
             name = f"forest_{s}.png" if first else f"forest_{s}_vs_{comp}.png"
             plots.append(forest_plot(prow, out / name, f"{label[s]} - {label[comp]} over {n} seeds"
                                      + (f" ({note})" if note else ""), main_unit))
