@@ -16,7 +16,13 @@ import pytest
 from typer.testing import CliRunner
 
 from kpca_attention.cli import app
-from kpca_attention.robustness.store import ResultIntegrityError, ResultStore, encode_bits, write_reference
+from kpca_attention.robustness.store import (
+    ResultIntegrityError,
+    ResultStore,
+    encode_bits,
+    pack_bits,
+    write_reference,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SEALED = ("vision", "language", "segmentation")
@@ -32,7 +38,8 @@ def _flip_clean(f: Path, fix_summary: bool) -> None:
     """Set every correctness bit of ``clean`` to 1 (the audit's +77 points), optionally also the accuracy."""
     data = json.loads(f.read_text())
     res = data["items"]["clean"]["result"]
-    res["correct"] = "1" * len(res["correct"])
+    ones = "1" * res["n"]
+    res["correct"] = pack_bits(ones) if isinstance(res["correct"], dict) else ones  # packed on disk or not
     if fix_summary:
         res["top1"] = 1.0
     f.write_text(json.dumps(data))

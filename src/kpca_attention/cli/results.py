@@ -23,7 +23,8 @@ Folder = Annotated[Path, typer.Argument(help="A study or robustness folder (its 
 
 
 def seal_cmd(folder: Folder) -> None:
-    """Verify every item of FOLDER's result files, then add the missing SHA-256 hashes and seal each file."""
+    """Verify every item of FOLDER's result files, then add the missing SHA-256 hashes and seal each file
+    (rewritten in the current format: correctness bits packed; no hash changes)."""
     from ..robustness.store import ResultStore, seal_store, store_files
 
     files = store_files(folder)

@@ -8,8 +8,13 @@ equal, and the file is rewritten atomically after each new item, so a killed eva
 the item in progress. The ``robustness`` command keeps one store per checkpoint and studies one per
 (variant, seed); both evaluate through :mod:`kpca_attention.robustness.suites`.
 
-Per-example correctness is stored as a '0'/'1' string (:func:`encode_bits`): exact, compact and
-readable, so paired statistics (McNemar, bootstrap over images) can be computed later from the files.
+Per-example correctness is a '0'/'1' string (:func:`encode_bits`) in every result a reader sees: exact and
+readable, so paired statistics (McNemar, bootstrap over images) can be computed later from the files. On
+disk each such string of 64 bits or more is packed, eight bits a byte in base64 (:func:`pack_bits`, about a
+sixth of the characters: the bits were most of a run's file, and a study's folder must stay small enough to
+commit), the file saying so with ``"bits": "packbits-base64"``; reading unpacks them (:func:`unpack_bits`)
+before anything else looks at the items, so results, hashes and references are those of the strings. A file
+without that entry (the format before) reads as it is; ``kpca-attention results seal`` rewrites it packed.
 
 Integrity: every item carries ``"sha256"``, the SHA-256 of the canonical JSON of its key and result
 (:func:`item_hash`), and a file whose items all carry one is marked ``"sealed": true``. Loading
@@ -38,6 +43,7 @@ substitute. Items the study computes itself are stored in its own file beside th
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -58,7 +64,7 @@ from .common import accuracy_of_hits, topk_hits
 
 __all__ = ["ResultStore", "ResultIntegrityError", "encode_bits", "decode_bits", "example_result",
            "example_hits", "join_hits", "normalise_key", "item_hash", "check_summary", "seal_store",
-           "store_files", "write_reference", "compact_items", "expand_items"]
+           "store_files", "write_reference", "compact_items", "expand_items", "pack_bits", "unpack_bits"]
 
 
 class ResultIntegrityError(ValueError):
@@ -171,7 +177,83 @@ def _read_store(path: Path) -> dict[str, Any] | None:
         raise ResultIntegrityError(f"{path}: not a result file (expected {{\"items\": {{...}}}})")
     shared = data.pop("shared", None)
     data["items"] = expand_items(path, data.get("items", {}), shared)
+    encoding = data.pop("bits", None)
+    if encoding is not None:
+        if encoding != _BITS_ENCODING:
+            raise ResultIntegrityError(f"{path}: its bits are stored as {encoding!r}; this version reads "
+                                       f"{_BITS_ENCODING!r} (or strings of 0/1)")
+        data["items"] = {item: _unpacked_item(path, item, stored) for item, stored in data["items"].items()}
     return data
+
+
+#: the marker of a packed bit string (:func:`pack_bits`), the file's name for the encoding, and the shortest
+#: string packed (a shorter one would not get shorter)
+_BITS = "$bits"
+_BITS_ENCODING = "packbits-base64"
+_PACK_MIN = 64
+
+
+def pack_bits(bits: str) -> dict[str, Any]:
+    """A '0'/'1' string as ``{"$bits": base64 of numpy.packbits (first bit the high bit of the first byte),
+    "length": number of bits}``."""
+    packed = np.packbits(decode_bits(bits)).tobytes()
+    return {_BITS: base64.b64encode(packed).decode("ascii"), "length": len(bits)}
+
+
+def unpack_bits(packed: Mapping[str, Any]) -> str:
+    """The '0'/'1' string of :func:`pack_bits`; a damaged one (bad base64, a length that does not fit the
+    bytes, padding bits set) is a ValueError."""
+    n = packed.get("length")
+    try:
+        raw = base64.b64decode(packed.get(_BITS), validate=True)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"its packed bits are not base64 ({e})") from e
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or len(raw) != (n + 7) // 8:
+        raise ValueError(f"its packed bits hold {len(raw)} bytes, which is not {n!r} bits")
+    arr = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))
+    if arr[n:].any():
+        raise ValueError("its packed bits have padding bits set")
+    return encode_bits(arr[:n])
+
+
+def _is_packed(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {_BITS, "length"}
+
+
+def _holds_packed(value: Any) -> bool:
+    if isinstance(value, dict):
+        return _is_packed(value) or any(_holds_packed(v) for v in value.values())
+    return isinstance(value, list) and any(_holds_packed(v) for v in value)
+
+
+def _packed(value: Any) -> Any:
+    """``value`` with each bit string of :data:`_PACK_MIN` bits or more, at any depth, packed."""
+    if isinstance(value, str):
+        return pack_bits(value) if len(value) >= _PACK_MIN and not value.strip("01") else value
+    if isinstance(value, dict):
+        return {k: _packed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_packed(v) for v in value]
+    return value
+
+
+def _unpacked(value: Any) -> Any:
+    if _is_packed(value):
+        return unpack_bits(value)
+    if isinstance(value, dict):
+        return {k: _unpacked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unpacked(v) for v in value]
+    return value
+
+
+def _unpacked_item(path: Path, item: str, stored: Any) -> Any:
+    if not isinstance(stored, dict) or "result" not in stored:
+        return stored  # damaged: _verify names it
+    try:
+        return {**stored, "result": _unpacked(stored["result"])}
+    except ValueError as e:
+        raise ResultIntegrityError(f"{path}: item {item!r} is damaged: {e}") from e
 
 
 #: the marker of a key field whose value is the file's ``"shared"`` entry of that name (module docstring)
@@ -302,6 +384,14 @@ def _file_data(items: dict[str, Any], reuses: dict[str, Any] | None, *, sealed: 
     data: dict[str, Any] = {"items": items}
     if shared:
         data["shared"] = shared
+    # bits packed (module docstring), unless a result holds what reads as a packed string: then all whole
+    results = [stored.get("result") for stored in items.values() if isinstance(stored, dict)]
+    if not any(_holds_packed(r) for r in results):
+        data["items"] = {item: {**stored, "result": _packed(stored["result"])}
+                         if isinstance(stored, dict) and "result" in stored else stored
+                         for item, stored in items.items()}
+        if any(_holds_packed(r) for r in data["items"].values()):
+            data["bits"] = _BITS_ENCODING
     if reuses is not None:
         data["reuses"] = reuses
     if sealed:
