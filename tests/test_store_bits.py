@@ -150,3 +150,15 @@ def test_the_committed_results_store_their_bits_packed() -> None:
     assert len(files) > 100
     loose = [str(f.relative_to(root)) for f in files if LONG_BITS.search(f.read_text())]
     assert not loose, f"bits stored whole in {loose}: run `kpca-attention results seal` over them"
+
+
+def test_each_studys_per_example_results_stay_under_5_mb() -> None:
+    """Per-example results are committed only while a study's stay small (under 5 MB); the zoo at eight
+    seeds is planned at about 3.6 MB, rpc-seeds at sixteen holds 3.4."""
+    root = Path(__file__).resolve().parents[1] / "results"
+    sizes = {f.parent.parent.name: 0 for f in root.glob("*/results/*.json")}
+    for f in root.glob("*/results/*.json"):
+        sizes[f.parent.parent.name] += f.stat().st_size
+    assert len(sizes) >= 8
+    big = {k: f"{v / 1e6:.2f} MB" for k, v in sizes.items() if v >= 5e6}
+    assert not big, f"per-example results over 5 MB: {big}"
