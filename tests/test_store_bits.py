@@ -162,3 +162,16 @@ def test_each_studys_per_example_results_stay_under_5_mb() -> None:
     assert len(sizes) >= 8
     big = {k: f"{v / 1e6:.2f} MB" for k, v in sizes.items() if v >= 5e6}
     assert not big, f"per-example results over 5 MB: {big}"
+
+
+def test_a_file_with_no_long_bit_string_names_no_encoding(tmp_path) -> None:
+    f = tmp_path / "r.json"
+    store = ResultStore(f)
+    store.put("short", {"n": 4}, {"correct": "1011", "n": 4, "top1": 0.75})
+    store.put("tuple", {}, {"scores": (1.0, 2.0), "label": "0" * 63})
+    data = json.loads(f.read_text())
+    assert "bits" not in data and data["items"]["tuple"]["result"]["label"] == "0" * 63
+    store.put("long", {"n": 64}, long := _result(64))
+    data = json.loads(f.read_text())
+    assert data["bits"] == "packbits-base64" and data["items"]["long"]["result"]["correct"]["length"] == 64
+    assert ResultStore(f).items()["long"] == long

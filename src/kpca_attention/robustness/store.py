@@ -226,14 +226,19 @@ def _holds_packed(value: Any) -> bool:
     return isinstance(value, list) and any(_holds_packed(v) for v in value)
 
 
-def _packed(value: Any) -> Any:
-    """``value`` with each bit string of :data:`_PACK_MIN` bits or more, at any depth, packed."""
+def _packed(value: Any, count: list[int]) -> Any:
+    """``value`` with each bit string of :data:`_PACK_MIN` bits or more, at any depth, packed; ``count[0]``
+    goes up by one for each string packed (so a writer knows whether it packed anything without a second
+    walk)."""
     if isinstance(value, str):
-        return pack_bits(value) if len(value) >= _PACK_MIN and not value.strip("01") else value
+        if len(value) >= _PACK_MIN and not value.strip("01"):
+            count[0] += 1
+            return pack_bits(value)
+        return value
     if isinstance(value, dict):
-        return {k: _packed(v) for k, v in value.items()}
+        return {k: _packed(v, count) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_packed(v) for v in value]
+        return [_packed(v, count) for v in value]
     return value
 
 
@@ -387,10 +392,11 @@ def _file_data(items: dict[str, Any], reuses: dict[str, Any] | None, *, sealed: 
     # bits packed (module docstring), unless a result holds what reads as a packed string: then all whole
     results = [stored.get("result") for stored in items.values() if isinstance(stored, dict)]
     if not any(_holds_packed(r) for r in results):
-        data["items"] = {item: {**stored, "result": _packed(stored["result"])}
+        packed = [0]
+        data["items"] = {item: {**stored, "result": _packed(stored["result"], packed)}
                          if isinstance(stored, dict) and "result" in stored else stored
                          for item, stored in items.items()}
-        if any(_holds_packed(r) for r in data["items"].values()):
+        if packed[0]:
             data["bits"] = _BITS_ENCODING
     if reuses is not None:
         data["reuses"] = reuses
