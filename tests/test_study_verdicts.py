@@ -168,6 +168,11 @@ def test_a_verdict_before_the_planned_seeds_is_marked_interim(study_dir: Path, m
     same = cells["lm"]["ppl/test"]
     assert decided_word(same) == "equivalent (within +-1.1; interim: 6 of 7 planned seeds)"
     assert "| RPC-Symlm | 6 of 7 planned |" in report
+    row = next(line for line in report.splitlines() if line.startswith("| RPC-Symlm | 6 of 7 planned |"))
+    assert "| better (interim): " in row and "| inconclusive: " in row  # only a decided word is interim
+    lm_row = next(line for line in report.splitlines() if "| 6 of 7 planned |" in line and line != row)
+    assert "| equivalent (within +-1.1; interim): " in lm_row
+    assert "inconclusive (interim" not in row + lm_row
     assert "| better (interim: 6 of 7 planned seeds) |" in report and INTERIM_NOTE in report
     assert titles and all(t.endswith("over 6 seeds (interim: 6 of 7 planned seeds)") for t in titles)
     titles.clear()

@@ -286,10 +286,15 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:+.2f}"
 
 
-def _cell(v: Verdict) -> str:
+def _cell(v: Verdict, interim: bool) -> str:
+    """A compact table's cell; a decided word on fewer paired seeds than planned says it is interim (the
+    row's "paired seeds" says how many of how many)."""
+    word = v.word
+    if interim and word != "inconclusive":
+        word = f"{word[:-1]}; interim)" if word.endswith(")") else f"{word} (interim)"
     if v.ci is None:
-        return f"{v.word}: {_f(v.mean)} ({v.n} seed{'s' if v.n != 1 else ''})"
-    return f"{v.word}: {_f(v.mean)} ({_f(v.ci[0])}, {_f(v.ci[1])})"
+        return f"{word}: {_f(v.mean)} ({v.n} seed{'s' if v.n != 1 else ''})"
+    return f"{word}: {_f(v.mean)} ({_f(v.ci[0])}, {_f(v.ci[1])})"
 
 
 def verdict_lines(out: Path, sec: StudySections, summary: dict[str, Any]) -> list[str]:
@@ -369,7 +374,7 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
         row = {"variant": label[s], "seeds": str(n) if n >= most else f"{n} of {most} planned"}
         for m in metrics:
             if (m.key, s) in ver:
-                row[m.key] = _cell(ver[(m.key, s)])
+                row[m.key] = _cell(ver[(m.key, s)], len(seeds.get((m.key, s), ())) < planned[(m.key, s)])
         rows.append(row)
     lines += [markdown_table(rows, {"variant": "variant", "seeds": "paired seeds", **title}), ""]
     if margins is None and not vmargins:
