@@ -34,7 +34,17 @@ from ..tasks.base import SeedMetric, StudySections
 from ..tasks.classification.suites import structure_items
 from .board import leaderboard_lines
 from .forest import forest_plot
-from .verdicts import INTERIM_NOTE, WORDS_HELP, Family, Verdict, decided_word, interim_note, planned_pairs
+from .verdicts import (
+    INCONCLUSIVE,
+    INTERIM_NOTE,
+    WORDS_HELP,
+    Family,
+    Verdict,
+    decided_word,
+    interim_note,
+    planned_pairs,
+    word_with_note,
+)
 
 __all__ = ["read_settings", "reused_runs", "machine_counts", "load_runs", "load_study_results",
            "write_study_report", "regenerate_lines",
@@ -289,9 +299,7 @@ def _f(x: float | None) -> str:
 def _cell(v: Verdict, interim: bool) -> str:
     """A compact table's cell; a decided word on fewer paired seeds than planned says it is interim (the
     row's "paired seeds" says how many of how many)."""
-    word = v.word
-    if interim and word != "inconclusive":
-        word = f"{word[:-1]}; interim)" if word.endswith(")") else f"{word} (interim)"
+    word = word_with_note(v.word, "interim" if interim and v.word != INCONCLUSIVE else None)
     if v.ci is None:
         return f"{word}: {_f(v.mean)} ({v.n} seed{'s' if v.n != 1 else ''})"
     return f"{word}: {_f(v.mean)} ({_f(v.ci[0])}, {_f(v.ci[1])})"

@@ -35,7 +35,7 @@ from .stats import holm, mde_paired, seed_test, seeds_to_detect, seeds_to_exclud
 
 __all__ = ["Verdict", "verdict", "Family", "BETTER", "WORSE", "INCONCLUSIVE", "equivalent_word",
            "WORDS_HELP", "verdict_cell", "planned_seeds", "planned_pairs", "INTERIM_NOTE", "decided_word",
-           "interim_note"]
+           "interim_note", "word_with_note"]
 
 BETTER, WORSE, INCONCLUSIVE = "better", "worse", "inconclusive"
 WORDS_HELP = {
@@ -278,13 +278,18 @@ def interim_note(cell: Mapping[str, Any]) -> str | None:
     return None if planned is None or n >= planned else f"interim: {n} of {planned} planned seeds"
 
 
-def decided_word(cell: Mapping[str, Any]) -> str:
-    """A summary cell's verdict word with its :func:`interim_note`: ``"worse (interim: 12 of 16 planned
-    seeds)"``, ``"equivalent (within +-0.5; interim: 12 of 16 planned seeds)"``."""
-    word, note = cell["word"], interim_note(cell)
+def word_with_note(word: str, note: str | None) -> str:
+    """``word`` with ``note`` in its parentheses: ``"worse (interim)"``, ``"equivalent (within +-0.5;
+    interim)"``; ``word`` itself when ``note`` is None."""
     if note is None:
         return word
     return f"{word[:-1]}; {note})" if word.endswith(")") else f"{word} ({note})"
+
+
+def decided_word(cell: Mapping[str, Any]) -> str:
+    """A summary cell's verdict word with its :func:`interim_note`: ``"worse (interim: 12 of 16 planned
+    seeds)"``, ``"equivalent (within +-0.5; interim: 12 of 16 planned seeds)"``."""
+    return word_with_note(cell["word"], interim_note(cell))
 
 
 def verdict_cell(summary: Mapping[str, Any], variant: str, metric: str,
