@@ -151,11 +151,11 @@ def test_a_verdict_before_the_planned_seeds_is_marked_interim(study_dir: Path, m
     """The study plans seven seeds and six have landed: every cell carries its planned pairs, the decided
     cells say they are interim in the report, its forest plots' titles, the headline's words and the docs'
     cells, and the words themselves are the engine's. With the plan met (six planned) nothing says interim."""
-    import kpca_attention.report.study as study_report
+    import kpca_attention.report.verdict_sections as sections
 
     titles: list[str] = []
-    draw = study_report.forest_plot
-    monkeypatch.setattr(study_report, "forest_plot",
+    draw = sections.forest_plot
+    monkeypatch.setattr(sections, "forest_plot",
                         lambda rows, path, title, unit: titles.append(title) or draw(rows, path, title, unit))
     settings = read_json(study_dir / "settings.json")
     settings["seeds"] = [*SEEDS, 6]

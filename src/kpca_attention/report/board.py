@@ -1,8 +1,8 @@
 """The leaderboard of a study report (``Study.leaderboard``, recorded in ``settings.json``): one row per
-variant with the mean +- std over seeds of the leaderboard's metrics, the paired difference of each
-against the study's baseline with its 95 % interval, verdict word and the margin used (the verdicts of
-:func:`kpca_attention.report.study.study_verdicts`), and a plot of one metric against another (e.g. clean
-against robust accuracy), one point per variant with its seeds' standard deviation as error bars.
+variant with the mean +- std over seeds of the leaderboard's metrics, the paired difference of each against
+the study's baseline with its 95 % interval, verdict word and the margin used (the verdicts of
+:func:`kpca_attention.report.verdict_sections.study_verdicts`), and a plot of one metric against another (e.g.
+clean against robust accuracy), one point per variant with its seeds' standard deviation as error bars.
 
 Written by the one study report (:func:`kpca_attention.report.study.write_study_report`) for any study
 that asks for a leaderboard, whatever its task: the values are the task's seed-level metrics
