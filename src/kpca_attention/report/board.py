@@ -19,21 +19,20 @@ import numpy as np
 from ..plotting import new_figure, save_figure
 from ..tables import fmt_pm, markdown_table
 from ..tasks.base import SeedMetric, StudySections
-from .verdicts import INCONCLUSIVE, Verdict, decided_word, planned_pairs, planned_seeds
+from .verdicts import Verdict, planned_pairs, planned_seeds, table_word
 
 __all__ = ["leaderboard_lines", "leaderboard_plot", "diff_cell"]
 
 
 def diff_cell(v: Verdict | None, planned: int | None = None) -> str:
     """A leaderboard's paired-difference cell: ``mean (low, high) word; margin`` (``-`` for none); a
-    decided word on fewer than the ``planned`` paired seeds says it is interim (:func:`.decided_word`)."""
+    decided word on fewer than the ``planned`` paired seeds says it is interim (:func:`.table_word`)."""
     if v is None:
         return "-"
     interval = f" ({v.ci[0]:+.2f}, {v.ci[1]:+.2f})" if v.ci is not None else f" ({v.n} seed)"
     margin = f"m +-{v.margin:g}" if v.margin is not None else "no margin"
     mean = "-" if v.mean is None else f"{v.mean:+.2f}"
-    word = v.word if v.word == INCONCLUSIVE else decided_word({"word": v.word, "n": v.n, "planned": planned})
-    return f"{mean}{interval} {word}; {margin}"
+    return f"{mean}{interval} {table_word(v, planned)}; {margin}"
 
 
 def _stats(values: Mapping[int, float]) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from ..tables import fmt_num, fmt_p, markdown_table
 from ..tasks.base import SeedMetric, StudySections
 from .forest import forest_plot
 from .verdicts import (
-    INCONCLUSIVE,
     INTERIM_NOTE,
     WORDS_HELP,
     Family,
@@ -24,7 +23,7 @@ from .verdicts import (
     decided_word,
     interim_note,
     planned_pairs,
-    word_with_note,
+    table_word,
 )
 
 __all__ = ["ALPHA", "NOISE_NOTE", "margin_of", "study_verdicts", "verdict_lines"]
@@ -107,10 +106,10 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:+.2f}"
 
 
-def _cell(v: Verdict, interim: bool) -> str:
+def _cell(v: Verdict, planned: int) -> str:
     """A compact table's cell; a decided word on fewer paired seeds than planned says it is interim (the
     row's "paired seeds" says how many of how many)."""
-    word = word_with_note(v.word, "interim" if interim and v.word != INCONCLUSIVE else None)
+    word = table_word(v, planned, short=True)
     if v.ci is None:
         return f"{word}: {_f(v.mean)} ({v.n} seed{'s' if v.n != 1 else ''})"
     return f"{word}: {_f(v.mean)} ({_f(v.ci[0])}, {_f(v.ci[1])})"
@@ -193,7 +192,7 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
         row = {"variant": label[s], "seeds": str(n) if n >= most else f"{n} of {most} planned"}
         for m in metrics:
             if (m.key, s) in ver:
-                row[m.key] = _cell(ver[(m.key, s)], len(seeds.get((m.key, s), ())) < planned[(m.key, s)])
+                row[m.key] = _cell(ver[(m.key, s)], planned[(m.key, s)])
         rows.append(row)
     lines += [markdown_table(rows, {"variant": "variant", "seeds": "paired seeds", **title}), ""]
     if margins is None and not vmargins:

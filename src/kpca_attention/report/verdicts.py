@@ -35,7 +35,7 @@ from .stats import holm, mde_paired, seed_test, seeds_to_detect, seeds_to_exclud
 
 __all__ = ["Verdict", "verdict", "Family", "BETTER", "WORSE", "INCONCLUSIVE", "equivalent_word",
            "WORDS_HELP", "verdict_cell", "planned_seeds", "planned_pairs", "INTERIM_NOTE", "decided_word",
-           "interim_note", "word_with_note"]
+           "interim_note", "word_with_note", "table_word"]
 
 BETTER, WORSE, INCONCLUSIVE = "better", "worse", "inconclusive"
 WORDS_HELP = {
@@ -290,6 +290,14 @@ def decided_word(cell: Mapping[str, Any]) -> str:
     """A summary cell's verdict word with its :func:`interim_note`: ``"worse (interim: 12 of 16 planned
     seeds)"``, ``"equivalent (within +-0.5; interim: 12 of 16 planned seeds)"``."""
     return word_with_note(cell["word"], interim_note(cell))
+
+
+def table_word(v: Verdict, planned: int | None, *, short: bool = False) -> str:
+    """The word of a table cell for ``v``: a decided word (not ``inconclusive``) on fewer paired seeds than
+    ``planned`` says it is interim - in full (:func:`decided_word`), or as ``"worse (interim)"`` where the
+    row already says how many of how many (``short``)."""
+    note = None if v.word == INCONCLUSIVE else interim_note({"n": v.n, "planned": planned})
+    return word_with_note(v.word, "interim" if short and note is not None else note)
 
 
 def verdict_cell(summary: Mapping[str, Any], variant: str, metric: str,
