@@ -342,6 +342,14 @@ def test_demo_report_and_results(quick_demo) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert "clean" in summary["paired"]["rpc_symvit"]
     assert "Paired differences against SymViT" in text and "McN p" in text
+    # the attack checks: PGD against FGSM at 2/255 on the same 16 images of each run, from the bits
+    (chk,) = summary["attack_checks"]["checks"]
+    assert (chk["rule"], chk["threat"], chk["stronger"], chk["weaker"], chk["runs"]) == \
+        ("iterative >= one-step", "Linf 2/255", "PGD", "FGSM", 2)
+    for slug in res:
+        bits = {a: decode_bits(res[slug][0]["attacks"][a]["2"]["correct"]) for a in ("fgsm", "pgd")}
+        assert chk["gap_points"][slug]["0"] == pytest.approx(100 * (bits["fgsm"].mean() - bits["pgd"].mean()))
+    assert "## Attack checks: signs of gradient masking" in text
 
 
 def test_engine_numbers_equal_the_library_evaluation(quick_demo) -> None:

@@ -1,7 +1,8 @@
 """What image classification adds to the study report (:class:`ClassificationSections`): top-1 per
 suite (clean, corrupted, each attack and budget), mCE and relative mCE against the baseline, paired
 statistics per metric (t over seeds, bootstrap over images, exact McNemar), robustness as the drop from
-clean on the same images, accuracy per corruption, and the accuracy, severity and attack plots."""
+clean on the same images, the attack checks for gradient masking (:mod:`.masking`), accuracy per
+corruption, and the accuracy, severity and attack plots."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ...robustness.store import decode_bits
 from ...stats import paired_summary
 from ...tables import fmt_p, fmt_pm, markdown_table
 from ..base import SeedMetric, StudySections, bar_plot
+from .masking import attack_checks_section
 from .suites import eps_label
 
 __all__ = ["ClassificationSections", "per_example", "run_metrics"]
@@ -291,7 +293,7 @@ class ClassificationSections(StudySections):
 
     # --- sections and plots -------------------------------------------------------------------------
     def sections_before_trace(self, out: Path, summary: dict[str, Any]) -> list[str]:
-        """Robustness as the drop from clean; accuracy per corruption."""
+        """Robustness as the drop from clean; the attack checks; accuracy per corruption."""
         met, slugs, label, base, res = self.met, self.slugs, self.label, self.base, self.res
         lines: list[str] = []
         drop_keys = [k for k in self.keys_ if k != "clean"]
@@ -316,6 +318,8 @@ class ClassificationSections(StudySections):
                 drows.append(r2)
             dcols = {"variant": "variant", **{k: self.title(k) for k in drop_keys}}
             lines += [markdown_table(drows, dcols), ""]
+        lines += attack_checks_section(self.settings["suites"].get("attacks", []), self.ex, slugs, label,
+                                       base, summary)
         corr = self.settings["suites"].get("corruptions")
         if corr:
             names = [c for c in corr["names"] if any(c in r.get("corruptions", {}) for per in res.values()

@@ -1,0 +1,119 @@
+"""The study report's attack checks (:mod:`kpca_attention.robustness.attack_checks`): every run's attacks
+compared on the same images for signs of gradient masking, one table of the checks over all runs and one of
+how far the weaker attack of each pair overstates robustness, per variant."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...robustness.attack_checks import TOLERANCE, AttackResult, Check, attack_kind, masking_checks
+from ...robustness.attacks import NORMS
+from ...tables import fmt_pm, markdown_table
+
+__all__ = ["run_attack_results", "attack_checks_section"]
+
+_TITLES = {"square": "Square", "autoattack": "AutoAttack"}
+
+
+def _display(name: str, norm: str) -> str:
+    base = name[:-4] if name.endswith("-lab") else name
+    return _TITLES.get(base, base.upper()) + (f" {norm}" if norm != "Linf" else "")
+
+
+def run_attack_results(attacks: Sequence[Mapping[str, Any]],
+                       ex: Mapping[str, np.ndarray]) -> list[AttackResult]:
+    """The attacks of one run as :class:`AttackResult` s: ``attacks`` as ``settings.json`` records them,
+    ``ex`` the run's per-example correctness (``<attack name>@<eps label>`` keys, eps labels in units of
+    1/255)."""
+    from .suites import attack_name
+
+    spec = {attack_name(a): a for a in attacks}
+    out = []
+    for key, bits in ex.items():
+        name, _, label = key.partition("@")
+        if not label or name not in spec:
+            continue
+        a = spec[name]
+        norm = NORMS[a["method"]]
+        eps = float(label) / 255
+        text = f"{label}/255" if norm == "Linf" else f"{eps:.3g}"
+        out.append(AttackResult(_display(name, norm), attack_kind(a["method"], a.get("options")), norm,
+                                a.get("protocol") or "pixel", eps, text, np.asarray(bits, dtype=bool)))
+    return out
+
+
+def attack_checks_section(attacks: Sequence[Mapping[str, Any]],
+                          ex: Mapping[str, Mapping[int, Mapping[str, np.ndarray]]], slugs: Sequence[str],
+                          label: Mapping[str, str], base: str, summary: dict[str, Any]) -> list[str]:
+    """The report lines (none when no run has two comparable attacks); ``summary["attack_checks"]``."""
+    checks: dict[tuple[str, str, str, str], dict[tuple[str, int], Check]] = {}
+    for s in slugs:
+        for sd, e in sorted(ex[s].items()):
+            for c in masking_checks(run_attack_results(attacks, e)):
+                checks.setdefault(c.key, {})[(s, sd)] = c
+    if not checks:
+        return []
+    runs = sorted({run for per in checks.values() for run in per})
+    failed = [(k, run, c) for k, per in checks.items() for run, c in per.items() if not c.passed]
+    entries = []
+    rows = []
+    for k, per in checks.items():
+        rule, threat, stronger, weaker = k
+        bad = [f"{s}-s{sd}" for (s, sd), c in per.items() if not c.passed]
+        worst = max(c.excess for c in per.values())
+        entries.append({"rule": rule, "threat": threat, "stronger": stronger, "weaker": weaker,
+                        "runs": len(per), "failed": bad, "max_excess": worst,
+                        "max_missed": max(c.missed for c in per.values()),
+                        "gap_points": {s: {str(sd): -100 * c.excess for (s2, sd), c in sorted(per.items())
+                                           if s2 == s} for s in slugs if any(r[0] == s for r in per)}})
+        rows.append({"rule": rule, "threat": threat, "pair": f"{stronger} vs {weaker}",
+                     "passed": f"{len(per) - len(bad)} / {len(per)}", "excess": f"{100 * worst:+.1f}",
+                     "missed": f"{100 * entries[-1]['max_missed']:.1f}"})
+    summary["attack_checks"] = {"tolerance": TOLERANCE, "runs": len(runs), "checks": entries}
+
+    lines = ["## Attack checks: signs of gradient masking", "",
+             "Attacks on the same images, compared as an evaluation's sanity checks ask (Carlini et al. "
+             "2019, *On Evaluating Adversarial Robustness*; Athalye et al. 2018; AutoAttack's "
+             "`check_square_sr`): an iterative gradient attack at least as strong as a one-step one, the "
+             "strongest white-box attack at least as strong as a gradient-free one, every attack stronger "
+             "than noise, a larger budget at least as strong as a smaller one. A check fails when the attack "
+             f"expected to be stronger leaves more than {100 * TOLERANCE:.1f} % of the images (AutoAttack's "
+             "tolerance) more correct. A failure is a sign, not proof, of gradients that the attacks cannot "
+             "follow (robustness overstated); passing is not proof of the opposite: no unbounded or "
+             "adaptive attack is run.", ""]
+    if failed:
+        shown = "; ".join(f"{run[0]}-s{run[1]}: {k[2]} vs {k[3]} at {k[1]} ({100 * c.excess:+.1f} points)"
+                          for k, run, c in failed[:12])
+        more = f" and {len(failed) - 12} more" if len(failed) > 12 else ""
+        total = sum(len(p) for p in checks.values())
+        lines += [f"**{len(failed)} of {total} checks failed**: {shown}{more}.", ""]
+    else:
+        lines += [f"**Every check passed in every run** ({len(checks)} comparisons, {len(runs)} runs).", ""]
+    lines += [markdown_table(rows, {"rule": "rule", "threat": "budget", "pair": "stronger vs weaker",
+                                    "passed": "runs passed",
+                                    "excess": "largest excess (points)",
+                                    "missed": "images only the weaker broke (%, largest)"}), ""]
+    gap_keys = [k for k in checks if k[0] in ("iterative >= one-step", "white-box >= black-box")]
+    if gap_keys:
+        lines += ["How far the weaker attack of each pair overstates robustness: top-1 under the weaker "
+                  "minus under the stronger on the same images (percentage points, mean ± std over seeds; "
+                  f"in brackets the mean paired difference against {label[base]}; descriptive, not a "
+                  "verdict).", ""]
+        grows = []
+        for s in slugs:
+            row: dict[str, Any] = {"variant": label[s]}
+            for i, k in enumerate(gap_keys):
+                gaps = {sd: -c.excess for (s2, sd), c in checks[k].items() if s2 == s}
+                cell = fmt_pm(list(gaps.values()))
+                ref = {sd: -c.excess for (s2, sd), c in checks[k].items() if s2 == base}
+                both = [gaps[sd] - ref[sd] for sd in gaps if sd in ref]
+                if s != base and both:
+                    cell += f" [{100 * float(np.mean(both)):+.1f}]"
+                row[f"g{i}"] = cell
+            grows.append(row)
+        cols = {"variant": "variant", **{f"g{i}": f"{k[3]} − {k[2]} {k[1]}" for i, k in enumerate(gap_keys)}}
+        lines += [markdown_table(grows, cols), ""]
+    return lines
