@@ -4,7 +4,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kpca_attention.plotting import PAGE_WIDTH, new_figure, panel_grid, row_starts, save_figure, series_style
+from kpca_attention.plotting import (
+    PAGE_WIDTH,
+    bar_style,
+    new_figure,
+    panel_grid,
+    row_starts,
+    save_figure,
+    series_style,
+)
 
 
 @pytest.mark.parametrize("n,rows", [(1, 1), (4, 1), (5, 1), (6, 2), (15, 3)])
@@ -50,3 +58,9 @@ def test_series_styles_of_a_twelve_line_legend_are_all_different():
     assert len(set(styles)) == 30
     assert series_style(10)["color"] == series_style(0)["color"]  # the colour repeats, the marker does not
     assert series_style(10)["marker"] != series_style(0)["marker"]
+
+
+def test_bar_styles_of_a_twelve_bar_chart_are_all_different():
+    styles = [tuple(sorted(bar_style(i).items())) for i in range(40)]
+    assert len(set(styles)) == 40
+    assert bar_style(10)["color"] == bar_style(0)["color"] and bar_style(10)["hatch"] != bar_style(0)["hatch"]

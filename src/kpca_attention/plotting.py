@@ -22,7 +22,7 @@ from typing import Any
 
 from .io import atomic_path
 
-__all__ = ["PAGE_WIDTH", "new_figure", "panel_grid", "row_starts", "series_style", "save_figure"]
+__all__ = ["PAGE_WIDTH", "new_figure", "panel_grid", "row_starts", "series_style", "bar_style", "save_figure"]
 
 #: the widest a figure is made, in inches (about a page's text width at the default 110 dpi: 1650 pixels)
 PAGE_WIDTH = 15.0
@@ -73,6 +73,17 @@ def series_style(i: int) -> dict[str, Any]:
     r = i // 10
     return {"color": f"C{i % 10}", "marker": _MARKERS[r % len(_MARKERS)],
             "linestyle": "-" if r == 0 else "--"}
+
+
+_HATCHES = ("", "///", "...", "xxx")
+
+
+def bar_style(i: int) -> dict[str, Any]:
+    """Colour and hatch of the ``i``-th bar of a bar chart: matplotlib's ten colours, then, every further
+    ten bars, another hatch (a zoo of twelve variants would otherwise paint its eleventh bar like its
+    first)."""
+    r = i // 10
+    return {"color": f"C{i % 10}", "hatch": _HATCHES[r % len(_HATCHES)], "edgecolor": "0.25" if r else None}
 
 
 def save_figure(fig: Any, path: str | os.PathLike, *, dpi: int = 110, tight: bool = True) -> Path:

@@ -31,6 +31,7 @@ from torch.utils.data import Dataset, Subset
 from tqdm.auto import tqdm
 
 from ..checks import check_int
+from ..plotting import bar_style
 
 __all__ = ["Task", "Splits", "Objective", "StudySections", "SeedMetric", "validation_split", "seeded_sample",
            "has_pap_layers", "all_reduce_sum", "sum_over_loader"]
@@ -405,7 +406,7 @@ def bar_plot(ax: Any, values: Mapping[str, Sequence[float]], slugs: Sequence[str
     for i, s in enumerate(slugs):
         vals = list(values.get(s, ()))
         if vals:
-            ax.bar(i, np.mean(vals), color=f"C{i}", alpha=0.6)
+            ax.bar(i, np.mean(vals), alpha=0.6, **bar_style(i))
             ax.scatter([i] * len(vals), vals, color="k", s=10, zorder=3)
     ax.set_xticks(range(len(slugs)), [label[s] for s in slugs], rotation=rotation, ha="right", fontsize=7)
 
