@@ -49,7 +49,9 @@ def test_nested_attacks_pass_every_check() -> None:
     pgd, fgsm, square, noise = (_bits(n, range(k)) for k in (20, 40, 60, 90))
     checks = masking_checks([_res("PGD", "iterative", pgd), _res("FGSM", "one-step", fgsm),
                              _res("Square", "gradient-free", square), _res("noise", "noise", noise)])
-    assert [c.rule for c in checks] == [RULES[0], RULES[1]] + [RULES[2]] * 3
+    rules = [c.rule for c in checks]
+    assert rules == ["iterative >= one-step", "white-box >= black-box"] + ["attack >= noise"] * 3
+    assert set(RULES) >= {c.rule for c in checks}
     assert all(c.passed and c.missed == 0 for c in checks)
     one = checks[0]
     assert (one.stronger, one.weaker, one.n, one.threat) == ("PGD", "FGSM", n, "Linf 4/255")
@@ -87,6 +89,21 @@ def test_a_black_box_attack_beating_the_white_box_ones_fails() -> None:
     assert c.missed == pytest.approx(float((robust_to_both & ~square).mean()))  # images 10-49: 40 of 200
 
 
+def test_an_adaptive_attack_is_checked_against_its_plain_twin() -> None:
+    """PGD-ADAPTIVE must break at least what PGD breaks; weaker by 3 images of 100 it fails, and the twin is
+    found only by its name; one-step and iterative attacks are compared both plain or both adaptive."""
+    n = 100
+    plain = _res("PGD", "iterative", _bits(n, range(40)))
+    for correct, ok in ((range(35), True), (range(43), False)):
+        ad = AttackResult("PGD-ADAPTIVE", "iterative", "Linf", "pixel", 4 / 255, "4/255",
+                          _bits(n, correct), adaptive_of="PGD")
+        (c,) = [c for c in masking_checks([plain, ad]) if c.rule == "adaptive >= plain"]
+        assert (c.stronger, c.weaker, c.passed) == ("PGD-ADAPTIVE", "PGD", ok)
+    orphan = AttackResult("FGSM-ADAPTIVE", "one-step", "Linf", "pixel", 4 / 255, "4/255", _bits(n, []),
+                          adaptive_of="FGSM")
+    assert masking_checks([plain, orphan]) == []  # adaptive FGSM is not weighed against plain PGD
+
+
 def test_noise_budgets_prefixes_and_protocols() -> None:
     """An attack weaker than noise fails; budgets are compared consecutively per attack; an attack on
     fewer images is compared on the common prefix; lab and pixel attacks are never compared."""
@@ -113,11 +130,15 @@ def test_results_of_a_study_run_become_attack_results() -> None:
     """As settings.json records a study's attacks (the zoo's) and its per-example keys name them."""
     eps = [4 / 255]
     attacks = [{"method": "fgsm", "eps": eps}, {"method": "pgd", "eps": eps},
+               {"method": "pgd", "label": "pgd-adaptive", "options": {"adaptive": True}, "eps": eps},
                {"method": "autoattack", "label": "apgd-ce", "options": {"attacks": ["apgd-ce"]}, "eps": eps},
                {"method": "cw", "label": "cw", "options": {"steps": 50}, "eps": [0.5]}]
     ex = {"clean": np.ones(4, bool), "fgsm@4": np.ones(4, bool), "pgd@4": np.zeros(4, bool),
+          "pgd-adaptive@4": np.zeros(4, bool),
           "apgd-ce@4": np.zeros(4, bool), "cw@127.5": np.zeros(2, bool), "clean@attack": np.ones(4, bool)}
-    got = {r.name: (r.kind, r.threat) for r in run_attack_results(attacks, ex)}
+    got = {r.name: (r.kind, r.threat, r.adaptive_of) for r in run_attack_results(attacks, ex)}
+    assert got.pop("PGD-ADAPTIVE") == ("iterative", "Linf 4/255", "PGD")
+    got = {k: v[:2] for k, v in got.items()}
     assert got == {"FGSM": ("one-step", "Linf 4/255"), "PGD": ("iterative", "Linf 4/255"),
                    "APGD-CE": ("iterative", "Linf 4/255"), "CW L2": ("iterative", "L2 0.5")}
 

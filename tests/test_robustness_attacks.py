@@ -13,6 +13,7 @@ from torch import nn
 
 from kpca_attention.models.normalize import NormalizedModel
 from kpca_attention.robustness import attacks as A
+from kpca_attention.robustness.sweep import eps_sweep, plot_eps_sweep
 
 pytestmark = pytest.mark.usefixtures("single_thread_module")
 
@@ -116,12 +117,12 @@ def test_autoattack_targets_fit_the_number_of_classes(trained):
 
 def test_eps_sweep_and_plot(trained, tmp_path):
     model, xt, yt, clean = trained
-    sweep = A.eps_sweep(model, (xt, yt), "fgsm", [0.05, 0.2], batch_size=16, progress=False)
+    sweep = eps_sweep(model, (xt, yt), "fgsm", [0.05, 0.2], batch_size=16, progress=False)
     assert [r["eps"] for r in sweep] == [0.0, 0.05, 0.2]
     assert sweep[0]["top1"] == pytest.approx(clean) and sweep[0]["max_norm"] == 0
     assert sweep[2]["top1"] < sweep[0]["top1"] and sweep[2]["top5"] >= sweep[2]["top1"]
     assert sweep[1]["max_norm"] == pytest.approx(0.05, abs=1e-6) and sweep[1]["n"] == len(xt)
-    path = A.plot_eps_sweep({"tiny": {"fgsm": sweep}, "tiny again": {"fgsm": sweep}}, tmp_path / "s.png")
+    path = plot_eps_sweep({"tiny": {"fgsm": sweep}, "tiny again": {"fgsm": sweep}}, tmp_path / "s.png")
     assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -142,7 +143,7 @@ def test_eps_sweep_plot_tells_twelve_models_apart(tmp_path, monkeypatch):
     figs = []
     monkeypatch.setattr(plotting, "save_figure", lambda fig, path, **kw: figs.append(fig) or Path(path))
     sweep = [{"eps": e, "top1": 0.9 - e, "top5": 1.0 - e, "max_norm": e, "n": 4} for e in (0.0, 0.1)]
-    A.plot_eps_sweep({f"model {i}": {"fgsm": sweep} for i in range(12)}, tmp_path / "s.png")
+    plot_eps_sweep({f"model {i}": {"fgsm": sweep} for i in range(12)}, tmp_path / "s.png")
     lines = figs[0].axes[0].get_lines()
     styles = [(matplotlib.colors.to_hex(ln.get_color()), ln.get_marker(), ln.get_linestyle()) for ln in lines]
     top1, top5 = styles[0::2], styles[1::2]
@@ -226,4 +227,5 @@ def test_attack_defaults_are_the_table(trained):
     torch.manual_seed(0)
     ref = ta.PGD(model, eps=eps, alpha=A.PGD_ALPHA * eps, steps=20, random_start=True)(xt, yt)
     assert torch.equal(A.attack(model, xt, yt, "pgd", eps), ref)
-    assert A.DEFAULTS["pgd"] == {"steps": 20, "alpha": None, "random_start": True} and A.PGD_ALPHA == 0.15
+    assert A.DEFAULTS["pgd"] == {"steps": 20, "alpha": None, "random_start": True, "adaptive": False}
+    assert A.PGD_ALPHA == 0.15

@@ -220,3 +220,28 @@ def test_evaluate_takes_the_same_model_specifier(tmp_path):
     assert out["n"] == 64 and 0.0 <= out["top1"] <= 1.0
     res = CliRunner().invoke(app, ["evaluate", spec])
     assert res.exit_code == 2 and "give --dataset" in res.output
+
+
+def test_adaptive_twins_each_gradient_attack_and_the_report_checks_it(tmp_path, monkeypatch):
+    """``--adaptive``: beside FGSM and PGD their adaptive twins (Square has none); the report's attack
+    checks compare each twin with its plain attack on the same images; the command is recorded."""
+    run = untrained_run(tmp_path / "ell", "elliptical_vit_mini_patch4_28", 0)
+    out = tmp_path / "rob"
+    args = [run, "--out", out, "--suite", "attacks", "--method", "fgsm,pgd,square", "--eps", "8/255",
+            "--attack-n", 8, "--steps", 2, "--adaptive", "--no-progress", "--device", "cpu"]
+    monkeypatch.setattr("sys.argv", ["kpca-attention", "robustness", *map(str, args)])
+    text = _invoke(args)
+    assert f"Regenerate: `kpca-attention robustness {run} --out {out} --suite attacks" in text
+    attacks = _results(out, "ell")["attacks"]
+    assert sorted(attacks) == ["fgsm", "fgsm-adaptive", "pgd-adaptive", "pgd-steps2", "square"]
+    summary = json.loads((out / "summary.json").read_text())
+    twins = {(c["stronger"], c["weaker"]) for c in summary["attack_checks"]["checks"]
+             if c["rule"] == "adaptive >= plain"}
+    assert twins == {("FGSM-ADAPTIVE", "FGSM"), ("PGD-ADAPTIVE", "PGD-STEPS2")}
+    assert "adaptive >= plain" in text and "nor an adaptive one" not in text
+    settings = json.loads((out / "settings.json").read_text())
+    assert {a["label"]: a["options"] for a in settings["suites"]["attacks"] if a["label"]} == {
+        "fgsm-adaptive": {"adaptive": True}, "pgd-adaptive": {"steps": 2, "adaptive": True}}
+    bad = CliRunner().invoke(app, ["robustness", str(run), "--suite", "attacks", "--method", "square",
+                                   "--adaptive", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "--adaptive twins the gradient attacks" in bad.output

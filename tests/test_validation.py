@@ -16,6 +16,7 @@ from kpca_attention.checks import check_choice, check_int, check_real
 from kpca_attention.data.images import build_image_dataset
 from kpca_attention.data.text import Vocab
 from kpca_attention.robustness import attacks as A
+from kpca_attention.robustness.sweep import eps_sweep
 from kpca_attention.train.config import FIELD_CHECKS, PRESETS, TrainConfig, apply_overrides, get_preset
 from kpca_attention.train.evaluate import evaluate_checkpoint, evaluate_lm, evaluate_vision
 
@@ -91,7 +92,7 @@ BAD_ATTACK_OPTIONS = [
     ("autoattack", 0.1, {"batch_size": 0}, "batch_size must be an integer >= 1; got 0"),
     ("noise", 0.1, {"seed": -1}, "noise: seed must be an integer in"),
     ("noise", 0.1, {"seed": 1.5}, "noise: seed must be an integer in"),
-    ("fgsm", 0.1, {"steps": 3}, "unknown options for fgsm: steps; valid: seed"),
+    ("fgsm", 0.1, {"steps": 3}, "unknown options for fgsm: steps; valid: adaptive, seed"),
     ("deepfool", 0.1, {}, "unknown attack 'deepfool'; valid: fgsm, pgd"),
 ]
 
@@ -137,7 +138,7 @@ def test_evaluate_attack_and_sweep_check_everything_first() -> None:
         A.evaluate_attack(model, (x[:0], y[:0]), "fgsm", 0.1, progress=False)
     # the bad eps is the last of the list: nothing may run before it is refused
     with pytest.raises(ValueError, match="fgsm: eps must be a finite number >= 0; got -0.1"):
-        A.eps_sweep(model, (x, y), "fgsm", [0.1, 0.2, -0.1], progress=False)
+        eps_sweep(model, (x, y), "fgsm", [0.1, 0.2, -0.1], progress=False)
     with pytest.raises(ValueError, match="sld: steps"):
         A.sparse_l1_descent(model, x, y, 1.0, steps=0)
     with pytest.raises(ValueError, match="autoattack: version"):

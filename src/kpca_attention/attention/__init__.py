@@ -25,7 +25,8 @@ Modules: :mod:`.hooks` (``HookPoint``, ``run_with_cache``), :mod:`.base` (``Head
 table), one module per mechanism (:mod:`.symmetric`, :mod:`.rpc`, :mod:`.scaled`), :mod:`.replace`
 (``configure``, ``replace_attention``, ``resolve_blocks``), :mod:`.registry` (``register_mechanism``,
 ``get_mechanism``, ``mechanisms``: one name gives every model, see :mod:`kpca_attention.models.family`) and
-:mod:`.stateful` (state carried across layers, passed explicitly through the blocks). A new mechanism
+:mod:`.stateful` (state carried across layers, passed explicitly through the blocks), :mod:`.adaptive`
+(``adaptive_gradients``: what an adaptive attack switches on). A new mechanism
 is one more module that registers itself.
 
 timm calls ``issubclass(attn_layer, ...)``, so options cannot be bound with ``functools.partial``:
@@ -41,6 +42,7 @@ mode on the CPU by default. TorchScript is not supported: PAP's fused update is 
 (``torch.compile`` / ``torch.export`` are the supported graph paths).
 """
 
+from .adaptive import adaptive_gradients, adaptive_layers
 from .base import HeadsAttention, Option
 from .elliptical import EllipticalAttention
 from .hooks import HookPoint, run_with_cache
@@ -82,4 +84,6 @@ __all__ = [
     "KdeAttention",
     "RobustAttention",
     "PositionAwareAttention",
+    "adaptive_gradients",
+    "adaptive_layers",
 ]

@@ -88,6 +88,9 @@ class HeadsAttention(nn.Module):
 
     #: names of the input projections this layer has, in the order they are stacked
     projections: tuple[str, ...] = ("q", "k", "v")
+    #: attribute values that put the parts this layer computes without gradient into the graph, outputs
+    #: unchanged - what an adaptive attack sets (:func:`.adaptive.adaptive_gradients`)
+    adaptive_options: ClassVar[dict[str, Any]] = {}
     #: the constructor options a mechanism checks, by name (subclasses extend this table)
     parameter_constraints: ClassVar[dict[str, Option]] = {
         "dim": Option("int", min=1),

@@ -101,6 +101,8 @@ class EllipticalAttention(StatefulAttention):
         apply: False: plain attention here (the layer's values are still recorded for the next one).
     """
 
+    #: an adaptive attack differentiates m (the values it gives are the same)
+    adaptive_options = {"differentiable": True}
     parameter_constraints = {**StatefulAttention.parameter_constraints,
                              "delta": Option("float_or_none"), "attenuation": Option("float", min=0),
                              "median": Option("bool"), "differentiable": Option("bool")}

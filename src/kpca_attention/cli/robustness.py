@@ -5,6 +5,7 @@ written up by the one study report."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,9 @@ def robustness_cmd(
                                    "Linf 1..6/255 as in the paper)."),
     attack_n: int = typer.Option(500, help="Number of test images to attack."),
     steps: int | None = typer.Option(None, help="Steps for pgd/sld/cw (default: 20/20/50)."),
+    adaptive: bool = typer.Option(False, help="Also run each gradient attack adaptively (gradients through "
+                                  "what layers compute without them, e.g. Elliptical's metric), beside the "
+                                  "plain one; the report checks that it is at least as strong."),
     imagenet_a: Path | None = typer.Option(None, help="ImageNet-A folder (<wnid>/*)."),
     imagenet_r: Path | None = typer.Option(None, help="ImageNet-R folder (<wnid>/*)."),
     imagenet_o: Path | None = typer.Option(None, help="ImageNet-O folder (<wnid>/*)."),
@@ -91,15 +95,17 @@ def robustness_cmd(
         split=split, n=n, corruptions=names, severities=parse_ints(severities, "--severities"),
         imagenet_c=opt_str(imagenet_c), methods=parse_list(method),
         eps=parse_floats(eps, "--eps") if eps else None, attack_n=attack_n, attack_options=attack_options,
+        adaptive=adaptive,
         ood={"imagenet_a": opt_str(imagenet_a), "imagenet_r": opt_str(imagenet_r),
              "imagenet_o": opt_str(imagenet_o), "imagenet_val": opt_str(imagenet_val)},
         lm_splits=parse_list(lm_splits), rate=rate, stride=stride, max_tokens=max_tokens,
         batch_size=batch_size, seed=seed)
     from ..report.study import write_study_report
     from ..studies.engine import run_study
+    from .studies import regenerate_command
 
     run_study(study, out, runs=out, device=str(resolve_device(device)), cache=cache, progress=progress,
-              checks=False, report=False)
+              checks=False, report=False, command=regenerate_command(sys.argv[1:], out))
     report = write_study_report(out)  # here a failure is the command's error, not a warning
     typer.echo(report.read_text())
     typer.echo(f"report: {report}")
@@ -115,7 +121,8 @@ def robustness_study(
     device: str = "cpu", split: str = "test", n: int | None = None, corruptions: tuple[str, ...] = (),
     severities: tuple[int, ...] = (1, 2, 3, 4, 5), imagenet_c: str | None = None,
     methods: tuple[str, ...] = ("fgsm", "pgd"), eps: tuple[float, ...] | None = None, attack_n: int = 500,
-    attack_options: dict[str, dict[str, int]] | None = None, ood: dict[str, str | None] | None = None,
+    attack_options: dict[str, dict[str, int]] | None = None, adaptive: bool = False,
+    ood: dict[str, str | None] | None = None,
     lm_splits: tuple[str, ...] = ("valid", "test"), rate: float = 0.015, stride: int = 1,
     max_tokens: int | None = None, batch_size: int = 128, seed: int = 0,
 ) -> Any:
@@ -143,6 +150,11 @@ def robustness_study(
                 raise ValueError(f"unknown attack {m!r}; valid: {', '.join(A.METHODS)}")
             for e in (eps if eps is not None else A.DEFAULT_EPS[m]):
                 A.check_attack_options(m, e, dict(attack_options.get(m, {})))
+    if adaptive:
+        gradient = [m for m in A.METHODS if "adaptive" in A.OPTIONS[m]]
+        if "attacks" not in suites or not set(methods) & set(gradient):
+            raise ValueError(f"--adaptive twins the gradient attacks of --suite attacks ({', '.join(gradient)}); "
+                             f"got suites {', '.join(suites)} and methods {', '.join(methods)}")
     names = list(labels) if labels else default_labels(paths)
     if len(names) != len(paths) or len(set(names)) != len(names) \
             or len({_slug(x) for x in names}) != len(names):
@@ -186,6 +198,10 @@ def robustness_study(
         attacks = tuple(Attack(m, tuple(eps if eps is not None else A.DEFAULT_EPS[m]), n=attack_n,
                                options=dict(attack_options.get(m, {}))) for m in methods) \
             if "attacks" in suites else ()
+        if adaptive:  # a twin of each gradient attack, run through the layers' gradient-free parts
+            attacks += tuple(Attack(a.method, a.eps, n=a.n, options={**a.options, "adaptive": True},
+                                    label=f"{a.method}-adaptive") for a in attacks
+                             if "adaptive" in A.OPTIONS[a.method])
         clean = n if "corruptions" in suites or "attacks" not in suites else attack_n
         evaluated = ImageSuites(clean=clean, corruptions=corr, attacks=attacks, data_seed=seed,
                                 batch_size=batch_size, attack_batch_size=batch_size,

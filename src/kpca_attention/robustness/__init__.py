@@ -11,9 +11,7 @@ from .attacks import (
     NORMS,
     attack,
     attack_settings,
-    eps_sweep,
     evaluate_attack,
-    plot_eps_sweep,
     sparse_l1_descent,
 )
 from .corruptions import (
@@ -34,6 +32,7 @@ from .metrics import (
     ood_aupr,
     relative_mce,
 )
+from .sweep import eps_sweep, plot_eps_sweep
 from .wordswap import swap_words, wordswap_perplexity
 
 __all__ = [

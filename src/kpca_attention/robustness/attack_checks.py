@@ -10,7 +10,10 @@ images, and each expects one attack to leave at most as many images correct as a
 rule                        expected
 ==========================  ===================================================================
 ``iterative >= one-step``   an iterative gradient attack (PGD, APGD, C&W, SLD) at least as strong
-                            as a one-step one (FGSM) at the same budget
+                            as a one-step one (FGSM) at the same budget (both plain or both adaptive)
+``adaptive >= plain``       an adaptive attack (gradients through the parts a layer computes
+                            without them, :mod:`kpca_attention.attention.adaptive`) at least as
+                            strong as the same attack without
 ``white-box >= black-box``  the strongest iterative gradient attack at least as strong as a
                             gradient-free one (Square, SPSA) at the same budget (AutoAttack's flag)
 ``attack >= noise``         every attack at least as strong as uniform noise of the same budget
@@ -41,8 +44,8 @@ __all__ = ["TOLERANCE", "RULES", "KINDS", "AttackResult", "Check", "attack_kind"
 #: AutoAttack's tolerance in ``check_square_sr`` (a fraction of the images)
 TOLERANCE = 0.002
 #: the rules, in the order checks are listed
-RULES: tuple[str, ...] = ("iterative >= one-step", "white-box >= black-box", "attack >= noise",
-                          "larger budget")
+RULES: tuple[str, ...] = ("iterative >= one-step", "adaptive >= plain", "white-box >= black-box",
+                          "attack >= noise", "larger budget")
 
 #: the kinds of attack :func:`attack_kind` tells apart
 KINDS: tuple[str, ...] = ("one-step", "iterative", "gradient-free", "noise")
@@ -72,7 +75,8 @@ def attack_kind(method: str, options: Mapping[str, Any] | None = None) -> str:
 @dataclass(frozen=True)
 class AttackResult:
     """One attack at one budget on one model: ``correct`` per image (the attack's image list, a prefix of
-    the study's), ``eps`` in pixel units and ``eps_text`` as reports write it (``"4/255"``)."""
+    the study's), ``eps`` in pixel units and ``eps_text`` as reports write it (``"4/255"``);
+    ``adaptive_of``: for an adaptive attack, the name of the same attack without (its twin)."""
 
     name: str
     kind: str
@@ -81,6 +85,7 @@ class AttackResult:
     eps: float
     eps_text: str
     correct: np.ndarray
+    adaptive_of: str | None = None
 
     @property
     def threat(self) -> str:
@@ -140,12 +145,16 @@ def masking_checks(results: Sequence[AttackResult], tolerance: float = TOLERANCE
         kind = {k: [r for r in rs if r.kind == k] for k in KINDS}
         for it in kind["iterative"]:
             for one in kind["one-step"]:
-                out[RULES[0]].append(_compare(RULES[0], threat, it, one, tolerance))
+                if (it.adaptive_of is None) == (one.adaptive_of is None):  # both plain or both adaptive
+                    out[RULES[0]].append(_compare(RULES[0], threat, it, one, tolerance))
+        plain = {r.name: r for r in rs if r.adaptive_of is None}
+        for ad in [r for r in rs if r.adaptive_of in plain]:
+            out[RULES[1]].append(_compare(RULES[1], threat, ad, plain[ad.adaptive_of], tolerance))
         for free in kind["gradient-free"] if kind["iterative"] else []:
-            out[RULES[1]].append(_against_white_box(threat, kind["iterative"], free, tolerance))
+            out[RULES[2]].append(_against_white_box(threat, kind["iterative"], free, tolerance))
         for noise in kind["noise"]:
             for att in [r for r in rs if r.kind != "noise"]:
-                out[RULES[2]].append(_compare(RULES[2], threat, att, noise, tolerance))
+                out[RULES[3]].append(_compare(RULES[3], threat, att, noise, tolerance))
     per_attack: dict[tuple[str, str, str], list[AttackResult]] = {}
     for r in results:
         per_attack.setdefault((r.name, r.norm, r.protocol), []).append(r)
@@ -153,8 +162,8 @@ def masking_checks(results: Sequence[AttackResult], tolerance: float = TOLERANCE
         ordered = sorted(rs, key=lambda r: r.eps)
         for small, large in zip(ordered, ordered[1:], strict=False):
             if large.eps > small.eps:
-                out[RULES[3]].append(_compare(
-                    RULES[3], f"{small.threat} -> {large.eps_text}",
+                out[RULES[4]].append(_compare(
+                    RULES[4], f"{small.threat} -> {large.eps_text}",
                     (f"{large.name} {large.eps_text}", large.correct),
                     replace(small, name=f"{small.name} {small.eps_text}"), tolerance))
     return [c for rule in RULES for c in out[rule]]
@@ -167,7 +176,7 @@ def _against_white_box(threat: str, iterative: Sequence[AttackResult], free: Att
     runs); ``missed``: images the gradient-free attack broke and *every* iterative attack left correct."""
     n = min([len(free.correct)] + [len(r.correct) for r in iterative])
     best = min(iterative, key=lambda r: (float(np.mean(r.correct[:n])), r.name))
-    chk = _compare(RULES[1], threat, (best.name, best.correct[:n]), free, tolerance)
+    chk = _compare(RULES[2], threat, (best.name, best.correct[:n]), free, tolerance)
     robust_to_all = np.logical_and.reduce([np.asarray(r.correct[:n], dtype=bool) for r in iterative])
     missed = float((robust_to_all & ~np.asarray(free.correct[:n], dtype=bool)).mean())
     name = best.name if len(iterative) == 1 else "best of " + ", ".join(sorted(r.name for r in iterative))

@@ -31,9 +31,7 @@ eps in normalised units, no clamp - so that numbers can be read next to theirs (
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,6 +40,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from ..attention.adaptive import adaptive_gradients
 from ..checks import check_choice, check_int, check_real
 from .common import PGD_ALPHA, eval_mode, model_device, topk_accuracy
 
@@ -104,19 +103,20 @@ def _aa_attacks(v: Any, name: str) -> list[str]:
 
 # The options of each method with their checks (each raises ValueError naming option, value, range).
 OPTION_CHECKS: dict[str, dict[str, Callable[[Any, str], Any]]] = {
-    "fgsm": {},
-    "pgd": {"steps": _steps, "alpha": _positive, "random_start": _flag},
-    "cw": {"c": _positive, "kappa": _nonnegative, "steps": _steps, "lr": _positive},
+    "fgsm": {"adaptive": _flag},
+    "pgd": {"steps": _steps, "alpha": _positive, "random_start": _flag, "adaptive": _flag},
+    "cw": {"c": _positive, "kappa": _nonnegative, "steps": _steps, "lr": _positive, "adaptive": _flag},
     "spsa": {"nb_iter": _steps, "delta": _positive, "lr": _positive, "nb_sample": _steps,
              "max_batch_size": _steps},
     "noise": {},
-    "sld": {"steps": _steps,
+    "sld": {"steps": _steps, "adaptive": _flag,
             "step_size": lambda v, n: check_real(v, n, min=0, min_open=True, allow_none=True),
             "sparsity": lambda v, n: check_real(v, n, min=0, max=1, max_open=True)},
     "square": {"n_queries": _steps, "p_init": lambda v, n: check_real(v, n, min=0, max=1, min_open=True)},
     "autoattack": {"version": lambda v, n: check_choice(v, n, AUTOATTACK_VERSIONS),
                    "attacks": _aa_attacks, "batch_size": _steps,
-                   "norm": lambda v, n: check_choice(v, n, AUTOATTACK_NORMS), "apgd_restarts": _steps},
+                   "norm": lambda v, n: check_choice(v, n, AUTOATTACK_NORMS), "apgd_restarts": _steps,
+                   "adaptive": _flag},
 }
 OPTIONS: dict[str, tuple[str, ...]] = {m: tuple(checks) for m, checks in OPTION_CHECKS.items()}
 
@@ -125,14 +125,14 @@ OPTIONS: dict[str, tuple[str, ...]] = {m: tuple(checks) for m, checks in OPTION_
 #: ``step_size`` None is its own rule (:func:`sparse_l1_descent`). AutoAttack's are pyautoattack's, per
 #: version: :data:`AUTOATTACK_APGD_RESTARTS`.
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "fgsm": {},
-    "pgd": {"steps": 20, "alpha": None, "random_start": True},
-    "cw": {"c": 1.0, "kappa": 0.0, "steps": 50, "lr": 0.01},
+    "fgsm": {"adaptive": False},
+    "pgd": {"steps": 20, "alpha": None, "random_start": True, "adaptive": False},
+    "cw": {"c": 1.0, "kappa": 0.0, "steps": 50, "lr": 0.01, "adaptive": False},
     "spsa": {"nb_iter": 40, "delta": 0.01, "lr": 0.01, "nb_sample": 128, "max_batch_size": 64},
     "noise": {},
-    "sld": {"steps": 20, "step_size": None, "sparsity": 0.95},
+    "sld": {"steps": 20, "step_size": None, "sparsity": 0.95, "adaptive": False},
     "square": {"n_queries": 5000, "p_init": 0.8},
-    "autoattack": {"norm": "Linf", "apgd_restarts": None},
+    "autoattack": {"norm": "Linf", "apgd_restarts": None, "adaptive": False},
 }
 #: the restarts of pyautoattack's untargeted APGD (APGD-CE, APGD-DLR) when ``apgd_restarts`` is not given:
 #: its "standard" and "rand" versions set 1, "plus" 5, and a custom list of attacks keeps the constructor's
@@ -162,9 +162,14 @@ def attack_settings(method: str, options: Mapping[str, Any] | None = None, *,
     0.15 eps, random start"`` for PGD, ``"pyautoattack custom, Linf: APGD-CE (100 iterations, 5
     restarts)"`` for ``autoattack`` with ``attacks=["apgd-ce"]``. ``n_classes`` (the model's) gives the
     target count of AutoAttack's targeted attacks, :func:`build_autoattack`'s ``min(9, n_classes - 1)``;
-    without it they are said to use "up to 9"."""
+    without it they are said to use "up to 9". An adaptive attack (``adaptive=True``) says so."""
     check_attack_options(method, 0.0, options or {})
-    o = {**DEFAULTS[method], **(options or {})}
+    text = _settings(method, {**DEFAULTS[method], **(options or {})}, n_classes)
+    return text + ("; adaptive (through every layer's gradient-free parts)" if (options or {}).get("adaptive")
+                   else "")
+
+
+def _settings(method: str, o: Mapping[str, Any], n_classes: int | None) -> str:
     if method == "pgd":
         alpha = f"{PGD_ALPHA:g} eps" if o["alpha"] is None else f"{o['alpha']:g}"
         return f"{o['steps']} steps of {alpha}" + (", random start" if o["random_start"] else "")
@@ -403,7 +408,9 @@ def attack(
             :data:`DEFAULTS` (the paper's where it has one: PGD 20 steps of 0.15 * eps from a random
             start); autoattack: ``version="standard"`` or ``attacks=[...]``, ``norm="Linf"`` or ``"L2"``,
             ``apgd_restarts`` (pyautoattack's by default: 1 in "standard", 5 for a list of attacks);
-            all: ``seed=0`` (the global torch RNG is left untouched). :func:`attack_settings` says in
+            all: ``seed=0`` (the global torch RNG is left untouched); gradient attacks: ``adaptive=True``
+            differentiates what layers compute without gradient (:mod:`kpca_attention.attention.adaptive`,
+            an adaptive attack; outputs unchanged). :func:`attack_settings` says in
             words what a method runs with.
         protocol: ``"pixel"`` (the default: the above) or ``"lab"`` - the papers' protocol for fgsm and
             pgd (:mod:`.protocol`): ``eps`` and ``alpha`` in *normalised* units, the attack on the
@@ -425,6 +432,7 @@ def attack(
     _check_inputs(images, labels, method, eps, options)
     seed = int(options.get("seed", 0))
     opts = {**DEFAULTS[method], **{k: v for k, v in options.items() if k != "seed"}}
+    adaptive = bool(opts.pop("adaptive", False))
     device = model_device(model)
     x = images.detach().to(device)
     y = labels.to(device).long()
@@ -433,7 +441,8 @@ def attack(
 
     import torchattacks as ta
 
-    with eval_mode(model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    with eval_mode(model), adaptive_gradients(model, adaptive), \
+            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         if protocol == "lab":
             return lab_attack(model, x, method, eps, **opts).to(images.device)
@@ -534,66 +543,3 @@ def evaluate_attack(
     lg, lb, nm = attack_logits(model, data, method, eps, n, batch_size, progress, protocol, **options)
     return {**topk_accuracy(lg, lb), "n": len(lb), "norm": attack_norm(method, options), "protocol": protocol,
             "mean_norm": nm.mean().item(), "max_norm": nm.max().item()}
-
-
-def eps_sweep(
-    model: nn.Module,
-    data: Dataset | tuple[Tensor, Tensor],
-    method: str,
-    eps_list: Sequence[float] | None = None,
-    n: int | None = None,
-    batch_size: int = 64,
-    progress: bool = True,
-    protocol: str = "pixel",
-    **options: Any,
-) -> list[dict[str, float]]:
-    """:func:`evaluate_attack` at each eps (default :data:`DEFAULT_EPS`), plus eps = 0 (clean).
-    Every eps and option is checked before the first attack runs."""
-    _check_method(method)
-    eps_values = [0.0, *(DEFAULT_EPS[method] if eps_list is None else eps_list)]
-    for e in eps_values:
-        check_attack_options(method, e, options)
-    check_int(n, "n", min=1, allow_none=True)
-    check_int(batch_size, "batch_size", min=1)
-    return [{"eps": float(e), **evaluate_attack(model, data, method, e, n, batch_size, progress, protocol,
-                                                **options)}
-            for e in dict.fromkeys(eps_values)]
-
-
-def plot_eps_sweep(
-    sweeps: Mapping[str, Mapping[str, Sequence[Mapping[str, float]]]],
-    path: str | os.PathLike,
-    title: str | None = None,
-) -> Path:
-    """Top-1 (solid, filled markers) and top-5 (dashed, hollow markers) accuracy against eps, one panel per
-    attack and one colour and marker per model (:func:`~kpca_attention.plotting.series_style`: past ten
-    models the marker changes) - the shape of the paper's Fig. 3, left. ``sweeps[model][method]`` =
-    :func:`eps_sweep` output. Linf budgets are shown in units of 1/255."""
-    from ..plotting import panel_grid, save_figure, series_style
-
-    methods = list(dict.fromkeys(m for s in sweeps.values() for m in s))
-    if not methods:
-        raise ValueError("nothing to plot")
-    fig, axes = panel_grid(len(methods), panel=(4.2, 3.4))
-    for ax, method in zip(axes, methods, strict=True):
-        scale = 255.0 if NORMS[method] == "Linf" else 1.0
-        for i, (label, per_method) in enumerate(sweeps.items()):
-            if method not in per_method:
-                continue
-            rows = sorted(per_method[method], key=lambda r: r["eps"])
-            e = [r["eps"] * scale for r in rows]
-            st = series_style(i)  # its line style is replaced: solid top-1, dashed top-5
-            c, m = st["color"], st["marker"]
-            top1, top5 = [100 * r["top1"] for r in rows], [100 * r["top5"] for r in rows]
-            ax.plot(e, top1, color=c, marker=m, linestyle="-", label=f"{label} top-1")
-            ax.plot(e, top5, color=c, marker=m, linestyle="--", markerfacecolor="none", alpha=0.6,
-                    label=f"{label} top-5")
-        unit = " (x 1/255)" if scale == 255.0 else ""
-        ax.set_xlabel(f"{NORMS[method]} eps{unit}")
-        ax.set_ylabel("accuracy (%)")
-        ax.set_title(method.upper())
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
-    return save_figure(fig, path, dpi=120)

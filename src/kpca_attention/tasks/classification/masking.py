@@ -40,9 +40,28 @@ def run_attack_results(attacks: Sequence[Mapping[str, Any]],
         norm = NORMS[a["method"]]
         eps = float(label) / 255
         text = f"{label}/255" if norm == "Linf" else f"{eps:.3g}"
+        twin = _plain_twin(a, spec) if (a.get("options") or {}).get("adaptive") else None
         out.append(AttackResult(_display(name, norm), attack_kind(a["method"], a.get("options")), norm,
-                                a.get("protocol") or "pixel", eps, text, np.asarray(bits, dtype=bool)))
+                                a.get("protocol") or "pixel", eps, text, np.asarray(bits, dtype=bool),
+                                None if twin is None else _display(twin, norm)))
     return out
+
+
+def _plain_twin(a: Mapping[str, Any], spec: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The name of the attack that is ``a`` without ``adaptive`` (None when the study has none)."""
+    want = {k: v for k, v in (a.get("options") or {}).items() if k != "adaptive"}
+    for name, b in spec.items():
+        opts = dict(b.get("options") or {})
+        same = (b["method"], b.get("protocol")) == (a["method"], a.get("protocol"))
+        if same and not opts.pop("adaptive", False) and opts == want:
+            return name
+    return None
+
+
+def _points(fraction: float) -> float:
+    """A difference of two accuracies in percentage points, without float noise (``0.2``, not
+    ``0.20000000000000018``; ``0.0``, not ``-0.0``)."""
+    return round(100 * fraction, 6) + 0.0
 
 
 def attack_checks_section(attacks: Sequence[Mapping[str, Any]],
@@ -67,25 +86,32 @@ def attack_checks_section(attacks: Sequence[Mapping[str, Any]],
         entries.append({"rule": rule, "threat": threat, "stronger": stronger, "weaker": weaker,
                         "runs": len(per), "failed": bad, "max_excess": worst,
                         "max_missed": max(c.missed for c in per.values()),
-                        "gap_points": {s: {str(sd): -100 * c.excess for (s2, sd), c in sorted(per.items())
+                        "gap_points": {s: {str(sd): _points(-c.excess) for (s2, sd), c in sorted(per.items())
                                            if s2 == s} for s in slugs if any(r[0] == s for r in per)}})
         rows.append({"rule": rule, "threat": threat, "pair": f"{stronger} vs {weaker}",
                      "passed": f"{len(per) - len(bad)} / {len(per)}", "excess": f"{100 * worst:+.1f}",
                      "missed": f"{100 * entries[-1]['max_missed']:.1f}"})
     summary["attack_checks"] = {"tolerance": TOLERANCE, "runs": len(runs), "checks": entries}
 
+    adaptive_ran = any(k[0] == "adaptive >= plain" for k in checks)
     lines = ["## Attack checks: signs of gradient masking", "",
              "Attacks on the same images, compared as an evaluation's sanity checks ask (Carlini et al. "
              "2019, *On Evaluating Adversarial Robustness*; Athalye et al. 2018; AutoAttack's "
-             "`check_square_sr`): an iterative gradient attack at least as strong as a one-step one, the "
-             "strongest white-box attack at least as strong as a gradient-free one, every attack stronger "
-             "than noise, a larger budget at least as strong as a smaller one. A check fails when the attack "
-             f"expected to be stronger leaves more than {100 * TOLERANCE:.1f} % of the images (AutoAttack's "
-             "tolerance) more correct. A failure is a sign, not proof, of gradients that the attacks cannot "
-             "follow (robustness overstated); passing is not proof of the opposite: no unbounded or "
-             "adaptive attack is run.", ""]
+             "`check_square_sr`): an iterative gradient attack at least as strong as a one-step one, an "
+             "adaptive attack at least as strong as the same attack without, the strongest white-box attack "
+             "at least as strong as a gradient-free one, every attack stronger than noise, a larger budget "
+             "at least as strong as a smaller one. A check fails when the attack expected to be stronger "
+             f"leaves more than {100 * TOLERANCE:.1f} % of the images (AutoAttack's tolerance) more "
+             "correct. A failure is a sign, not proof, of gradients that the attacks cannot follow "
+             "(robustness overstated); passing is not proof of the opposite: no unbounded attack is run"
+             + ("." if adaptive_ran else ", nor an adaptive one."), ""]
+    seeded = any(sd != 0 for _, sd in runs)
+
+    def run_name(run: tuple[str, int]) -> str:
+        return f"{label[run[0]]} seed {run[1]}" if seeded else label[run[0]]
+
     if failed:
-        shown = "; ".join(f"{run[0]}-s{run[1]}: {k[2]} vs {k[3]} at {k[1]} ({100 * c.excess:+.1f} points)"
+        shown = "; ".join(f"{run_name(run)}: {k[2]} vs {k[3]} at {k[1]} ({100 * c.excess:+.1f} points)"
                           for k, run, c in failed[:12])
         more = f" and {len(failed) - 12} more" if len(failed) > 12 else ""
         total = sum(len(p) for p in checks.values())
@@ -96,24 +122,27 @@ def attack_checks_section(attacks: Sequence[Mapping[str, Any]],
                                     "passed": "runs passed",
                                     "excess": "largest excess (points)",
                                     "missed": "images only the weaker broke (%, largest)"}), ""]
-    gap_keys = [k for k in checks if k[0] in ("iterative >= one-step", "white-box >= black-box")]
+    gap_keys = [k for k in checks if k[0] in ("iterative >= one-step", "adaptive >= plain",
+                                              "white-box >= black-box")]
     if gap_keys:
         lines += ["How far the weaker attack of each pair overstates robustness: top-1 under the weaker "
                   "minus under the stronger on the same images (percentage points, mean ± std over seeds; "
                   f"in brackets the mean paired difference against {label[base]}; descriptive, not a "
                   "verdict).", ""]
-        grows = []
-        for s in slugs:
-            row: dict[str, Any] = {"variant": label[s]}
-            for i, k in enumerate(gap_keys):
+        cells: dict[tuple[str, int], str] = {}
+        for i, k in enumerate(gap_keys):
+            ref = {sd: -c.excess for (s2, sd), c in checks[k].items() if s2 == base}
+            for s in slugs:
                 gaps = {sd: -c.excess for (s2, sd), c in checks[k].items() if s2 == s}
-                cell = fmt_pm(list(gaps.values()))
-                ref = {sd: -c.excess for (s2, sd), c in checks[k].items() if s2 == base}
                 both = [gaps[sd] - ref[sd] for sd in gaps if sd in ref]
-                if s != base and both:
-                    cell += f" [{100 * float(np.mean(both)):+.1f}]"
-                row[f"g{i}"] = cell
-            grows.append(row)
-        cols = {"variant": "variant", **{f"g{i}": f"{k[3]} − {k[2]} {k[1]}" for i, k in enumerate(gap_keys)}}
-        lines += [markdown_table(grows, cols), ""]
+                cells[(s, i)] = fmt_pm(list(gaps.values())) + (
+                    f" [{100 * float(np.mean(both)):+.1f}]" if s != base and both else "")
+        pair = {i: f"{k[3]} − {k[2]} {k[1]}" for i, k in enumerate(gap_keys)}
+        if len(gap_keys) <= max(len(slugs), 8):  # one row per variant
+            rows2 = [{"variant": label[s], **{f"g{i}": cells[(s, i)] for i in pair}} for s in slugs]
+            cols2 = {"variant": "variant", **{f"g{i}": t for i, t in pair.items()}}
+        else:  # more comparisons than variants: one row per comparison
+            rows2 = [{"pair": t, **{s: cells[(s, i)] for s in slugs}} for i, t in pair.items()]
+            cols2 = {"pair": "weaker − stronger", **{s: label[s] for s in slugs}}
+        lines += [markdown_table(rows2, cols2), ""]
     return lines
