@@ -12,8 +12,13 @@ from torch.utils.data import TensorDataset
 from kpca_attention.models.normalize import NormalizedModel
 from kpca_attention.robustness.attacks import attack, attack_logits
 from kpca_attention.robustness.store import ResultStore
-from kpca_attention.tasks.classification.report import _attack_title, _metric_title
-from kpca_attention.tasks.classification.suites import Attack, ImageSuites, evaluate_image_suites
+from kpca_attention.tasks.classification.report import _metric_title
+from kpca_attention.tasks.classification.suites import (
+    Attack,
+    ImageSuites,
+    attack_title,
+    evaluate_image_suites,
+)
 
 torch.set_num_threads(1)
 MEAN, STD = (0.2, 0.5, 0.7), (0.25, 0.4, 0.1)
@@ -157,5 +162,5 @@ def test_settings_and_report_name_the_protocol():
     assert [_metric_title(k) for k in ("apgd-ce@4", "square@4")] == ["APGD-CE 4/255", "Square 4/255"]
     # L2 budgets are stored in units of 1/255 like every key, and read as they are in titles and plot panels
     assert _metric_title("cw@127.5", {"cw": "L2"}) == "CW L2 0.5"
-    assert _attack_title("cw", {"cw": "L2"}) == ("CW L2", "")
-    assert _attack_title("pgd-lab") == ("PGD", " (lab)")
+    assert attack_title("cw", {"cw": "L2"}) == ("CW L2", "")
+    assert attack_title("pgd-lab") == ("PGD", " (lab)")

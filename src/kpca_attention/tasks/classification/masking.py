@@ -15,20 +15,12 @@ from ...tables import fmt_pm, markdown_table
 
 __all__ = ["run_attack_results", "attack_checks_section"]
 
-_TITLES = {"square": "Square", "autoattack": "AutoAttack"}
-
-
-def _display(name: str, norm: str) -> str:
-    base = name[:-4] if name.endswith("-lab") else name
-    return _TITLES.get(base, base.upper()) + (f" {norm}" if norm != "Linf" else "")
-
-
 def run_attack_results(attacks: Sequence[Mapping[str, Any]],
                        ex: Mapping[str, np.ndarray]) -> list[AttackResult]:
     """The attacks of one run as :class:`AttackResult` s: ``attacks`` as ``settings.json`` records them,
     ``ex`` the run's per-example correctness (``<attack name>@<eps label>`` keys, eps labels in units of
     1/255)."""
-    from .suites import attack_name
+    from .suites import attack_name, attack_title
 
     spec = {attack_name(a): a for a in attacks}
     out = []
@@ -41,9 +33,10 @@ def run_attack_results(attacks: Sequence[Mapping[str, Any]],
         eps = float(label) / 255
         text = f"{label}/255" if norm == "Linf" else f"{eps:.3g}"
         twin = _plain_twin(a, spec) if (a.get("options") or {}).get("adaptive") else None
-        out.append(AttackResult(_display(name, norm), attack_kind(a["method"], a.get("options")), norm,
+        title = attack_title(name, {name: norm})[0]
+        out.append(AttackResult(title, attack_kind(a["method"], a.get("options")), norm,
                                 a.get("protocol") or "pixel", eps, text, np.asarray(bits, dtype=bool),
-                                None if twin is None else _display(twin, norm)))
+                                None if twin is None else attack_title(twin, {twin: norm})[0]))
     return out
 
 

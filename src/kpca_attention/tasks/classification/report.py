@@ -19,17 +19,11 @@ from ...stats import paired_summary
 from ...tables import fmt_p, fmt_pm, markdown_table
 from ..base import SeedMetric, StudySections, bar_plot
 from .masking import attack_checks_section
-from .suites import eps_label
+from .suites import attack_name, attack_title, eps_label
 
 __all__ = ["ClassificationSections", "per_example", "run_metrics"]
 
 FULL_SEVERITIES = (1, 2, 3, 4, 5)
-
-
-def _attack_name(a: Mapping[str, Any]) -> str:
-    from .suites import attack_name
-
-    return attack_name(a)
 
 
 def per_example(r: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -87,9 +81,6 @@ def _mce(r: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[float | None, f
 
 
 #: attacks named as their papers and libraries name them; the rest in capitals (FGSM, PGD, APGD-CE, SPSA, CW)
-_ATTACK_NAMES = {"square": "Square", "autoattack": "AutoAttack"}
-
-
 def _metric_title(k: str, norms: Mapping[str, str] | None = None) -> str:
     """Column title of a metric key; ``norms``: attack name -> "Linf" | "L2" | "L1"."""
     if k == "clean":
@@ -97,17 +88,10 @@ def _metric_title(k: str, norms: Mapping[str, str] | None = None) -> str:
     if k == "corrupted":
         return "corrupted"
     a, e = k.split("@")
-    name, lab = _attack_title(a, norms)
+    name, lab = attack_title(a, norms)
     if (norms or {}).get(a, "Linf") != "Linf":  # budgets are named in units of 1/255 (eps_label); L2 / L1
         return f"{name} {float(e) / 255:.3g}{lab}"  # budgets read as they are
     return f"{name} {e}/255{lab}"
-
-
-def _attack_title(a: str, norms: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """``(name with its norm unless Linf, " (lab)" or "")`` of an attack's key name."""
-    base, lab = (a[:-4], " (lab)") if a.endswith("-lab") else (a, "")  # lab protocol: normalised units
-    norm = (norms or {}).get(a, "Linf")
-    return _ATTACK_NAMES.get(base, base.upper()) + (f" {norm}" if norm != "Linf" else ""), lab
 
 
 
@@ -131,8 +115,8 @@ class ClassificationSections(StudySections):
         suites = self.settings["suites"]
         corr = suites.get("corruptions") or {}
         self.want_c = {(c, str(s)) for c in corr.get("names", []) for s in corr.get("severities", [])}
-        self.want_a = {(_attack_name(a), eps_label(e)) for a in suites.get("attacks", []) for e in a["eps"]}
-        self.norms = {_attack_name(a): NORMS.get(a["method"], "Linf") for a in suites.get("attacks", [])}
+        self.want_a = {(attack_name(a), eps_label(e)) for a in suites.get("attacks", []) for e in a["eps"]}
+        self.norms = {attack_name(a): NORMS.get(a["method"], "Linf") for a in suites.get("attacks", [])}
         self.ex: dict[str, dict[int, dict[str, np.ndarray]]] = {}
 
     # --- reading ------------------------------------------------------------------------------------
@@ -157,7 +141,7 @@ class ClassificationSections(StudySections):
             for seed in list(per):
                 r = per[seed]
                 have_c = {(c, sv) for c, x in r["corruptions"].items() for sv in x}
-                attacks_for_seed = {(_attack_name(a), eps_label(e)) for a in attacks
+                attacks_for_seed = {(attack_name(a), eps_label(e)) for a in attacks
                                     if not a.get("seeds") or seed in a["seeds"] for e in a["eps"]}
                 have_a = {(a, e) for a, x in r["attacks"].items() for e in x}
                 if have_c != self.want_c or not attacks_for_seed <= have_a:
@@ -193,7 +177,7 @@ class ClassificationSections(StudySections):
         s_ = self.settings
         suites = s_["suites"]
         corr = suites.get("corruptions")
-        attacks = [f"{_attack_name(a)} ({attack_settings(a['method'], a.get('options'))}) on {a['n']} images"
+        attacks = [f"{attack_name(a)} ({attack_settings(a['method'], a.get('options'))}) on {a['n']} images"
                    + (f" (seeds {a['seeds']} only)" if a.get("seeds") else "") for a in suites["attacks"]]
         return (
             f"Evaluation: clean on {'all' if suites['clean'] is None else suites['clean']} test images"
@@ -235,7 +219,7 @@ class ClassificationSections(StudySections):
         """An attack's metric (``<attack>@<eps>``) on the seeds its suite names, if it names any."""
         name = key.split("@", 1)[0] if "@" in key else None
         return next((tuple(a["seeds"]) for a in self.settings["suites"].get("attacks", [])
-                     if a.get("seeds") and _attack_name(a) == name), None)
+                     if a.get("seeds") and attack_name(a) == name), None)
 
     def extra_columns(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         if not any("mCE" in r for r in rows):
@@ -419,7 +403,7 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
                       for e in eps]
                 clean = np.mean([100 * met[s][sd]["clean@attack"] for sd in met[s]])
                 ax.plot([0, *[e / unit for e in eps]], [clean, *ys], **series_style(i), label=label[s])
-            ax.set_title("".join(_attack_title(a, norms)))
+            ax.set_title("".join(attack_title(a, norms)))
             ax.set_xlabel("Linf budget in units of 1/255" if norm == "Linf" else f"{norm} budget")
             ax.grid(alpha=0.3)
         for ax in row_starts(axes):

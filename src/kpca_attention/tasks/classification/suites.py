@@ -39,8 +39,8 @@ from torch.utils.data import Dataset, Subset
 
 from ...robustness.store import ResultStore, example_hits, example_result, join_hits
 
-__all__ = ["Corruptions", "Attack", "OODSets", "same_images", "AutoAttackSuite", "ImageSuites",
-           "fixed_subset",
+__all__ = ["Corruptions", "Attack", "attack_title", "OODSets", "same_images", "AutoAttackSuite",
+           "ImageSuites", "fixed_subset",
            "evaluate_image_suites", "eps_label", "structure_items", "evaluate_autoattack", "evaluate_ood",
            "attack_key"]
 
@@ -112,6 +112,18 @@ def attack_name(a: Mapping[str, Any]) -> str:
     opts = a.get("options") or {}
     base = a.get("label") or (a["method"] + "".join(f"-{k}{v}" for k, v in sorted(opts.items())))
     return base + ("-lab" if a.get("protocol", "pixel") == "lab" else "")
+
+
+_ATTACK_TITLES = {"square": "Square", "autoattack": "AutoAttack"}
+
+
+def attack_title(a: str, norms: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """How reports write an attack's name (:func:`attack_name`): ``(title with its norm unless Linf,
+    " (lab)" or "")``, e.g. ``("PGD", "")``, ``("CW L2", "")``, ``("FGSM", " (lab)")``; ``norms``: attack
+    name -> "Linf" | "L2" | "L1"."""
+    base, lab = (a[:-4], " (lab)") if a.endswith("-lab") else (a, "")  # lab protocol: normalised units
+    norm = (norms or {}).get(a, "Linf")
+    return _ATTACK_TITLES.get(base, base.upper()) + (f" {norm}" if norm != "Linf" else ""), lab
 
 
 @dataclass(frozen=True)
