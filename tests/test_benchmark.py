@@ -251,3 +251,42 @@ def test_autoattack_resumes_at_its_first_missing_chunk(net, tmp_path, monkeypatc
     r = ref["autoattack"]["standard-Linf"]["64"]
     assert {k: r[k] for k in ("top1", "top5", "n", "correct")} == example_result(lg, lb)
     assert (r["mean_norm"], r["max_norm"]) == (nm.mean().item(), nm.max().item())
+
+
+def test_a_model_with_gradient_free_layers_is_benchmarked_only_as_the_user_says(tmp_path, monkeypatch):
+    """Elliptical attention computes its metric without gradient: benchmarking it needs --adaptive or
+    --no-adaptive (refused with one line otherwise); the choice reaches AutoAttack, its items' keys and the
+    JSON."""
+    import timm
+
+    import kpca_attention.models  # noqa: F401  (registers the models in timm)
+    from kpca_attention.attention import EllipticalAttention
+    from kpca_attention.robustness import attacks as A
+
+    torch.manual_seed(0)
+    ell = timm.create_model("elliptical_vit_mini_patch4_28", num_classes=10)
+    model = NormalizedModel(ell, INFO.mean, INFO.std).eval()
+    layers = sum(isinstance(m, EllipticalAttention) for m in model.modules())
+    assert layers == 4
+    with pytest.raises(ValueError, match=r"without gradient \(.*attn.* and \d+ more layers\): attack through "
+                                         r"it with --adaptive, or as computed with --no-adaptive"):
+        benchmark(model, dataset="digits", n=3, eps="16/255", **QUIET)
+    seen = []
+
+    def fake(net, data, method, eps, **kw):  # what AutoAttack was asked, without the hour it takes
+        seen.append(kw.get("adaptive", False))
+        x, y = data
+        return torch.zeros(len(y), 10), y, torch.zeros(len(y))
+
+    monkeypatch.setattr(A, "attack_logits", fake)
+    for adaptive in (True, False):
+        rec = benchmark(model, dataset="digits", n=3, eps="16/255", adaptive=adaptive, out=tmp_path,
+                        name=f"ell-{adaptive}", **QUIET)
+        assert seen.pop() is adaptive and (rec["adaptive"], rec["gradient_free_layers"]) == (adaptive, layers)
+        key = ResultStore(tmp_path / "results" / f"ell-{adaptive}.json")._items[
+            "autoattack/standard-Linf/16"]["key"]
+        assert key.get("adaptive", False) is adaptive
+    # a model without such layers needs neither, and records adaptive false
+    plain = NormalizedModel(nn.Sequential(nn.Flatten(), nn.Linear(784, 10)), INFO.mean, INFO.std).eval()
+    rec = benchmark(plain, dataset="digits", n=3, eps="16/255", **QUIET)
+    assert (rec["adaptive"], rec["gradient_free_layers"]) == (False, 0)

@@ -13,6 +13,7 @@ def benchmark_cmd(
     eps: str | None = typer.Option(None, help="Budget in pixel units, e.g. 4/255 (default: Linf 4/255, L2 0.5)."),
     n: int = typer.Option(1000, help="Number of images: the first N of the dataset's committed test-image list."),
     version: str = typer.Option("standard", help="AutoAttack version: standard | rand (randomised defences)."),
+    adaptive: bool | None = typer.Option(None, "--adaptive/--no-adaptive", help="Attack through what layers compute without gradient (e.g. Elliptical attention's metric), or as the model computes it; required for such a model."),
     dataset: str | None = typer.Option(None, help="Dataset (default: the run's); its test split is used."),
     data_root: Path | None = typer.Option(None, help="Dataset folder."),
     name: str | None = typer.Option(None, help="Name of the model in the JSON (default: from MODEL)."),
@@ -22,14 +23,16 @@ def benchmark_cmd(
 ) -> None:
     """Clean and robust accuracy with 95% intervals, RobustBench's way (AutoAttack on a fixed, committed
     list of test images, normalisation inside the model, images in [0, 1]); writes a RobustBench-format JSON.
-    A model in training mode, randomised without --version rand, or with missing / doubled normalisation
-    is refused with one line."""
+    A model in training mode, randomised without --version rand, with missing / doubled normalisation, or
+    computing part of its output without gradient and neither --adaptive nor --no-adaptive is refused with
+    one line."""
     from ..io import output_path
     from ..studies.benchmark import benchmark
 
     if name is not None:  # a file name inside --out, checked before any work
         output_path(out, "results", f"{name}.json", what="--name")
     benchmark(model, dataset=dataset, threat_model=threat_model, eps=eps, n=n, version=version, name=name,
+              adaptive=adaptive,
               data_root=None if data_root is None else str(data_root), out=out, device=device,
               batch_size=batch_size, log=typer.echo)
 

@@ -15,6 +15,10 @@ mistake is one ``ValueError`` line:
 * in training mode (any submodule): RobustBench evaluates in eval mode;
 * images outside [0, 1] (a dataset that normalises already);
 * randomised - two forward passes on the same batch differ - unless ``version="rand"``;
+* computing part of its output without gradient (a layer with ``adaptive_options``, e.g. Elliptical
+  attention's metric), unless ``adaptive`` says how to attack it: ``True`` through those parts (an adaptive
+  attack, :mod:`kpca_attention.attention.adaptive`), ``False`` as the model computes it (its published
+  protocol); the JSON records which;
 * normalisation doubled: two normalisation modules (``NormalizedModel``, torchvision's ``Normalize``)
   in the model - wrapping a model of this project, which normalises already, is the usual way;
 * normalisation missing or doubled in a way the module tree does not show. The check: top-1 on the
@@ -188,6 +192,7 @@ def benchmark(
     n: int = 1000,
     version: str = "standard",
     *,
+    adaptive: bool | None = None,
     name: str | None = None,
     data_root: str | None = None,
     out: str | Path | None = None,
@@ -205,6 +210,8 @@ def benchmark(
         threat_model: ``Linf``, ``L2`` (AutoAttack) or ``corruptions``.
         eps: the budget in pixel units, a number or ``"4/255"`` (default Linf 4/255, L2 0.5).
         version: AutoAttack ``standard`` or ``rand`` (randomised defences).
+        adaptive: attack through what layers compute without gradient (True) or not (False); None is
+            refused for a model that has such layers (the module docstring).
         out: folder for ``<dataset>/<threat_model>/<eps>/<name>.json`` (RobustBench's model_info layout
             with a folder per budget, e.g. ``fashion-mnist/Linf/4_255/``; corruptions have none) and the
             per-example results ``results/<name>.json`` (reused when run again); None: nothing written.
@@ -214,6 +221,7 @@ def benchmark(
     """
     import tempfile
 
+    from ..attention.adaptive import adaptive_layers
     from ..data.images import build_image_dataset, dataset_info
     from ..io import output_path, write_json_atomic
     from ..robustness.image_ids import ids_path, image_ids_sha256, load_image_ids
@@ -229,6 +237,11 @@ def benchmark(
         DEFAULT_EPS[threat_model] if eps is None else eps)
     dev = resolve_device(device)
     net, ds_name, info = _resolve(model, dataset, dev)
+    gradient_free = adaptive_layers(net)
+    if gradient_free and adaptive is None and threat_model != "corruptions":
+        more = f" and {len(gradient_free) - 1} more layers" if len(gradient_free) > 1 else ""
+        raise ValueError(f"the model computes part of its output without gradient ({gradient_free[0]}"
+                         f"{more}): attack through it with --adaptive, or as computed with --no-adaptive")
     if not isinstance(ds_name, str):
         raise ValueError("dataset must be a dataset name (its committed test-image list is used)")
     ids = load_image_ids(ds_name, n)
@@ -260,12 +273,14 @@ def benchmark(
             record.update(_corruptions(net, Subset(test_set, ids), store, base_key, ds_name, batch_size,
                                        root))
         else:
-            suite = AutoAttackSuite(eps=(eps_value,), norm=threat_model, version=version, n=n, seeds=None)
+            suite = AutoAttackSuite(eps=(eps_value,), norm=threat_model, version=version, n=n, seeds=None,
+                                    adaptive=bool(adaptive))
             res = evaluate_autoattack(net, test_set, suite, store, base_key, dataset=ds_name,
                                       batch_size=batch_size, log=log)
             clean = res["clean_autoattack_subset"]
             robust = next(iter(res["autoattack"][suite.name].values()))
-            record.update(_acc("clean_acc", clean), **_acc("autoattack_acc", robust), version=version)
+            record.update(_acc("clean_acc", clean), **_acc("autoattack_acc", robust), version=version,
+                          adaptive=bool(adaptive), gradient_free_layers=len(gradient_free))
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -132,13 +132,15 @@ class AutoAttackSuite:
     FAB-T, Square) or ``rand`` (APGD-CE, APGD-DLR with EOT, for randomised defences), threat model
     ``norm`` (Linf, L2) at each budget ``eps`` (pixel units), on the first ``n`` indices of the
     dataset's committed test-image list; ``seeds``: the training seeds whose runs are attacked
-    (``None``: all)."""
+    (``None``: all); ``adaptive``: through what layers compute without gradient
+    (:mod:`kpca_attention.attention.adaptive`)."""
 
     eps: tuple[float, ...] = (4 / 255, 8 / 255)
     norm: str = "Linf"
     version: str = "standard"
     n: int = 1000
     seeds: tuple[int, ...] | None = (0,)
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         from ...checks import check_choice
@@ -491,10 +493,11 @@ def evaluate_autoattack(
     out: dict[str, Any] = {"clean_autoattack_subset": get(
         "autoattack/clean", {}, lambda: _clean(net(), subset, batch_size))}
     res: dict[str, Any] = {}
+    how = {"adaptive": True} if suite.adaptive else {}  # in the key only when set: older items stay valid
     for eps in suite.eps:
         item = f"autoattack/{suite.name}/{eps_label(eps)}"
         extra = {"version": suite.version, "norm": suite.norm, "eps": eps, "protocol": "pixel",
-                 "attack_seed": 0}
+                 "attack_seed": 0, **how}
 
         def compute(eps: float = eps, item: str = item, extra: dict[str, Any] = extra) -> dict[str, Any]:
             # chunks of batch_size images, each one AutoAttack run seeded alike (its attacks are per
@@ -507,7 +510,7 @@ def evaluate_autoattack(
                 def chunk(start: int = start, stop: int = stop) -> dict[str, Any]:
                     lg, lb, nm = attack_logits(net(), (x_all[start:stop], y_all[start:stop]), "autoattack",
                                                eps, batch_size=batch_size, progress=False, seed=0,
-                                               version=suite.version, norm=suite.norm)
+                                               version=suite.version, norm=suite.norm, **how)
                     return {**example_hits(lg, lb), "norms": nm.tolist()}
 
                 chunks.append(get(f"{item}/images-{start}-{stop}", {**extra, "images": [start, stop]}, chunk))
