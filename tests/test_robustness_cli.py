@@ -58,6 +58,9 @@ def test_corruptions_and_attacks_side_by_side_and_resumed(runs, tmp_path, monkey
                     "--eps", "2/255,8/255", "--attack-n", 8, "--steps", 2])
     assert "mCE vs symvit" in text and "relative to symvit" in text and "| gaussian_noise |" in text
     summary = json.loads((out / "summary.json").read_text())
+    # existing models evaluated once each: no table of one-seed verdict cells, one line saying why
+    assert "None: a verdict word needs two or more paired training seeds" in text
+    assert "inconclusive" not in text and summary["verdicts"]["none"]
     assert summary["baseline"] == "symvit"
     assert summary["mce"]["symvit"]["mce"] == [pytest.approx(100.0)]
     rpc = _results(out, "rpc")

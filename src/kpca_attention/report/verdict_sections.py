@@ -134,9 +134,15 @@ def verdict_lines(out: Path, sec: StudySections, summary: dict[str, Any]) -> lis
     also += [(c, label[c], vs) for c, vs in paired.items()]
     fam, ver, seeds = study_verdicts(metrics, variants, base, label[base], margins, variant_margins=vmargins,
                                      also=also)
+    summary["verdicts"] = {"alpha": ALPHA, "baseline": base, "family": fam.to_dict()}
+    if fam.size == 0 and all(v.get("source") for v in settings["variants"]):
+        # existing models evaluated once each (the robustness command): nothing to pair over seeds
+        summary["verdicts"]["none"] = "every model was evaluated once: no paired seeds"
+        return ["## Verdicts over seeds", "", "None: a verdict word needs two or more paired training seeds "
+                "per variant, and each model here is one existing model evaluated once. The paired "
+                "differences below are over test examples: test-set noise only, not a verdict.", ""]
     sec.verdicts_ = {k: v for k, v in ver.items() if len(k) == 2}
     lines: list[str] = []
-    summary["verdicts"] = {"alpha": ALPHA, "baseline": base, "family": fam.to_dict()}
     for comp, _cl, vs in [(base, label[base], variants), *also]:
         sub = {(k[0], k[1]): v for k, v in ver.items() if (len(k) == 2) == (comp == base)
                and (comp == base or k[2] == comp)}
