@@ -12,16 +12,16 @@ import numpy as np
 from ...robustness.attack_checks import TOLERANCE, AttackResult, Check, attack_kind, masking_checks
 from ...robustness.attacks import NORMS
 from ...tables import fmt_pm, markdown_table
+from .suites import attack_name, attack_title
 
 __all__ = ["run_attack_results", "attack_checks_section"]
+
 
 def run_attack_results(attacks: Sequence[Mapping[str, Any]],
                        ex: Mapping[str, np.ndarray]) -> list[AttackResult]:
     """The attacks of one run as :class:`AttackResult` s: ``attacks`` as ``settings.json`` records them,
     ``ex`` the run's per-example correctness (``<attack name>@<eps label>`` keys, eps labels in units of
     1/255)."""
-    from .suites import attack_name, attack_title
-
     spec = {attack_name(a): a for a in attacks}
     out = []
     for key, bits in ex.items():
