@@ -182,3 +182,18 @@ def test_masked_gradients_fail_the_black_box_check_on_a_real_model() -> None:
     assert all(c.passed for c in verdicts["plain"].values())
     masked = verdicts["masked"]["white-box >= black-box"]
     assert not masked.passed and masked.excess > 0.5 and masked.missed > 0.5
+
+
+def test_the_gap_plot_draws_pairs_run_at_two_budgets_or_more(tmp_path) -> None:
+    from kpca_attention.tasks.classification.masking import attack_gap_plot
+
+    def entry(threat, gaps, stronger="PGD", rule="iterative >= one-step"):
+        return {"rule": rule, "threat": threat, "stronger": stronger, "weaker": "FGSM", "gap_points": gaps}
+
+    gaps = {"a": {"0": 1.0, "1": 2.0}, "b": {"0": 0.5}}
+    entries = [entry("Linf 2/255", gaps), entry("Linf 8/255", gaps), entry("Linf 4/255", gaps, "APGD-CE"),
+               entry("Linf 4/255 (lab)", gaps), entry("Linf 8/255", gaps, rule="larger budget")]
+    path = attack_gap_plot(tmp_path / "gaps.png", entries, ["a", "b"], {"a": "A", "b": "B"})
+    assert path is not None and path.stat().st_size > 5000
+    assert attack_gap_plot(tmp_path / "none.png", entries[2:], ["a", "b"], {"a": "A", "b": "B"}) is None
+    assert not (tmp_path / "none.png").exists()

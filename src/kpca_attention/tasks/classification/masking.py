@@ -5,6 +5,7 @@ how far the weaker attack of each pair overstates robustness, per variant."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from ...robustness.attacks import NORMS
 from ...tables import fmt_pm, markdown_table
 from .suites import attack_name, attack_title
 
-__all__ = ["run_attack_results", "attack_checks_section"]
+__all__ = ["run_attack_results", "attack_checks_section", "attack_gap_plot"]
 
 
 def run_attack_results(attacks: Sequence[Mapping[str, Any]],
@@ -139,3 +140,55 @@ def attack_checks_section(attacks: Sequence[Mapping[str, Any]],
             cols2 = {"pair": "weaker − stronger", **{s: label[s] for s in slugs}}
         lines += [markdown_table(rows2, cols2), ""]
     return lines
+
+
+def _budget(threat: str) -> float | None:
+    """The budget of a threat as the report writes it (``"Linf 8/255"`` -> 8, ``"L2 0.5"`` -> 0.5)."""
+    parts = threat.split()
+    if len(parts) < 2:
+        return None
+    text = parts[1]
+    try:
+        return float(text[:-4]) if text.endswith("/255") else float(text)
+    except ValueError:
+        return None
+
+
+def attack_gap_plot(path: Path, entries: Sequence[Mapping[str, Any]], slugs: Sequence[str],
+                    label: Mapping[str, str]) -> Path | None:
+    """How far a one-step attack overstates robustness against an iterative one, against the budget: one
+    panel per (iterative, one-step) pair run at two or more budgets of one norm, one line per variant (mean
+    over seeds, error bars: std over seeds). ``entries``: ``summary["attack_checks"]["checks"]``. None when
+    no pair has two budgets."""
+    from ...plotting import panel_grid, row_starts, save_figure, series_style
+
+    panels: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    for e in entries:
+        b = _budget(e["threat"])
+        if e["rule"] == "iterative >= one-step" and b is not None and "(" not in e["threat"]:
+            panels.setdefault((e["stronger"], e["weaker"], e["threat"].split()[0]), []).append(e)
+    panels = {k: sorted(v, key=lambda e: _budget(e["threat"]) or 0) for k, v in panels.items() if len(v) >= 2}
+    if not panels:
+        return None
+    fig, axes = panel_grid(len(panels), panel=(5.4, 4.2))
+    for ax, ((stronger, weaker, norm), es) in zip(axes, panels.items(), strict=True):
+        for i, s in enumerate(slugs):
+            xs, ys, sds = [], [], []
+            for e in es:
+                vals = list(e["gap_points"].get(s, {}).values())
+                if vals:
+                    xs.append(_budget(e["threat"]))
+                    ys.append(float(np.mean(vals)))
+                    sds.append(float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0)
+            if xs:
+                st = series_style(i)
+                ax.errorbar(xs, ys, yerr=sds, capsize=2, color=st["color"], marker=st["marker"],
+                            linestyle=st["linestyle"], label=label[s])
+        ax.axhline(0, color="0.4", linewidth=0.8)
+        ax.set_title(f"{weaker} − {stronger}", fontsize=9)
+        ax.set_xlabel("Linf budget in units of 1/255" if norm == "Linf" else f"{norm} budget")
+        ax.grid(alpha=0.3)
+    for ax in row_starts(axes):
+        ax.set_ylabel("top-1 difference (points): how much\nthe one-step attack overstates robustness")
+    axes[0].legend(fontsize=7, ncol=2)
+    return save_figure(fig, path)

@@ -18,7 +18,7 @@ from ...robustness.store import decode_bits
 from ...stats import paired_summary
 from ...tables import fmt_p, fmt_pm, markdown_table
 from ..base import SeedMetric, StudySections, bar_plot
-from .masking import attack_checks_section
+from .masking import attack_checks_section, attack_gap_plot
 from .suites import attack_name, attack_title, eps_label
 
 __all__ = ["ClassificationSections", "per_example", "run_metrics"]
@@ -324,7 +324,10 @@ class ClassificationSections(StudySections):
         return lines
 
     def plots(self, out: Path, summary: dict[str, Any]) -> tuple[list[Path], list[Path]]:
-        return _plots(out, self.slugs, self.label, self.res, self.met, self.keys_, self.title, self.norms), []
+        paths = _plots(out, self.slugs, self.label, self.res, self.met, self.keys_, self.title, self.norms)
+        gaps = attack_gap_plot(out / "attack_gaps.png", summary.get("attack_checks", {}).get("checks", []),
+                               self.slugs, self.label)
+        return paths + ([gaps] if gaps is not None else []), []
 
 
 def _ood_section(ood: Mapping[str, Any], slugs: list[str], label: dict[str, str],
