@@ -57,12 +57,6 @@ def _bits(r: Mapping[str, Any]) -> np.ndarray:
     return decode_bits(r["correct"])
 
 
-def _eps_text(norm: str, label: str) -> str:
-    if norm == "Linf":
-        return f"{label}/255"
-    return f"{float(label) / 255:.3g}"
-
-
 def _n_classes(dataset: str | None) -> int | None:
     """The classes of a known image dataset (None when it is not known or depends on a folder)."""
     from ..data.images import dataset_info
@@ -80,7 +74,7 @@ def _threats(settings: Mapping[str, Any], items: Mapping[str, Any],
     """``{threat key: {"robust": bits, "clean": bits, "attacks": [...], "left_out": [...]}}`` of one run
     (``n_classes``: the model's, for the target count of AutoAttack's targeted attacks)."""
     from ..robustness.attacks import attack_settings
-    from ..tasks.classification.suites import attack_name
+    from ..tasks.classification.suites import attack_name, eps_text
 
     attacks = settings["suites"].get("attacks", [])
     methods = {attack_name(a): a["method"] for a in attacks}
@@ -100,14 +94,14 @@ def _threats(settings: Mapping[str, Any], items: Mapping[str, Any],
             groups.setdefault((r.get("norm", "Linf"), label, protocol), []).append((name, _bits(r)))
         elif parts[0] == "autoattack" and "clean_autoattack" not in item:
             version, norm = parts[1].split("-", 1)
-            key = (norm, _eps_text(norm, parts[2]), "pixel", f"AutoAttack {version}")
+            key = (norm, eps_text(norm, parts[2]), "pixel", f"AutoAttack {version}")
             out[key] = {"robust": _bits(r), "clean": _bits(items["autoattack/clean"]), "attacks": [parts[1]],
                         "left_out": [], "settings": _autoattack_settings(version, norm, n_classes)}
     for (norm, label, protocol), runs in groups.items():
         n = max(len(b) for _, b in runs)
         used = sorted(a for a, b in runs if len(b) == n)
         robust = np.logical_and.reduce([b for _, b in runs if len(b) == n])
-        key = (norm, _eps_text(norm, label), protocol, "worst case of " + ", ".join(used))
+        key = (norm, eps_text(norm, label), protocol, "worst case of " + ", ".join(used))
         out[key] = {"robust": robust, "clean": _bits(items["attacks/clean"])[:n], "attacks": used,
                     "left_out": sorted(a for a, b in runs if len(b) != n),
                     "settings": "; ".join(f"{a}: {described[a]}" for a in used)}

@@ -13,7 +13,7 @@ import numpy as np
 from ...robustness.attack_checks import TOLERANCE, AttackResult, Check, attack_kind, masking_checks
 from ...robustness.attacks import NORMS
 from ...tables import fmt_pm, markdown_table
-from .suites import attack_name, attack_title
+from .suites import attack_name, attack_title, eps_text
 
 __all__ = ["run_attack_results", "attack_checks_section", "attack_gap_plot"]
 
@@ -32,7 +32,7 @@ def run_attack_results(attacks: Sequence[Mapping[str, Any]],
         a = spec[name]
         norm = NORMS[a["method"]]
         eps = float(label) / 255
-        text = f"{label}/255" if norm == "Linf" else f"{eps:.3g}"
+        text = eps_text(norm, label)
         twin = _plain_twin(a, spec) if (a.get("options") or {}).get("adaptive") else None
         title = attack_title(name, {name: norm})[0]
         out.append(AttackResult(title, attack_kind(a["method"], a.get("options")), norm,

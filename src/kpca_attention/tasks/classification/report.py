@@ -19,7 +19,7 @@ from ...stats import paired_summary
 from ...tables import fmt_p, fmt_pm, markdown_table
 from ..base import SeedMetric, StudySections, bar_plot
 from .masking import attack_checks_section, attack_gap_plot
-from .suites import attack_name, attack_title, eps_label
+from .suites import attack_name, attack_title, eps_label, eps_text
 
 __all__ = ["ClassificationSections", "per_example", "run_metrics"]
 
@@ -89,9 +89,7 @@ def _metric_title(k: str, norms: Mapping[str, str] | None = None) -> str:
         return "corrupted"
     a, e = k.split("@")
     name, lab = attack_title(a, norms)
-    if (norms or {}).get(a, "Linf") != "Linf":  # budgets are named in units of 1/255 (eps_label); L2 / L1
-        return f"{name} {float(e) / 255:.3g}{lab}"  # budgets read as they are
-    return f"{name} {e}/255{lab}"
+    return f"{name} {eps_text((norms or {}).get(a, 'Linf'), e)}{lab}"
 
 
 

@@ -40,9 +40,8 @@ from torch.utils.data import Dataset, Subset
 from ...robustness.store import ResultStore, example_hits, example_result, join_hits
 
 __all__ = ["Corruptions", "Attack", "attack_title", "OODSets", "same_images", "AutoAttackSuite",
-           "ImageSuites", "fixed_subset",
-           "evaluate_image_suites", "eps_label", "structure_items", "evaluate_autoattack", "evaluate_ood",
-           "attack_key"]
+           "ImageSuites", "fixed_subset", "evaluate_image_suites", "eps_label", "eps_text", "structure_items",
+           "evaluate_autoattack", "evaluate_ood", "attack_key"]
 
 
 @dataclass(frozen=True)
@@ -226,6 +225,12 @@ def _positive(what: str, n: Any) -> None:
 def eps_label(eps: float) -> str:
     """A budget as it names results: Linf budgets as multiples of 1/255 (``4/255`` -> ``"4"``)."""
     return f"{255 * eps:.4g}"
+
+
+def eps_text(norm: str, label: str) -> str:
+    """A budget as reports write it, from its :func:`eps_label`: Linf in units of 1/255 (``"4"`` ->
+    ``"4/255"``), L2 / L1 as the number itself (``"127.5"`` -> ``"0.5"``)."""
+    return f"{label}/255" if norm == "Linf" else f"{float(label) / 255:.3g}"
 
 
 def fixed_subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
