@@ -187,12 +187,13 @@ def test_masked_gradients_fail_the_black_box_check_on_a_real_model() -> None:
 def test_the_gap_plot_draws_pairs_run_at_two_budgets_or_more(tmp_path) -> None:
     from kpca_attention.tasks.classification.masking import attack_gap_plot
 
-    def entry(threat, gaps, stronger="PGD", rule="iterative >= one-step"):
-        return {"rule": rule, "threat": threat, "stronger": stronger, "weaker": "FGSM", "gap_points": gaps}
+    def entry(k, gaps, stronger="PGD", rule="iterative >= one-step", protocol="pixel"):
+        return {"rule": rule, "threat": f"Linf {k}/255", "norm": "Linf", "protocol": protocol, "eps": k / 255,
+                "stronger": stronger, "weaker": "FGSM", "gap_points": gaps}
 
     gaps = {"a": {"0": 1.0, "1": 2.0}, "b": {"0": 0.5}}
-    entries = [entry("Linf 2/255", gaps), entry("Linf 8/255", gaps), entry("Linf 4/255", gaps, "APGD-CE"),
-               entry("Linf 4/255 (lab)", gaps), entry("Linf 8/255", gaps, rule="larger budget")]
+    entries = [entry(8, gaps), entry(2, gaps), entry(4, gaps, "APGD-CE"), entry(4, gaps, protocol="lab"),
+               entry(8, gaps, rule="larger budget")]
     path = attack_gap_plot(tmp_path / "gaps.png", entries, ["a", "b"], {"a": "A", "b": "B"})
     assert path is not None and path.stat().st_size > 5000
     assert attack_gap_plot(tmp_path / "none.png", entries[2:], ["a", "b"], {"a": "A", "b": "B"}) is None

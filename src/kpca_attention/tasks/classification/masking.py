@@ -63,9 +63,13 @@ def attack_checks_section(attacks: Sequence[Mapping[str, Any]],
                           label: Mapping[str, str], base: str, summary: dict[str, Any]) -> list[str]:
     """The report lines (none when no run has two comparable attacks); ``summary["attack_checks"]``."""
     checks: dict[tuple[str, str, str, str], dict[tuple[str, int], Check]] = {}
+    budgets: dict[str, dict[str, Any]] = {}  # threat -> its norm, protocol and budget (pixel units)
     for s in slugs:
         for sd, e in sorted(ex[s].items()):
-            for c in masking_checks(run_attack_results(attacks, e)):
+            results = run_attack_results(attacks, e)
+            budgets.update({r.threat: {"norm": r.norm, "protocol": r.protocol, "eps": r.eps}
+                            for r in results})
+            for c in masking_checks(results):
                 checks.setdefault(c.key, {})[(s, sd)] = c
     if not checks:
         return []
@@ -77,7 +81,8 @@ def attack_checks_section(attacks: Sequence[Mapping[str, Any]],
         rule, threat, stronger, weaker = k
         bad = [f"{s}-s{sd}" for (s, sd), c in per.items() if not c.passed]
         worst = max(c.excess for c in per.values())
-        entries.append({"rule": rule, "threat": threat, "stronger": stronger, "weaker": weaker,
+        entries.append({"rule": rule, "threat": threat, **budgets.get(threat, {}), "stronger": stronger,
+                        "weaker": weaker,
                         "runs": len(per), "failed": bad, "max_excess": worst,
                         "max_missed": max(c.missed for c in per.values()),
                         "gap_points": {s: {str(sd): _points(-c.excess) for (s2, sd), c in sorted(per.items())
@@ -142,18 +147,6 @@ def attack_checks_section(attacks: Sequence[Mapping[str, Any]],
     return lines
 
 
-def _budget(threat: str) -> float | None:
-    """The budget of a threat as the report writes it (``"Linf 8/255"`` -> 8, ``"L2 0.5"`` -> 0.5)."""
-    parts = threat.split()
-    if len(parts) < 2:
-        return None
-    text = parts[1]
-    try:
-        return float(text[:-4]) if text.endswith("/255") else float(text)
-    except ValueError:
-        return None
-
-
 def attack_gap_plot(path: Path, entries: Sequence[Mapping[str, Any]], slugs: Sequence[str],
                     label: Mapping[str, str]) -> Path | None:
     """How far a one-step attack overstates robustness against an iterative one, against the budget: one
@@ -164,10 +157,9 @@ def attack_gap_plot(path: Path, entries: Sequence[Mapping[str, Any]], slugs: Seq
 
     panels: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
     for e in entries:
-        b = _budget(e["threat"])
-        if e["rule"] == "iterative >= one-step" and b is not None and "(" not in e["threat"]:
-            panels.setdefault((e["stronger"], e["weaker"], e["threat"].split()[0]), []).append(e)
-    panels = {k: sorted(v, key=lambda e: _budget(e["threat"]) or 0) for k, v in panels.items() if len(v) >= 2}
+        if e["rule"] == "iterative >= one-step" and e.get("protocol") == "pixel":
+            panels.setdefault((e["stronger"], e["weaker"], e["norm"]), []).append(e)
+    panels = {k: sorted(v, key=lambda e: e["eps"]) for k, v in panels.items() if len(v) >= 2}
     if not panels:
         return None
     fig, axes = panel_grid(len(panels), panel=(5.4, 4.2))
@@ -177,7 +169,7 @@ def attack_gap_plot(path: Path, entries: Sequence[Mapping[str, Any]], slugs: Seq
             for e in es:
                 vals = list(e["gap_points"].get(s, {}).values())
                 if vals:
-                    xs.append(_budget(e["threat"]))
+                    xs.append(255 * e["eps"] if norm == "Linf" else e["eps"])
                     ys.append(float(np.mean(vals)))
                     sds.append(float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0)
             if xs:
