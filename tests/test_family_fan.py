@@ -10,9 +10,10 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from timm.layers import Attention
 
 import kpca_attention  # noqa: F401  (registers the models)
-from kpca_attention.attention import RPCAttention
+from kpca_attention.attention import RPCAttention, SymmetricAttention
 from kpca_attention.attention.fan import FANChannelMLP
 from kpca_attention.models import create_model
 from kpca_attention.models.fan import FAN_MODELS
@@ -85,7 +86,7 @@ def test_checks() -> None:
 
 
 def test_fan_models() -> None:
-    assert set(FAN_MODELS) == {f"{f}_{s}" for f in ("fan_vit", "rpc_fan_vit")
+    assert set(FAN_MODELS) == {f"{f}_{s}" for f in ("fan_vit", "rpc_fan_vit", "fan_symvit", "rpc_fan_symvit")
                                for s in ("mini_patch4_28", "tiny_patch16_224")}
     tiny = timm.create_model("fan_vit_tiny_patch16_224", device="meta")
     assert (tiny.embed_dim, len(tiny.blocks), tiny.blocks[0].attn.num_heads) == (192, 12, 4)
@@ -99,7 +100,41 @@ def test_fan_models() -> None:
         create_model("fan_vit_mini_patch4_28", attn_kwargs={"lam": 2.0})
 
 
-@pytest.mark.parametrize("name", ["fan_vit_mini_patch4_28", "rpc_fan_vit_mini_patch4_28"])
+def test_symmetric_fan_models_are_the_rpc_papers_pair() -> None:
+    """Appendix E.7: FAN-tiny "with a symmetric attention", RPC-FAN = its first layer's attention replaced
+    by RPC. The pair differs in block 1 only; the asymmetric rpc_fan_vit keeps queries in blocks 2-N."""
+    fan_sym = timm.create_model("fan_symvit_tiny_patch16_224", device="meta")
+    assert all(type(b.attn) is SymmetricAttention for b in fan_sym.blocks)
+    assert all(isinstance(b.mlp, FANChannelMLP) for b in fan_sym.blocks)
+    rpc = timm.create_model("rpc_fan_symvit_tiny_patch16_224", device="meta")
+    first = rpc.blocks[0].attn
+    assert isinstance(first, RPCAttention) and first.symmetric and (first.n_iter, first.lam) == (4, 4.0)
+    assert all(type(b.attn) is SymmetricAttention for b in rpc.blocks[1:]) and rpc.rpc_blocks == [0]
+    asym = timm.create_model("rpc_fan_vit_tiny_patch16_224", device="meta")
+    assert all(type(b.attn) is Attention for b in asym.blocks[1:])
+    # same parameters outside block 1's attention (symmetric attention has no query projection)
+    names = {n for n, _ in fan_sym.named_parameters()}
+    assert names == {n for n, _ in rpc.named_parameters()}
+    with pytest.raises(TypeError, match="symmetric FAN"):
+        create_model("rpc_fan_symvit_mini_patch4_28", rpc_symmetric=False)
+
+
+def test_rpc_fan_study_margins_belong_to_its_one_comparison() -> None:
+    from kpca_attention.studies import get_study
+
+    study = get_study("rpc-fan")
+    assert study.baseline == "fan_sym" and [v.model for v in study.variants] == [
+        "fan_symvit_mini_patch4_28", "rpc_fan_symvit_mini_patch4_28"]
+    zoo = get_study("zoo")
+    assert (study.seeds, study.suites.to_dict(), study.recipe, study.trace) == (
+        zoo.seeds, zoo.suites.to_dict(), zoo.recipe, zoo.trace)
+    assert {k: (m.value, m.against) for k, m in study.margins.items()} == {
+        ("rpc_fan_sym", "clean"): (0.09, "fan_sym"), ("rpc_fan_sym", "fgsm@8"): (3.11, "fan_sym"),
+        ("rpc_fan_sym", "pgd@8"): (3.33, "fan_sym")}
+
+
+@pytest.mark.parametrize("name", ["fan_vit_mini_patch4_28", "rpc_fan_vit_mini_patch4_28",
+                                  "fan_symvit_mini_patch4_28", "rpc_fan_symvit_mini_patch4_28"])
 def test_timm_model_forward_and_backward(name: str) -> None:
     torch.manual_seed(0)
     model = timm.create_model(name)

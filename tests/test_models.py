@@ -245,7 +245,9 @@ def test_registered_names_unchanged_and_each_one_function() -> None:
     from kpca_attention.models import family, fan
 
     assert set(fan.FAN_MODELS) == {"fan_vit_mini_patch4_28", "fan_vit_tiny_patch16_224",
-                                   "rpc_fan_vit_mini_patch4_28", "rpc_fan_vit_tiny_patch16_224"}
+                                   "rpc_fan_vit_mini_patch4_28", "rpc_fan_vit_tiny_patch16_224",
+                                   "fan_symvit_mini_patch4_28", "fan_symvit_tiny_patch16_224",
+                                   "rpc_fan_symvit_mini_patch4_28", "rpc_fan_symvit_tiny_patch16_224"}
     fan_source = inspect.getsource(fan)
     assert all(f"def {n}(" in fan_source for n in fan.FAN_MODELS)
     assert (ours - set(family.FAMILY_VISION_MODELS) - set(family.FAMILY_SEGMENTATION_MODELS)

@@ -173,7 +173,7 @@ def demo_cmd(
 
 def study_cmd(
     name: Annotated[str, typer.Argument(
-        help="Study to run: demo | ablations | vision | vision-large | rpc-seeds | rpc-depth12 | zoo | "
+        help="Study to run: demo | ablations | vision | vision-large | rpc-seeds | rpc-depth12 | zoo | rpc-fan | "
              "zoo-large | zoo-language | language | segmentation (kpca_attention.studies.STUDIES).")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (default results/NAME).")] = None,
     runs: Annotated[Path | None, typer.Option(

@@ -4,8 +4,8 @@
 :mod:`kpca_attention.report.study`.
 
 Registered studies (``kpca-attention study NAME``): ``demo``, ``ablations``, ``vision``,
-``vision-large``, ``rpc-seeds``, ``rpc-depth12``, ``zoo``, ``zoo-large``, ``zoo-language``, ``language``,
-``segmentation``.
+``vision-large``, ``rpc-seeds``, ``rpc-depth12``, ``zoo``, ``rpc-fan``, ``zoo-large``, ``zoo-language``,
+``language``, ``segmentation``.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from .rpc_seeds import rpc_depth12_study, rpc_seeds_study
 from .segmentation import segmentation_study
 from .spec import Check, Study, Variant
 from .vision import vision_large_study, vision_study
-from .zoo import zoo_language_study, zoo_large_study, zoo_study
+from .zoo import rpc_fan_study, zoo_language_study, zoo_large_study, zoo_study
 
 __all__ = ["Study", "Variant", "Check", "run_study", "run_one", "STUDIES", "get_study", "demo_study",
            "quick_demo_study", "ablation_study", "vision_study",
            "vision_large_study", "rpc_seeds_study", "rpc_depth12_study",
-           "zoo_study", "zoo_large_study", "zoo_language_study"]
+           "zoo_study", "zoo_large_study", "zoo_language_study", "rpc_fan_study"]
 
 #: name -> function building the study from keyword options
 STUDIES: dict[str, Callable[..., Study]] = {
@@ -39,6 +39,7 @@ STUDIES: dict[str, Callable[..., Study]] = {
     "zoo": zoo_study,
     "zoo-large": zoo_large_study,
     "zoo-language": zoo_language_study,
+    "rpc-fan": rpc_fan_study,
     "language": language_study,
     "segmentation": segmentation_study,
 }

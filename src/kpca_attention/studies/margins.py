@@ -22,7 +22,8 @@ from ..tasks.language.report import PAPER_TABLE3
 from .spec import Margin
 
 __all__ = ["PAPER_TABLE1", "PAPER_TABLE2", "PAPER_TABLE6", "paper_margin", "image_margins",
-           "language_margins", "segmentation_margins", "KDE_LOGS", "RPC_FAN_TABLE", "ZOO_MARGINS",
+           "language_margins", "segmentation_margins", "rpc_fan_margins", "KDE_LOGS", "RPC_FAN_TABLE",
+           "ZOO_MARGINS",
            "ZOO_LM_MARGINS", "ZOO_NOT_FOUND", "zoo_margins", "zoo_language_margins"]
 
 #: Table 1 (ImageNet-1K top-1 %, ImageNet-C top-1 % and mCE), SymViT vs RPC-SymViT (4iter/layer1)
@@ -150,14 +151,19 @@ def zoo_margins() -> dict[str, dict[str, Margin]]:
                 for k, w in _KDE_WHAT.items()},
         "rkde": {k: _log_margin(w, ("DeiT", KDE_LOGS["DeiT"][k]), ("RKDE-Huber", KDE_LOGS["RKDE-Huber"][k]),
                                 logs) for k, w in _KDE_WHAT.items()},
-        "rpc_fan": {k: paper_margin("Tables 9-10 (appendix E.7)", w,
-                                    ("FAN-tiny", RPC_FAN_TABLE["FAN-tiny"][k]),
-                                    ("RPC-FAN", RPC_FAN_TABLE["RPC-FAN"][k]),
-                                    note="the effect against FAN-tiny: the margin of RPC-FAN - FAN only",
-                                    against="fan")
-                    for k, w in _FAN_WHAT.items()},
+        "rpc_fan": rpc_fan_margins("fan"),
     }
     return out
+
+
+def rpc_fan_margins(against: str) -> dict[str, Margin]:
+    """RPC-FAN's margins (Tables 9-10: its gain over FAN-tiny), for its comparison with the study's FAN
+    variant ``against`` only."""
+    return {k: paper_margin("Tables 9-10 (appendix E.7)", w, ("FAN-tiny", RPC_FAN_TABLE["FAN-tiny"][k]),
+                            ("RPC-FAN", RPC_FAN_TABLE["RPC-FAN"][k]),
+                            note="the effect against FAN-tiny: the margin of RPC-FAN - FAN only",
+                            against=against)
+            for k, w in _FAN_WHAT.items()}
 
 
 def zoo_language_margins() -> dict[str, dict[str, Margin]]:
