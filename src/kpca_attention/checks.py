@@ -29,8 +29,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["check_int", "check_real", "check_choice", "describe_range", "check_count", "check_parameters",
-           "Int", "Real", "Choice", "option_name"]
+__all__ = ["check_int", "check_real", "check_choice", "check_slug", "describe_range", "check_count",
+           "check_parameters", "Int", "Real", "Choice", "option_name"]
 
 
 def describe_range(kind: str, min: float | None = None, max: float | None = None, *,
@@ -100,6 +100,16 @@ def check_choice(value: Any, name: str, choices: Collection[Any]) -> Any:
         ok = False
     if not ok:
         raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
+    return value
+
+
+def check_slug(value: Any, name: str) -> str:
+    """``value`` if it can name files inside a folder: letters, digits, ``_`` and ``.``, not dots alone (so
+    no separator, no ``..``); else ``ValueError``. Study variants' slugs, which name their result files and
+    plots, also when read back from a downloaded folder's ``settings.json``."""
+    if not (isinstance(value, str) and value and all(ch.isalnum() or ch in "_." for ch in value)
+            and value.strip(".")):
+        raise ValueError(f"{name} {value!r}: use letters, digits, '_' and '.' only")
     return value
 
 

@@ -3,7 +3,12 @@
 ``verify`` checks every item of every result file (hashes, summaries; see
 :mod:`kpca_attention.robustness.store`) and names the first damaged one (exit code 2). ``seal`` does the
 same for a legacy folder (files written before items carried hashes), then adds the missing hashes and
-marks each file sealed, so a later hand edit - or an item added without a hash - is detected.
+marks each file sealed; ``verify`` refuses an unsealed file unless ``--allow-unsealed``.
+
+What the hashes detect: damage, and an edit that leaves an item's hash (or its per-example data) as it was.
+What they cannot: a deliberate forgery - the hash is a public, unkeyed SHA-256, so whoever edits a value can
+recompute it - nor a whole file or seed removed, nor the files beside the results (``settings.json``,
+``checks/``, the report). For those, compare with the repository's history (``git log -p results/``).
 """
 
 from __future__ import annotations
@@ -35,11 +40,21 @@ def seal_cmd(folder: Folder) -> None:
         typer.echo(f"sealed {f} ({n} items, {new} newly hashed)")
 
 
-def verify_cmd(folder: Folder) -> None:
-    """Check every hash and per-item summary of FOLDER's result files."""
+def verify_cmd(
+    folder: Folder,
+    allow_unsealed: Annotated[bool, typer.Option(
+        "--allow-unsealed", help="Accept legacy files without hashes (their summaries are still checked).")] = False,
+) -> None:
+    """Check every hash and per-item summary of FOLDER's result files; refuse a file that is not sealed
+    (an item without its hash cannot show an edit) unless --allow-unsealed. The hashes detect damage and
+    naive edits, not a deliberate forgery (they are unkeyed): compare with the git history for that."""
     from ..robustness.store import ResultStore, store_files
 
     files = store_files(folder)
-    for f in files:
-        ResultStore(f)
-    typer.echo(f"{len(files)} result file(s) in {folder}: every item verified")
+    unsealed = [f for f in files if not ResultStore(f).sealed]
+    if unsealed and not allow_unsealed:
+        raise ValueError(f"{len(unsealed)} of {len(files)} result file(s) in {folder} are not sealed, so an "
+                         f"edit of their items cannot be detected (first: {unsealed[0]}); check them and run "
+                         "`kpca-attention results seal`, or pass --allow-unsealed")
+    extra = f" ({len(unsealed)} unsealed: summaries only)" if unsealed else ""
+    typer.echo(f"{len(files)} result file(s) in {folder}: every item verified{extra}")

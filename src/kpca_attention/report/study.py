@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..checks import check_slug
 from ..io import read_json, write_json_atomic, write_text_atomic
 from ..machine import machine_kind
 from ..plotting import new_figure, save_figure, series_style
@@ -52,6 +53,11 @@ def read_settings(out: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(settings, dict):
         raise FileNotFoundError(f"no study in {out}: {out / 'settings.json'} is missing "
                                 "(run the study first)")
+    variants = settings.get("variants")
+    if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
+        raise ValueError(f"{out / 'settings.json'}: 'variants' must be a list of objects")
+    for v in variants:  # slugs name files here: a downloaded folder's must not lead out of it
+        check_slug(v.get("slug"), f"{out / 'settings.json'}: variant slug")
     return settings
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..io import output_path
 from ..tables import fmt_num, fmt_p, markdown_table
 from ..tasks.base import SeedMetric, StudySections
 from .forest import forest_plot
@@ -266,8 +267,8 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
             n = max(v.n for _, v in prow)
             note = interim_note({"n": n, "planned": max(planned[(m.key, s)] for m in shown)})
             name = f"forest_{s}.png" if first else f"forest_{s}_vs_{comp}.png"
-            plots.append(forest_plot(prow, out / name, f"{label[s]} - {label[comp]} over {n} seeds"
-                                     + (f" ({note})" if note else ""), main_unit))
+            title = f"{label[s]} - {label[comp]} over {n} seeds" + (f" ({note})" if note else "")
+            plots.append(forest_plot(prow, output_path(out, name, what="plot"), title, main_unit))
     if plots:
         lines += ["Forest plots (one per comparison with >= 2 paired seeds; "
                   + (f"{', '.join(m.title for m in metrics if m.unit != main_unit)} in the table only; "

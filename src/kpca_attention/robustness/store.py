@@ -500,6 +500,12 @@ class ResultStore:
         self.reused = 0
         self.computed = 0
 
+    @property
+    def sealed(self) -> bool:
+        """Whether every item must carry its hash (a file written by this version, or sealed since); a
+        legacy file is not, and an item in it can be edited without a trace until it is sealed."""
+        return self._sealed
+
     def __contains__(self, item: str) -> bool:
         return item in self._items
 

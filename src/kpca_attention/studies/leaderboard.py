@@ -312,6 +312,9 @@ def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike,
 
     tables, notes = leaderboard_rows(results)
     out = Path(out)
+    if out.is_symlink():
+        raise ValueError(f"{out} is a symbolic link: the leaderboard removes its stale tables under its "
+                         "output folder; give the folder itself")
     written = [write_text_atomic(markdown, render_markdown(tables, notes))]
     keep = set()
     for key, rows in tables.items():
@@ -322,6 +325,18 @@ def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike,
             "dataset": dataset, "threat_model": norm, "eps": eps, "protocol": protocol,
             "evaluation": evaluation, "attack_settings": rows[0]["attack_settings"], "rows": rows}))
     for old in out.rglob("*.json") if out.is_dir() else []:
-        if old not in keep:
+        if old not in keep and _is_table(old):  # only tables this command wrote: other JSON stays
             old.unlink()
     return written
+
+
+def _is_table(path: Path) -> bool:
+    """Whether ``path`` holds a leaderboard table (as :func:`write_leaderboard` writes them)."""
+    from ..io import read_json
+
+    data = read_json(path)  # None when unreadable
+    return isinstance(data, dict) and set(TABLE_KEYS) <= set(data)
+
+
+#: the keys of a leaderboard table's JSON
+TABLE_KEYS = ("dataset", "threat_model", "eps", "protocol", "evaluation", "attack_settings", "rows")

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..checks import check_slug
 from ..tasks import Task
 from ..tasks import get as get_task
 from ..train import TrainConfig, get_preset
@@ -60,8 +61,7 @@ class Variant:
     def __post_init__(self) -> None:
         if self.source is not None and not isinstance(self.source, Source):
             raise ValueError(f"variant {self.slug}: source must be a Source, got {self.source!r}")
-        if not self.slug or not all(ch.isalnum() or ch in "_." for ch in self.slug):
-            raise ValueError(f"variant slug {self.slug!r}: use letters, digits, '_' and '.' only")
+        check_slug(self.slug, "variant slug")
 
 
 @dataclass(frozen=True)

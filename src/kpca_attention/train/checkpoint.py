@@ -56,7 +56,8 @@ from ..io import fsync_dir as _fsync_dir
 from ..io import sha256_file, write_json_atomic
 from ..tasks import get as get_task
 from .config import TrainConfig
-from .rundir import LATEST_FILE, CheckpointError, read_config
+from .hf import force_offline
+from .rundir import LATEST_FILE, CheckpointError, entry_in, read_config
 
 __all__ = [
     "CheckpointError",
@@ -291,7 +292,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
             except (json.JSONDecodeError, KeyError, TypeError) as e:
                 raise CheckpointError(
                     f"{latest} is corrupt ({e}); delete it to pick a checkpoint by hand") from e
-            ckpt = root / name
+            ckpt = entry_in(root, name, latest)
             if not ckpt.is_dir():
                 raise CheckpointError(f"{latest} points to {ckpt}, which does not exist")
             return ckpt
@@ -314,9 +315,12 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise CheckpointError(f"checkpoint marker {marker_path} is corrupt: {e}") from e
     for fname, meta in files.items():
-        f = ckpt / fname
+        f = entry_in(ckpt, fname, marker_path)
         if not f.exists():
             raise CheckpointError(f"checkpoint file {f} is missing")
+        if not f.is_file() or not isinstance(meta, dict):
+            raise CheckpointError(f"checkpoint file {f} is not a regular file with its size and hash in "
+                                  f"{marker_path}")
         size = f.stat().st_size
         if size != meta["size"]:
             raise CheckpointError(
@@ -374,6 +378,7 @@ def load_model(
         taking images (B, C, H, W) in [0, 1]; for LMs the language model, with the training
         vocabulary as ``model.vocab`` (a :class:`kpca_attention.data.text.Vocab`).
     """
+    force_offline()  # a run's weights are its own: nothing reaches the network while the model is built
     ckpt = resolve_checkpoint(path)
     if verify:
         verify_checkpoint(ckpt)

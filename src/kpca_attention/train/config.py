@@ -81,6 +81,20 @@ def _dict(v: Any, n: str) -> Any:
     return v
 
 
+#: timm.create_model's keywords that load weights from elsewhere: a run's weights are its checkpoint's, and
+#: nothing is downloaded at run time, so a config (a downloaded run's too) may not set them
+LOADER_KEYWORDS = frozenset({"pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path",
+                             "cache_dir", "pretrained_strict"})
+
+
+def _model_kwargs(v: Any, n: str) -> Any:
+    _dict(v, n)
+    if bad := sorted(LOADER_KEYWORDS & set(v)):
+        raise ValueError(f"{n} may not set {', '.join(bad)}: the weights come from the run's checkpoint (or "
+                         "a timm NAME@FILE), never from a download or another file; remove them")
+    return v
+
+
 def _betas(v: Any, n: str) -> Any:
     if v is None:
         return v
@@ -99,7 +113,7 @@ _NONNEGATIVE = _real(0)
 # One check per field: types and ranges, each raising a ValueError that names the field, the value
 # and what is valid. A test makes sure every field of TrainConfig has one.
 FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
-    "task": lambda v, n: check_choice(v, n, task_names()), "model": _text(), "model_kwargs": _dict,
+    "task": lambda v, n: check_choice(v, n, task_names()), "model": _text(), "model_kwargs": _model_kwargs,
     "dataset": _text(),
     "data_root": _text(none=True), "img_size": _int(1, none=True), "train_subset": _int(1, none=True),
     "eval_subset": _int(1, none=True), "val_size": _int(1, none=True),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle  # only for the exception type: nothing is unpickled
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,9 @@ def load_hf_folder(src: str | Path, name: str) -> tuple[Any, Any]:
     try:
         tok = AutoTokenizer.from_pretrained(str(src), **opts)
         model = AutoModel.from_pretrained(str(src), attn_implementation="eager", **opts)
+    except pickle.UnpicklingError as e:  # torch's weights_only refusal of a pickled .bin
+        raise ValueError(f"{name}: a weights file of the folder holds pickled objects that are not plain "
+                         "tensors, and was refused (it is never unpickled); ask for model.safetensors") from e
     except (OSError, ValueError, KeyError, TypeError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         if "trust_remote_code" in str(e) or "custom code" in str(e):

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..io import atomic_path
+
 __all__ = ["MetricLogger", "read_csv"]
 
 
@@ -36,12 +38,10 @@ def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     cols: list[str] = []
     for r in rows:
         cols.extend(k for k in r if k not in cols)
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:  # replaces a link, never writes through
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         w.writerows(rows)
-    tmp.replace(path)
 
 
 class MetricLogger:

@@ -31,7 +31,7 @@ from typing import Any
 from .config import TrainConfig
 
 __all__ = ["RunDir", "RunDirBusy", "CheckpointError", "read_config", "TRAJECTORY_FREE", "RESUMABLE_CHANGES",
-           "LEGACY_VALUES", "trajectory_settings", "LATEST_FILE", "CHECKPOINTS"]
+           "LEGACY_VALUES", "trajectory_settings", "LATEST_FILE", "CHECKPOINTS", "entry_in"]
 
 CHECKPOINTS = "checkpoints"
 LATEST_FILE = "latest.json"
@@ -61,6 +61,19 @@ def trajectory_settings(cfg: TrainConfig) -> dict[str, Any]:
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupt, or does not match the run."""
+
+
+def entry_in(folder: Path, name: Any, listed_in: Path) -> Path:
+    """``folder / name`` for a name read from a file of a run (``latest.json``, ``COMPLETE``): a plain
+    name - no separator, not ``..``, not a link - so a downloaded run cannot point the loader at files
+    outside its folder (``/dev/zero``, another run's checkpoint)."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise CheckpointError(f"{listed_in} names {name!r}: expected a plain file or folder name inside "
+                              f"{folder}")
+    path = folder / name
+    if path.is_symlink():
+        raise CheckpointError(f"{path} (named in {listed_in}) is a symbolic link: a checkpoint holds none")
+    return path
 
 
 class RunDirBusy(RuntimeError):
@@ -125,9 +138,8 @@ class RunDir:
         latest = self.latest()
         if latest is None:
             raise FileNotFoundError(f"no checkpoint in {self.path}: {self.latest_file} is missing")
-        name = latest.get("name")
-        ckpt = self.checkpoints / str(name)
-        if not name or not ckpt.is_dir():
+        ckpt = entry_in(self.checkpoints, latest.get("name"), self.latest_file)
+        if not ckpt.is_dir():
             raise CheckpointError(f"{self.latest_file} points to {ckpt}, which does not exist")
         return ckpt
 
@@ -157,8 +169,9 @@ class RunDir:
         import fcntl
 
         self.path.mkdir(parents=True, exist_ok=True)
+        self.refuse_links()
         lock_path = self.path / LOCK_FILE
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -178,6 +191,22 @@ class RunDir:
                 os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+
+    def refuse_links(self) -> None:
+        """Refuse a run folder that holds a symbolic link (among its files, its checkpoints or their
+        files): this project writes none there, and writing, truncating or pruning through one (a
+        downloaded run resumed, a ``--runs`` tree) would reach files outside the folder. The folder
+        itself may be a link (a run kept on another disk)."""
+        folders = [self.path]
+        if self.checkpoints.is_dir() and not self.checkpoints.is_symlink():
+            folders += [self.checkpoints, *(p for p in self.checkpoints.iterdir()
+                                            if p.is_dir() and not p.is_symlink())]
+        for folder in folders:
+            for p in folder.iterdir():
+                if p.is_symlink():
+                    raise ValueError(f"{p} is a symbolic link (to {os.readlink(p)}): a run folder of this "
+                                     "project holds no links, and none is written through; remove it or "
+                                     "copy the run without links")
 
     def remove_orphans(self) -> list[Path]:
         """Remove temporary checkpoint folders and files (``.<name>.tmp-<pid>``) whose writer is not
