@@ -52,6 +52,7 @@ GRIDS: tuple[Grid, ...] = (
     Grid("rpc-depth12", (("rpc12_official", None),)),
     Grid("zoo", (*((m, None) for m in (*_MECHANISMS, "fan")), ("rpc_fan", "fan"), ("rpc_official", None),
                  ("symvit", None)), ZOO_METRICS),
+    Grid("rpc-fan", (("rpc_fan_sym", None),)),
     Grid("zoo-language", tuple((m, None) for m in (*_MECHANISMS, "rpc_symlm", "symlm")),
          ("ppl/test", "wordswap/test")),
 )

@@ -1,4 +1,8 @@
-"""The paper's own effects as the equivalence margins of its studies, declared before the runs.
+"""The paper's own effects as the equivalence margins of its studies, declared from published numbers -
+before the runs, or (``vision``, ``language``, ``segmentation`` and the first two ``rpc-seeds`` result files)
+after them, which each folder's ``margins_note`` records; the values are the papers', not chosen on our data.
+A margin used for a comparison it was not declared for (the ViT's or RPC S = 0's rows, the LM's against
+Symlm) is RPC's effect borrowed: ``docs/results.md`` says so where it reads one.
 
 The paper (Teo & Nguyen 2024, "Unveiling the Hidden Structure of Self-Attention via Kernel Principal
 Component Analysis") reports every number as a mean over 5 seeds (Sec. 4: "All of our results are
