@@ -327,3 +327,32 @@ def test_linear_cka_epsilon_of_the_critique_is_not_scale_invariant():
     assert alignment(x, 1e-11 * y, cka_eps=1e-10)["linear_cka"].item() < 1e-3 * exact
     with pytest.raises(ValueError, match="eps"):
         linear_cka(x, y, eps=-1.0)
+
+
+def test_row_measures_are_their_formulas():
+    """``pearson`` (row-centred cosine), ``negative_pct`` and ``signfix_cosine`` against numpy, on values
+    where centred and uncentred cosines differ (offset rows) and some cosines are negative."""
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=(2, 9, 5)) + 0.8
+    v_hat = rng.normal(size=(2, 9, 5)) - 0.3 * v
+    out = alignment(torch.from_numpy(v), torch.from_numpy(v_hat), optimal=False)
+
+    def cos(a, b):
+        return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+    pearson = [np.mean([np.corrcoef(v[m, i], v_hat[m, i])[0, 1] for i in range(9)]) for m in range(2)]
+    np.testing.assert_allclose(out["pearson"].numpy(), pearson, rtol=1e-12)
+    neg = 100 * (cos(v, v_hat) < 0).mean(-1)
+    assert 0 < neg.min() and neg.max() < 100  # both signs occur
+    np.testing.assert_allclose(out["negative_pct"].numpy(), neg)
+    flip = np.where((v * v_hat).sum(-2, keepdims=True) < 0, -1.0, 1.0)
+    np.testing.assert_allclose(out["signfix_cosine"].numpy(), cos(v, v_hat * flip).mean(-1), rtol=1e-12)
+
+
+@pytest.mark.parametrize("n", [24, 2])
+def test_kernel_cka_matches_numpy_for_an_even_token_count(n):
+    """The bandwidth is the median distance; for an even count of distances it is the mean of the two
+    middle ones (numpy's median), the branch N = 25 never reaches."""
+    x, y = _keys(n, 6, seed=4), _keys(n, 4, seed=5)
+    y = y + 0.5 * x[:, :4]
+    assert kernel_cka(x, y).item() == pytest.approx(_np_cka_rbf(x.numpy(), y.numpy()), rel=1e-8)

@@ -391,3 +391,37 @@ def test_replace_blocks_without_attn() -> None:
     model.blocks[0] = torch.nn.Identity()
     with pytest.raises(ValueError, match=r"block 0 \(Identity\) has no `attn` module to replace"):
         replace_attention(model, SymmetricAttention)
+
+
+@pytest.mark.parametrize("mode", ["scalar", "matrix"])
+@pytest.mark.parametrize("mask", ["none", "causal", "padded"])
+def test_scaled_attention_is_its_formula(mode, mask) -> None:
+    """Remark 3 / appendix E.1: A (I - S) V, A = softmax(Q K^T / sqrt d), S = alpha softmax(K K^T / sqrt d)
+    (scalar) or a learned (H, N, N) S with A's mask (matrix), against a float64 transcription with S != 0."""
+    from kpca_attention.attention import ScaledAttention
+
+    torch.manual_seed(0)
+    b, h, n, d = 2, 2, 7, 4
+    layer = ScaledAttention(h * d, h, mode=mode, num_tokens=n).double()
+    with torch.no_grad():
+        if mode == "scalar":
+            layer.alpha.fill_(0.7)
+        else:
+            layer.scale_s.copy_(torch.randn(h, n, n, dtype=torch.float64))
+    q, k, v = (torch.randn(b, h, n, d, dtype=torch.float64) for _ in range(3))
+    keep = torch.ones(b, 1, n, n, dtype=torch.bool)
+    if mask == "causal":
+        keep = keep & torch.ones(n, n, dtype=torch.bool).tril()
+    elif mask == "padded":
+        keep[1, ..., -3:] = False  # the second sequence's last three keys are padding
+    out = layer.attend({"q": q, "k": k, "v": v}, keep if mask == "padded" else None, mask == "causal")
+
+    def softmax(x):
+        return torch.softmax(x.masked_fill(~keep, float("-inf")), -1)
+
+    a = softmax(q @ k.transpose(-1, -2) / d ** 0.5)
+    if mode == "scalar":
+        s = 0.7 * softmax(k @ k.transpose(-1, -2) / d ** 0.5)
+    else:
+        s = torch.where(keep, layer.scale_s.detach(), 0.0)
+    torch.testing.assert_close(out, a @ (v - s @ v))

@@ -75,6 +75,8 @@ def test_tost_degenerate_cases():
     same = tost([0.25, 0.25, 0.25], 0.5)  # SD exactly 0: the interval is the point
     assert same.equivalent and same.ci == (0.25, 0.25) and same.p == 0.0
     assert not tost([0.7, 0.7], 0.5).equivalent
+    # on the margin is not inside the open interval (-m, +m), either side
+    assert not tost([0.5, 0.5], 0.5).equivalent and not tost([-0.5, -0.5], 0.5).equivalent
     with pytest.raises(ValueError, match="margin"):
         tost([0.1, 0.2], 0.0)
     with pytest.raises(ValueError, match="finite"):
@@ -451,3 +453,10 @@ def test_forest_plot(tmp_path):
         forest_plot([], tmp_path / "e.png", "empty", "points")
     with pytest.raises(ValueError, match="Verdict"):
         forest_plot([("x", 0.5)], tmp_path / "e.png", "bad", "points")
+
+
+def test_a_decision_needs_holm_p_strictly_below_alpha():
+    """The documented rule (``Holm-adjusted p < alpha``), pinned at the boundary."""
+    d = [1.0, 1.2, 0.9, 1.1, 1.05]
+    assert verdict(d, 0.5, p_adjusted=0.05).word != BETTER
+    assert verdict(d, 0.5, p_adjusted=0.05 - 1e-12).word == BETTER
