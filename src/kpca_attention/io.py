@@ -26,7 +26,21 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["atomic_path", "write_json_atomic", "write_text_atomic", "read_json", "json_ready", "fsync_dir",
-           "sha256_file", "output_path", "pack_bytes", "unpack_bytes"]
+           "sha256_file", "output_path", "pack_bytes", "unpack_bytes", "new_file_mode", "check_output"]
+
+
+def check_output(path: str | os.PathLike | None, what: str, *, folder: bool) -> None:
+    """Refuse, before any work, an output that cannot be written: a ``folder`` that exists as a file, or a
+    file that exists as a folder or whose parent is a file (``ValueError`` naming ``what``: ``--json``)."""
+    if path is None:
+        return
+    p = Path(path)
+    if folder and p.is_file():
+        raise ValueError(f"{what} {p} is a file: give a folder (it is created if missing)")
+    if not folder and p.is_dir():
+        raise ValueError(f"{what} {p} is a folder: give a file name")
+    if not folder and any(parent.is_file() for parent in p.parents):
+        raise ValueError(f"{what} {p}: a folder on its path is a file")
 
 
 def output_path(out: str | os.PathLike, *names: str | os.PathLike, what: str = "name") -> Path:
@@ -84,7 +98,7 @@ def json_ready(obj: Any) -> Any:
     return obj
 
 
-def _file_mode() -> int:
+def new_file_mode() -> int:
     """The permissions open() gives a new file now (0o666 less the umask): mkstemp's temporary files are
     0600, which a result, a plot or a cache file renamed into place would keep (unreadable to a
     collaborator). The umask is read from /proc (Linux), else by setting and restoring it."""
@@ -108,7 +122,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     try:
-        os.fchmod(fd, _file_mode())
+        os.fchmod(fd, new_file_mode())
         os.close(fd)
         yield tmp
         os.replace(tmp, path)

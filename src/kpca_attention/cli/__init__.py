@@ -106,6 +106,10 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             typer.echo(f"error: {_one_line(e)}", err=True)
             raise typer.Exit(2) from None
+        except KeyboardInterrupt:  # here, not in main(): click turns it into a silent Exit(130) first
+            typer.echo("interrupted: finished work is kept (the last whole checkpoint, every finished result "
+                       "item); run the same command again to continue (train: --resume)", err=True)
+            raise typer.Exit(130) from None
 
     return wrapper
 
@@ -142,11 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     from ..machine import retain_freed_memory
 
     retain_freed_memory()  # the steps free and reallocate the same tensors: keep the pages (see its doc)
-    try:
-        app(args=args, prog_name="kpca-attention")
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+    app(args=args, prog_name="kpca-attention")  # Ctrl-C: one line from user_errors, exit code 130
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import torch
 import typer
 
 from ..checks import Choice, Int, check_parameters
-from ..io import output_path, write_json_atomic
+from ..io import check_output, output_path, write_json_atomic
 
 __all__ = ["analyze_cmd", "claims_cmd", "pap_trace_cmd"]
 
@@ -150,6 +150,8 @@ def analyze_cmd(
                    detail_samples=detail_samples, null_samples=null_samples, null_draws=null_draws,
                    control_samples=control_samples, threads=threads, split=split, texts=texts, images=images,
                    dataset=dataset)
+    check_output(json_out, "--json", folder=False)  # before the analysis, not after it
+    check_output(report, "--out", folder=True)
     _threads(threads)
     cfg = _config(
         order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, no_optimal,

@@ -74,8 +74,12 @@ def robustness_cmd(
     A study without training: writes <out>/report.md, summary.json and .png plots (the study report),
     <out>/settings.json, and per-example results per model in <out>/results/<label>.json; finished items
     are reused when the command is run again with the same parameters."""
+    from ..checks import check_int
+    from ..io import check_output
     from ..train.distributed import resolve_device
 
+    check_int(seed, "--seed", min=0)  # before anything is written to --out
+    check_output(out, "--out", folder=True)
     suites = parse_list(suite)
     bad = [s for s in suites if s not in SUITES]
     if bad or not suites:

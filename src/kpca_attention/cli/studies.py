@@ -147,7 +147,7 @@ def demo_cmd(
         "runs/demo"),
     epochs: Annotated[int | None, typer.Option(help="Training epochs per model (default 3).")] = None,
     train_subset: Annotated[int | None, typer.Option(
-        help="Train on this many images (default: all 60000).")] = None,
+        help="Train on this many images (default: all 58000; 2000 are held out for validation).")] = None,
     corrupt_images: Annotated[int | None, typer.Option(help="Test images per corruption (default 500).")] = None,
     attack_images: Annotated[int | None, typer.Option(
         help="Test images attacked (default 200; 0: no attacks).")] = None,
@@ -230,7 +230,8 @@ def ablate_cmd(
     variants: Annotated[str | None, typer.Option(
         help="Comma-separated subset of the variants (SymViT is always included).")] = None,
     epochs: Annotated[int, typer.Option(help="Training epochs per run.")] = 2,
-    train_subset: Annotated[int, typer.Option(help="Training images (0: all 60000).")] = 15000,
+    train_subset: Annotated[int, typer.Option(
+        help="Training images (0: all 59000; 1000 are held out for validation).")] = 15000,
     clean_images: Annotated[int, typer.Option(help="Clean test images (0: all 10000).")] = 0,
     corrupt_images: Annotated[int, typer.Option(help="Test images per corruption and severity.")] = 300,
     attack_images: Annotated[int, typer.Option(help="Test images attacked.")] = 400,
@@ -249,13 +250,15 @@ def ablate_cmd(
                   attack_images=attack_images)
     check_parameters({**counts, "epochs": epochs, "jobs": jobs, "threads": threads}, ABLATE_OPTIONS, cli=True)
     chosen = _seeds(seeds)
+    fixed = {"epochs": (epochs, 2), "corrupt_images": (corrupt_images, 300), "attack_images": (attack_images, 400)}
+    if quick and (given := [k for k, (v, default) in fixed.items() if v != default]):
+        raise ValueError(f"--quick sets its own budget; drop {', '.join('--' + k.replace('_', '-') for k in given)}")
     _threads(threads)
     _passive_openmp("ablate")
     study = ablation_study(seeds=chosen, variants=parse_list(variants) or None,
                            epochs=epochs, train_subset=train_subset or None, clean_images=clean_images or None,
                            corrupt_images=corrupt_images, attack_images=attack_images, quick=quick)
-    if not quick:
-        check_study_counts(study, counts)
+    check_study_counts(study, counts if not quick else {"train_subset": train_subset})
     _run(study, out, out / "runs", jobs, force, progress)
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..train.config import PRESETS, apply_overrides, get_preset
+from ..train.config import PRESETS, apply_overrides, get_preset, parse_override
 
 __all__ = ["train_cmd", "evaluate_cmd", "model_task"]
 
@@ -49,8 +49,19 @@ def _check_model_task(cfg: Any, preset: str) -> None:
                          f"with --model, or a preset of task {owner.name!r}")
 
 
+def _saved_config(output_dir: str) -> Any:
+    """The saved config of the run in ``output_dir`` (None without a checkpoint there: ``train`` then says
+    there is nothing to resume)."""
+    from ..train.rundir import RunDir
+
+    rd = RunDir(output_dir)
+    return rd.config() if rd.has_checkpoint() else None
+
+
 def train_cmd(
-    preset: Annotated[str, typer.Option(help=f"Recipe to start from: {', '.join(PRESETS)}.")] = "fmnist-cpu",
+    preset: Annotated[str | None, typer.Option(
+        help=f"Recipe to start from: {', '.join(PRESETS)} (default fmnist-cpu; --resume starts from the "
+             "run's saved config instead).")] = None,
     model: Annotated[str | None, typer.Option(help="Model name, e.g. rpc_symvit_mini_patch4_28.")] = None,
     dataset: Annotated[str | None, typer.Option(
         help="Dataset name (fashion-mnist, digits, imagenet, ...).")] = None,
@@ -67,7 +78,9 @@ def train_cmd(
     num_workers: Annotated[int | None, typer.Option(help="DataLoader worker processes.")] = None,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Any config field, key=value (repeatable): --set model_kwargs.rpc_iters=6.")] = None,
-    resume: Annotated[bool, typer.Option(help="Continue the run in the output directory exactly.")] = False,
+    resume: Annotated[bool, typer.Option(
+        help="Continue the run in the output directory exactly, from its saved config (options given now "
+             "change only themselves, e.g. --epochs).")] = False,
     resume_from: Annotated[str | None, typer.Option(
         help="Continue from this run or checkpoint directory.")] = None,
     overwrite: Annotated[bool, typer.Option(
@@ -85,7 +98,20 @@ def train_cmd(
         raise ValueError("--resume cannot be combined with --overwrite or --resume-from")
     if overwrite and resume_from:
         raise ValueError("--overwrite and --resume-from exclude each other")
-    cfg = get_preset(preset, **{k: v for k, v in explicit.items() if v is not None})
+    given = {k: v for k, v in explicit.items() if v is not None}
+    both = sorted({parse_override(item)[0].split(".")[0] for item in set_ or []} & set(given))
+    if both:
+        raise ValueError(f"{', '.join(both)} given both as an option and with --set: give it once")
+    saved = _saved_config(output_dir or get_preset(preset or "fmnist-cpu").output_dir) if resume else None
+    if saved is not None:  # the run's own settings, and only what is given now on top
+        if preset is not None and preset != saved.preset:
+            raise ValueError(f"--resume continues the run with its saved config (preset {saved.preset!r}): drop "
+                             f"--preset {preset} (give only what may change, e.g. --epochs or --max-steps)")
+        cfg = apply_overrides(saved, given)
+        preset = cfg.preset or "the run's"
+    else:
+        preset = preset or "fmnist-cpu"
+        cfg = get_preset(preset, **given)
     cfg = apply_overrides(cfg, list(set_ or []))
     _check_model_task(cfg, preset)
     if not progress:
@@ -118,12 +144,13 @@ def evaluate_cmd(
         "--json", help="Also write the metrics to this JSON file.")] = None,
 ) -> None:
     """Top-1/top-5 accuracy (vision) or perplexity (language models) of a checkpoint or model."""
-    from ..io import write_text_atomic
+    from ..io import check_output, write_text_atomic
     from ..studies.sources import LoadedSource
     from ..studies.spec import Source
     from ..train.evaluate import evaluate_checkpoint
     from . import refuse_hf_folder
 
+    check_output(json_out, "--json", folder=False)
     refuse_hf_folder(checkpoint, "evaluate")
     ref = LoadedSource(Source(checkpoint, dataset=dataset, data_root=data_root))
     is_name = "@" in checkpoint or ("/" not in checkpoint and not Path(checkpoint).exists())

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..train.distributed import resolve_device
 from ..train.resolve import MINILM_NAMES, LoadedModel, resolve_model
 
 __all__ = [
@@ -31,6 +32,7 @@ def load_for_analysis(name: str, *, pretrained: bool = True, device: str = "cpu"
     with an optional ``@weights`` file, a Hugging Face folder, all-MiniLM-L6-v2) for the KPCA analysis:
     image classifiers and language models (causal: ``info["causal"]``); segmentation checkpoints are
     refused (their encoder is not separated from the decoder here)."""
+    device = str(resolve_device(device))  # an unknown name or CUDA without a GPU: one line, before loading
     loaded = resolve_model(name, pretrained=pretrained, device=device)
     if loaded.task is not None and loaded.task.dense:
         raise ValueError(f"{name}: checkpoints of task {loaded.task.name!r} are not supported by the KPCA "

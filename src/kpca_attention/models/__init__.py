@@ -70,7 +70,13 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
             raise TypeError(f"{name}: vocab_size= is required for a language model")
         return create_lm(name, **kwargs)
     if name in VISION_MODELS or name in FAMILY_VISION_MODELS or timm.is_model(name):
-        return timm.create_model(name, **kwargs)
+        try:
+            return timm.create_model(name, **kwargs)
+        except TypeError as e:  # a keyword the model does not take (model_kwargs.X): one line, not a trace
+            if "unexpected keyword argument" not in str(e):
+                raise
+            raise ValueError(f"{name}: {e}; see the model's keyword arguments "
+                             f"(timm.create_model({name!r}, ...))") from e
     raise ValueError(
         f"unknown model {name!r}; valid names of this package: {', '.join(list_models())} "
         "(any timm model name is accepted too)"

@@ -349,6 +349,13 @@ def store_files(folder: str | os.PathLike) -> list[Path]:
     result files, or one file."""
     p = Path(folder)
     if p.is_file():
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            data = None
+        if not (isinstance(data, dict) and "items" in data):  # never rewrite settings.json, config.json...
+            raise ValueError(f"{p} is not a result file (a JSON object holding \"items\"): give a study or "
+                             "robustness folder, a folder of result files, or one result file")
         return [p]
     if not p.is_dir():
         raise FileNotFoundError(f"no such folder or result file: {p}")

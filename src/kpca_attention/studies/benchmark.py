@@ -46,6 +46,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset, Subset
 
+from ..checks import check_int
+
 __all__ = ["benchmark", "check_model", "parse_eps", "wilson_interval", "THREAT_MODELS", "DEFAULT_EPS",
            "CHECK_IMAGES", "NORMALISATION_MARGIN"]
 
@@ -229,6 +231,7 @@ def benchmark(
     from ..tasks.classification.suites import AutoAttackSuite, evaluate_autoattack
     from ..train.distributed import resolve_device
 
+    check_int(batch_size, "--batch-size", min=1)
     if threat_model not in THREAT_MODELS:
         raise ValueError(f"unknown threat model {threat_model!r}; valid: {', '.join(THREAT_MODELS)}")
     if version not in ("standard", "rand"):

@@ -388,8 +388,8 @@ def _check_settings(study: Study, out: Path, force: bool, command: str | None = 
         # existing models: every item is keyed by the weights and the parameters, so other models or
         # suites may share the folder; the settings (and the report) are this call's
         if saved.get("name") != now["name"]:
-            raise ValueError(f"{out} holds the results of study {saved.get('name')!r}: choose another --out, "
-                             "or --force to start again")
+            raise ValueError(f"{out} holds the results of study {saved.get('name')!r}: choose another --out "
+                             "for these models")
     elif saved and not force:
         keys = ("preset", "recipe", "suites", "trace", "name")
         differ = [k for k in keys if saved.get(k) != now.get(k)]

@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from ..io import fsync_dir as _fsync_dir
-from ..io import sha256_file, write_json_atomic
+from ..io import new_file_mode, sha256_file, write_json_atomic
 from ..tasks import get as get_task
 from .config import TrainConfig
 from .hf import force_offline
@@ -131,6 +131,7 @@ def save_weights(model: nn.Module, file: str | os.PathLike) -> None:
     """``safetensors.torch.save_model`` with :func:`attention_settings` in the file's metadata."""
     meta = {SETTINGS_KEY: json.dumps(attention_settings(model), sort_keys=True)}
     safetensors.torch.save_model(model, str(file), metadata=meta)
+    os.chmod(file, new_file_mode())  # safetensors writes 0600; a checkpoint's other files get the umask's
 
 
 def check_settings(model: nn.Module, file: str | os.PathLike, *, override_settings: bool = False) -> None:
@@ -159,7 +160,8 @@ def check_settings(model: nn.Module, file: str | os.PathLike, *, override_settin
         more = f" (+{len(differ) - 4} more)" if len(differ) > 4 else ""
         raise CheckpointError(f"weights {file} belong to a model with other attention settings: "
                               f"{'; '.join(differ[:4])}{more}; build the model with the weights' settings, "
-                              "or override (override_settings=True) to load them anyway")
+                              "or load them anyway from Python (load_model / load_weights with "
+                              "override_settings=True)")
 
 
 # --- writing ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ Only rank 0 writes files (checkpoints, logs, reports).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,18 @@ class DistInfo:
         return self.rank == 0
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+def resolve_device(name: str | torch.device, local_rank: int = 0) -> torch.device:
+    """The torch device of a ``--device`` value: ``auto`` (CUDA when there is one), ``cpu``, ``cuda`` (this
+    process's ``local_rank``) or ``cuda:N``; anything else, or CUDA without a GPU, is a ``ValueError``."""
+    from .config import check_device
+
+    if isinstance(name, torch.device):
+        return name
+    if isinstance(name, str) and re.fullmatch(r"cuda:\d+", name):
+        if not torch.cuda.is_available() or int(name[5:]) >= torch.cuda.device_count():
+            raise ValueError(f"device={name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        return torch.device(name)
+    check_device(name, "device")
     if name == "cpu":
         return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():

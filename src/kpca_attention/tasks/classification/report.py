@@ -179,8 +179,9 @@ class ClassificationSections(StudySections):
                    + (f" (seeds {a['seeds']} only)" if a.get("seeds") else "") for a in suites["attacks"]]
         return (
             f"Evaluation: clean on {'all' if suites['clean'] is None else suites['clean']} test images"
-            + (f"; {len(corr['names'])} corruptions x severities {corr['severities']} on {corr['n']} fixed "
-               "test images (imagecorruptions, seeded per image)" if corr else "")
+            + (f"; {len(corr['names'])} corruptions x severities {corr['severities']} on "
+               f"{'all' if corr['n'] is None else corr['n']} fixed test images (imagecorruptions, seeded per "
+               "image)" if corr else "")
             + ("; attacks in pixel space (Linf eps in units of 1/255, normalisation inside the model): "
                + ", ".join(attacks) if attacks else "")
             + (f"; PAP trace of the RPC models on {s_['trace']} test images" if s_.get("trace") else "") + "."

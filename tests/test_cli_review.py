@@ -1,0 +1,115 @@
+"""What a review of the command line as a user found, each now one line and exit code 2 before any work (or
+the right behaviour): sealing a file that is not a result file, resuming from the run's own config, unknown
+devices and model keywords, outputs that cannot be written, options that --quick or --set would ignore."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kpca_attention.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--preset", "digits-cpu", "--max-steps", "2", "--epochs", "3", "--no-progress"]
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _one_line_error(res, *words: str) -> None:
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.output, res.output
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("name", ["settings.json", "summary.json"])
+def test_results_seal_refuses_a_json_file_that_is_not_a_result_file(tmp_path, name) -> None:
+    folder = tmp_path / "study"
+    shutil.copytree(ROOT / "results" / "elliptical-adaptive", folder)
+    before = (folder / name).read_bytes()
+    for cmd in ("seal", "verify"):
+        _one_line_error(_run("results", cmd, folder / name), "not a result file")
+    assert (folder / name).read_bytes() == before
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "run"
+    res = _run("train", *TINY, "--model", "rpc_symvit_mini_patch4_28", "-o", out)
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _saved(out: Path) -> dict:
+    return json.loads(sorted((out / "checkpoints").glob("e*/config.json"))[-1].read_text())
+
+
+def test_resume_starts_from_the_runs_saved_config(run, tmp_path) -> None:
+    """Without --preset or --epochs the run keeps its model, dataset and epochs (the preset's default
+    fmnist-cpu and its 10 epochs used to replace them); what is given now changes only itself."""
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    res = _run("train", "-o", copy, "--resume", "--max-steps", "4", "--no-progress")
+    assert res.exit_code == 0, res.output
+    saved = _saved(copy)
+    assert (saved["model"], saved["dataset"], saved["epochs"], saved["max_steps"]) == (
+        "rpc_symvit_mini_patch4_28", "digits", 3, 4)
+    _one_line_error(_run("train", "-o", copy, "--resume", "--preset", "fmnist-cpu"), "saved config",
+                    "digits-cpu")
+
+
+def test_an_option_given_twice_is_refused() -> None:
+    _one_line_error(_run("train", "--epochs", "3", "--set", "epochs=7", "--print-config"), "epochs",
+                    "give it once")
+
+
+def test_an_unknown_model_keyword_is_one_line(tmp_path) -> None:
+    _one_line_error(_run("train", *TINY, "--set", "model_kwargs.nope=1", "-o", tmp_path / "r"),
+                    "unexpected keyword argument 'nope'")
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:7", "gpu"])
+def test_an_unknown_or_missing_device_is_refused_everywhere(run, tmp_path, device) -> None:
+    _one_line_error(_run("analyze", run, "--json", tmp_path / "a.json", "--device", device,
+                         "--max-samples", "2"), "device")
+    _one_line_error(_run("robustness", run, "-o", tmp_path / "rb", "--device", device, "--n", "2",
+                         "--corruptions", "fog", "--severities", "1"), "device")
+    assert not (tmp_path / "rb").exists()
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_work(run, tmp_path) -> None:
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    _one_line_error(_run("analyze", run, "--json", folder, "--max-samples", "2"), "--json", "is a folder")
+    _one_line_error(_run("evaluate", run, "--json", folder), "--json", "is a folder")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    _one_line_error(_run("robustness", run, "-o", a_file, "--n", "2"), "--out", "is a file")
+    _one_line_error(_run("robustness", run, "-o", tmp_path / "rb", "--seed", "-1"), "--seed")
+    assert not (tmp_path / "rb").exists()
+
+
+def test_ablate_quick_refuses_the_options_it_would_ignore(tmp_path) -> None:
+    _one_line_error(_run("ablate", "--quick", "--epochs", "3", "-o", tmp_path / "ab"), "--quick", "--epochs")
+    _one_line_error(_run("ablate", "--quick", "--train-subset", "1000000000", "-o", tmp_path / "ab"),
+                    "--train-subset")
+    assert not (tmp_path / "ab").exists()
+
+
+@pytest.mark.parametrize("size", ["0", "-1"])
+def test_benchmark_checks_its_batch_size(run, tmp_path, size) -> None:
+    _one_line_error(_run("benchmark", run, "--n", "2", "--batch-size", size, "-o", tmp_path / "bm"),
+                    "--batch-size")
+
+
+def test_checkpoint_weights_are_readable_like_the_other_files(run) -> None:
+    ckpt = sorted((run / "checkpoints").glob("e*"))[-1]
+    modes = {f.name: f.stat().st_mode & 0o777 for f in ckpt.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"], modes
