@@ -113,3 +113,12 @@ def test_checkpoint_weights_are_readable_like_the_other_files(run) -> None:
     ckpt = sorted((run / "checkpoints").glob("e*"))[-1]
     modes = {f.name: f.stat().st_mode & 0o777 for f in ckpt.iterdir()}
     assert modes["model.safetensors"] == modes["config.json"], modes
+
+
+def test_folders_that_are_files_are_named_in_one_line(run, tmp_path) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    _one_line_error(_run("study", "demo", "--runs", a_file, "-o", tmp_path / "d"), "--runs", "is a file")
+    _one_line_error(_run("study", "demo", "-o", a_file, "--status"), "--out", "is a file")
+    _one_line_error(_run("pap-trace", run, "-o", a_file), "--out", "is a file")
+    _one_line_error(_run("leaderboard", "--results", tmp_path / "missing", "-o", tmp_path / "lb"), "--results")

@@ -51,6 +51,9 @@ def leaderboard_cmd(
     from ..studies.headline import headline_plot, update_results_doc
     from ..studies.leaderboard import write_leaderboard
 
+    if not results.is_dir():
+        raise FileNotFoundError(f"--results {results} is not a folder of study results (run from the "
+                                "repository's root, or give --results)")
     paths = write_leaderboard(results, out, markdown)
     headline_plot(out / "headline.png", results)
     changed = update_results_doc(results_page, results)

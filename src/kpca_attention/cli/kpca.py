@@ -285,6 +285,7 @@ def pap_trace_cmd(
 
     _check_options(max_samples=max_samples, batch_size=batch_size, threads=threads, split=split, texts=texts,
                    images=images, dataset=dataset)
+    check_output(out, "--out", folder=True)
     _threads(threads)
     path = Path(model).expanduser()
     base = model.partition("@")[0] if not path.exists() else model  # NAME@/absolute/weights is a name

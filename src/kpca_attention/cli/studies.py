@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from ..checks import Int, check_count, check_parameters
+from ..io import check_output
 from . import parse_ints, parse_list
 
 __all__ = ["demo_cmd", "study_cmd", "ablate_cmd", "report_cmd", "regenerate_command"]
@@ -205,6 +206,8 @@ def study_cmd(
     _threads(threads)
     Int(min=0, allow_none=True)(loader_workers, "--loader-workers")
     _passive_openmp("study")
+    check_output(out, "--out", folder=True)
+    check_output(runs, "--runs", folder=True)
     study = get_study(name)
     chosen = None
     whole = True  # the run covers the whole study: its command regenerates the results

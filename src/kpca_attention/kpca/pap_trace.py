@@ -183,7 +183,8 @@ def trace_model(
     try:
         with recording(model) as recorders:
             if not recorders:
-                raise ValueError(f"{type(model).__name__} has no RPCAttention layer: nothing to trace")
+                raise ValueError("the model has no RPCAttention layer (a SymViT or ViT run, say): nothing to "
+                                 "trace; give an RPC model")
             raw = {name: {q: [] for q in QUANTITIES} for name in recorders}
             bar = tqdm(batches, desc="pap-trace", disable=None if progress else True, leave=False)
             for i, batch in enumerate(bar):
