@@ -121,4 +121,5 @@ def test_folders_that_are_files_are_named_in_one_line(run, tmp_path) -> None:
     _one_line_error(_run("study", "demo", "--runs", a_file, "-o", tmp_path / "d"), "--runs", "is a file")
     _one_line_error(_run("study", "demo", "-o", a_file, "--status"), "--out", "is a file")
     _one_line_error(_run("pap-trace", run, "-o", a_file), "--out", "is a file")
-    _one_line_error(_run("leaderboard", "--results", tmp_path / "missing", "-o", tmp_path / "lb"), "--results")
+    _one_line_error(_run("leaderboard", "--results", tmp_path / "missing", "-o", tmp_path / "lb"),
+                    "--results")
