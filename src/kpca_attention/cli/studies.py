@@ -253,9 +253,11 @@ def ablate_cmd(
                   attack_images=attack_images)
     check_parameters({**counts, "epochs": epochs, "jobs": jobs, "threads": threads}, ABLATE_OPTIONS, cli=True)
     chosen = _seeds(seeds)
-    fixed = {"epochs": (epochs, 2), "corrupt_images": (corrupt_images, 300), "attack_images": (attack_images, 400)}
+    fixed = {"epochs": (epochs, 2), "corrupt_images": (corrupt_images, 300),
+             "attack_images": (attack_images, 400)}  # what --quick sets itself
     if quick and (given := [k for k, (v, default) in fixed.items() if v != default]):
-        raise ValueError(f"--quick sets its own budget; drop {', '.join('--' + k.replace('_', '-') for k in given)}")
+        drop = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise ValueError(f"--quick sets its own budget; drop {drop}")
     _threads(threads)
     _passive_openmp("ablate")
     study = ablation_study(seeds=chosen, variants=parse_list(variants) or None,
