@@ -123,3 +123,8 @@ def test_folders_that_are_files_are_named_in_one_line(run, tmp_path) -> None:
     _one_line_error(_run("pap-trace", run, "-o", a_file), "--out", "is a file")
     _one_line_error(_run("leaderboard", "--results", tmp_path / "missing", "-o", tmp_path / "lb"),
                     "--results")
+
+
+def test_a_misspelt_model_name_is_unknown_with_close_names() -> None:
+    _one_line_error(_run("evaluate", "symvit_mini_patch4_82", "--dataset", "digits"), "unknown model",
+                    "symvit_mini_patch4_28")

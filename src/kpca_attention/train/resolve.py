@@ -21,6 +21,7 @@ tried as a hub name and fail late).
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,6 +263,14 @@ def resolve_model(spec: str, *, pretrained: bool = True, device: str = "cpu",
         elif weights or name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub(name):
             raise FileNotFoundError(f"no such checkpoint, run directory or model folder: {name} (a timm "
                                     "name may carry a local weights file as NAME@FILE)")
+        elif "/" not in name:  # a legacy hub id (bert-base-uncased) in the cache, or a misspelt timm name
+            try:
+                loaded = _load_hf(name, name)
+            except ValueError as e:
+                close = difflib.get_close_matches(base, timm.list_models(), n=3, cutoff=0.75)
+                hint = f"; close timm names: {', '.join(close)}" if close else ""
+                raise ValueError(f"unknown model {name!r}: not a run folder, a model name of timm or this "
+                                 f"package, nor a Hugging Face model in the local cache{hint}") from e
         else:
             loaded = _load_hf(name, name)
     loaded.model.to(device)
