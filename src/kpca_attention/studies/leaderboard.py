@@ -304,6 +304,10 @@ def _slug(key: tuple) -> Path:
     return Path(str(dataset)) / norm / f"{name}.json"
 
 
+#: the keys of a leaderboard table's JSON, in the order it writes them (also how a stale one is recognised)
+TABLE_KEYS = ("dataset", "threat_model", "eps", "protocol", "evaluation", "attack_settings", "rows")
+
+
 def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike,
                       markdown: str | os.PathLike) -> list[Path]:
     """Write ``markdown`` and one JSON per table under ``out`` (``<dataset>/<threat>/<eps>-...json``);
@@ -321,9 +325,8 @@ def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike,
         dataset, norm, eps, protocol, evaluation = key
         path = output_path(out, _slug(key), what="the leaderboard table")  # names come from results/
         keep.add(path)
-        written.append(write_json_atomic(path, {
-            "dataset": dataset, "threat_model": norm, "eps": eps, "protocol": protocol,
-            "evaluation": evaluation, "attack_settings": rows[0]["attack_settings"], "rows": rows}))
+        values = (dataset, norm, eps, protocol, evaluation, rows[0]["attack_settings"], rows)
+        written.append(write_json_atomic(path, dict(zip(TABLE_KEYS, values, strict=True))))
     for old in out.rglob("*.json") if out.is_dir() else []:
         if old not in keep and _is_table(old):  # only tables this command wrote: other JSON stays
             old.unlink()
@@ -337,6 +340,3 @@ def _is_table(path: Path) -> bool:
     data = read_json(path)  # None when unreadable
     return isinstance(data, dict) and set(TABLE_KEYS) <= set(data)
 
-
-#: the keys of a leaderboard table's JSON
-TABLE_KEYS = ("dataset", "threat_model", "eps", "protocol", "evaluation", "attack_settings", "rows")
