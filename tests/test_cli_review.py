@@ -128,3 +128,58 @@ def test_folders_that_are_files_are_named_in_one_line(run, tmp_path) -> None:
 def test_a_misspelt_model_name_is_unknown_with_close_names() -> None:
     _one_line_error(_run("evaluate", "symvit_mini_patch4_82", "--dataset", "digits"), "unknown model",
                     "symvit_mini_patch4_28")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["train", "--preset", "digits-cpu", "--max-steps", "0"], ["--max-steps must be an integer >= 1; got 0"]),
+    (["train", "--preset", "digits-cpu", "--epochs", "0"], ["--epochs must be"]),
+    (["study", "demo", "--jobs", "0", "--status"], ["--jobs must be an integer >= 1; got 0"]),
+])
+def test_option_errors_name_the_option_as_typed_without_none(args, words, tmp_path) -> None:
+    """An option's None is leaving it out: the message names --max-steps, not the field max_steps, and
+    does not offer "or None" (which the command line cannot give)."""
+    res = _run(*args, "-o", tmp_path / "out")
+    _one_line_error(res, *words)
+    assert "None" not in res.output
+
+
+def test_the_config_field_keeps_its_name_with_set(tmp_path) -> None:
+    _one_line_error(_run("train", "--preset", "digits-cpu", "--set", "max_steps=0", "-o", tmp_path / "o"),
+                    "max_steps must be an integer >= 1 or None")
+
+
+@pytest.mark.parametrize("suite, option, value", [
+    ("corruptions", "--n", "0"), ("wordswap", "--rate", "2"), ("wordswap", "--max-tokens", "1"),
+    ("attacks", "--attack-n", "0"), ("corruptions", "--batch-size", "0")])
+def test_robustness_numeric_options_name_themselves(run, tmp_path, suite, option, value) -> None:
+    res = _run("robustness", run, "-o", tmp_path / "rb", "--suite", suite, option, value)
+    _one_line_error(res, option + " must be")
+    assert "None" not in res.output and not (tmp_path / "rb").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--method", "pgd", "--eps", "8/255"], ["--method, --eps only apply to --suite attacks"]),
+    (["--suite", "attacks", "--rate", "0.1"], ["--rate only applies to --suite wordswap"]),
+    (["--suite", "attacks", "--severities", "1"], ["--severities only applies to --suite corruptions"]),
+])
+def test_robustness_refuses_options_of_a_suite_that_does_not_run(run, tmp_path, args, words) -> None:
+    """`--method pgd --eps 8/255` without `--suite attacks` used to run the corruptions and no attack."""
+    _one_line_error(_run("robustness", run, "-o", tmp_path / "rb", *args), *words)
+    assert not (tmp_path / "rb").exists()
+
+
+def test_evaluate_refuses_a_subset_larger_than_the_split(run, tmp_path) -> None:
+    """It used to shrink to the split in silence (robustness, demo and ablate refuse such counts)."""
+    for split in ("val", "test"):
+        _one_line_error(_run("evaluate", run, "--split", split, "--subset", "100000"),
+                        "subset must be an integer in [1, ", f"the images of the {split} split of digits")
+    res = _run("evaluate", run, "--subset", "5", "--json", tmp_path / "m.json")
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "m.json").read_text())["n"] == 5
+
+
+def test_paths_of_the_wrong_kind_say_so(run, tmp_path) -> None:
+    a_file = tmp_path / "a_file.png"
+    a_file.write_text("x")
+    _one_line_error(_run("analyze", run, "--images", a_file, "--json", tmp_path / "a.json"), "is a file")
+    _one_line_error(_run("evaluate", f"vit_mini_patch4_28@{tmp_path}", "--dataset", "digits"), "is a folder")

@@ -50,6 +50,12 @@ def describe_range(kind: str, min: float | None = None, max: float | None = None
     return text + (" or None" if allow_none else "")
 
 
+def _is_option(name: str) -> bool:
+    """``name`` is a command-line option (``--epochs``): there None is leaving the option out, so the
+    message does not offer it as a value."""
+    return name.startswith("--")
+
+
 def check_int(value: Any, name: str, *, min: int | None = None, max: int | None = None,
               allow_none: bool = False) -> int | None:
     """``value`` as an ``int`` if it is an integer (Python or NumPy, not bool) in ``[min, max]``.
@@ -59,7 +65,7 @@ def check_int(value: Any, name: str, *, min: int | None = None, max: int | None 
     """
     if value is None and allow_none:
         return None
-    valid = describe_range("an integer", min, max, allow_none=allow_none)
+    valid = describe_range("an integer", min, max, allow_none=allow_none and not _is_option(name))
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be {valid}; got {value!r}")
     if (min is not None and value < min) or (max is not None and value > max):
@@ -79,7 +85,8 @@ def check_real(value: Any, name: str, *, min: float | None = None, max: float | 
     if value is None and allow_none:
         return None
     kind = "a number (inf allowed)" if allow_inf else "a finite number"
-    valid = describe_range(kind, min, max, min_open=min_open, max_open=max_open, allow_none=allow_none)
+    valid = describe_range(kind, min, max, min_open=min_open, max_open=max_open,
+                           allow_none=allow_none and not _is_option(name))
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be {valid}; got {value!r}")
     v = float(value)

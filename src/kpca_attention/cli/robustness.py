@@ -11,13 +11,36 @@ from typing import Any
 
 import typer
 
+from ..checks import Int, Real, check_parameters, option_name
 from ..robustness.attacks import METHODS
 from ..robustness.corruptions import corruption_names
 from . import parse_floats, parse_ints, parse_list
 
+#: the numeric options of ``robustness``, checked before any model is loaded (messages name the option)
+OPTIONS = {"n": Int(min=1, allow_none=True), "attack_n": Int(min=1), "rate": Real(min=0, max=1),
+           "max_tokens": Int(min=2, allow_none=True), "stride": Int(min=1), "batch_size": Int(min=1),
+           "seed": Int(min=0)}
+
 #: what the command measures: the image suites (corruptions with mCE, ImageNet-A/R/O, attacks) and the
 #: word swap of language models
 SUITES: tuple[str, ...] = ("corruptions", "ood", "attacks", "wordswap")
+#: options that only one suite reads, with their defaults: given for a run without that suite, refused
+SUITE_OPTIONS: dict[str, dict[str, Any]] = {
+    "corruptions": {"corruptions": "common", "severities": "1,2,3,4,5", "imagenet_c": None},
+    "attacks": {"method": "fgsm,pgd", "eps": None, "attack_n": 500, "steps": None},
+    "ood": {"imagenet_a": None, "imagenet_r": None, "imagenet_o": None, "imagenet_val": None},
+    "wordswap": {"lm_splits": "valid,test", "rate": 0.015, "max_tokens": None},
+}
+
+
+def _refuse_unused(suites: list[str], values: dict[str, Any]) -> None:
+    """An option of a suite that does not run (``--eps`` without ``--suite attacks``) is a mistake: say so
+    rather than run the other suites without it."""
+    for suite, defaults in SUITE_OPTIONS.items():
+        given = [option_name(k, cli=True) for k, default in defaults.items() if values[k] != default]
+        if suite not in suites and given:
+            raise ValueError(f"{', '.join(given)} only {'apply' if len(given) > 1 else 'applies'} to --suite {suite}, which is not among the suites "
+                             f"run ({','.join(suites)}): add it, or leave {'them' if len(given) > 1 else 'it'} out")
 IMAGE_SUITES: tuple[str, ...] = ("corruptions", "ood", "attacks")
 
 
@@ -74,16 +97,18 @@ def robustness_cmd(
     A study without training: writes <out>/report.md, summary.json and .png plots (the study report),
     <out>/settings.json, and per-example results per model in <out>/results/<label>.json; finished items
     are reused when the command is run again with the same parameters."""
-    from ..checks import check_int
     from ..io import check_output
     from ..train.distributed import resolve_device
 
-    check_int(seed, "--seed", min=0)  # before anything is written to --out
     check_output(out, "--out", folder=True)
     suites = parse_list(suite)
     bad = [s for s in suites if s not in SUITES]
     if bad or not suites:
         raise ValueError(f"unknown suite(s) {bad or suite!r}; valid: {', '.join(SUITES)}")
+    _refuse_unused(suites, dict(corruptions=corruptions, severities=severities, imagenet_c=imagenet_c, method=method,
+                                eps=eps, attack_n=attack_n, steps=steps, imagenet_a=imagenet_a,
+                                imagenet_r=imagenet_r, imagenet_o=imagenet_o, imagenet_val=imagenet_val,
+                                lm_splits=lm_splits, rate=rate, max_tokens=max_tokens))
     names = (corruption_names(corruptions) if corruptions in ("common", "extra", "all")
              else parse_list(corruptions))
     attack_options: dict[str, dict[str, int]] = {}
@@ -145,6 +170,8 @@ def robustness_study(
 
     if not paths:
         raise ValueError("no checkpoints given")
+    check_parameters(dict(n=n, attack_n=attack_n, rate=rate, max_tokens=max_tokens, stride=stride,
+                          batch_size=batch_size, seed=seed), OPTIONS, cli=True)
     for p in paths:
         refuse_hf_folder(p, "robustness")
     attack_options = attack_options or {}

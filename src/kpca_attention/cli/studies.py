@@ -204,6 +204,7 @@ def study_cmd(
     if name not in STUDIES:
         raise ValueError(f"unknown study {name!r}; valid: {', '.join(STUDIES)}")
     _threads(threads)
+    Int(min=1)(jobs, "--jobs")
     Int(min=0, allow_none=True)(loader_workers, "--loader-workers")
     _passive_openmp("study")
     check_output(out, "--out", folder=True)

@@ -12,7 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ..train.config import PRESETS, apply_overrides, get_preset, parse_override
+from ..checks import check_count, option_name
+from ..train.config import FIELD_CHECKS, PRESETS, apply_overrides, get_preset, parse_override
 
 __all__ = ["train_cmd", "evaluate_cmd", "model_task"]
 
@@ -99,6 +100,8 @@ def train_cmd(
     if overwrite and resume_from:
         raise ValueError("--overwrite and --resume-from exclude each other")
     given = {k: v for k, v in explicit.items() if v is not None}
+    for key, value in given.items():  # named as typed (--max-steps), before the config names its field
+        FIELD_CHECKS[key](value, option_name(key, cli=True))
     both = sorted({parse_override(item)[0].split(".")[0] for item in set_ or []} & set(given))
     if both:
         raise ValueError(f"{', '.join(both)} given both as an option and with --set: give it once")
@@ -172,6 +175,8 @@ def evaluate_cmd(
         ref.device = str(resolve_device(device))
         cfg = ref.config
         data = build_image_dataset(dataset, split, root=data_root, img_size=cfg.img_size, subset=subset)
+        if subset is not None and len(data) < subset:  # as for a run of this project (ImageTask.split_set)
+            check_count(subset, "subset", len(data), f"the images of the {split} split of {dataset}")
         res = evaluate_vision(ref.load(), DataLoader(data, batch_size=batch_size or 256), ref.device,
                               progress=True, desc="eval")
         res = {"model": checkpoint, "dataset": dataset, "split": split, **res}

@@ -89,7 +89,8 @@ def load_image_folder(
 
     root = Path(path)
     if not root.is_dir():
-        raise FileNotFoundError(f"image folder {root} does not exist")
+        raise FileNotFoundError(f"image folder {root} " + ("is a file: give the folder of the images"
+                                                           if root.exists() else "does not exist"))
     files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {root}")

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from ..checks import check_count
 from .base import Splits, Task, seeded_sample, validation_split
 
 __all__ = ["ImageTask", "autocast"]
@@ -77,10 +78,18 @@ class ImageTask(Task):
 
     def split_set(self, cfg: Any, split: str, subset: int | None) -> Dataset:
         """``split`` of ``cfg``'s dataset for ``kpca-attention evaluate``: ``val`` of a run with a
-        validation split is that split; otherwise the dataset's own split (``subset``: seeded sample)."""
+        validation split is that split; otherwise the dataset's own split (``subset``: seeded sample).
+
+        Raises:
+            ValueError: ``subset`` is more than the split holds (a split smaller than asked for is the
+                user's mistake, not a smaller evaluation to pass off as the one asked for)."""
         if split == "val" and cfg.val_size is not None:
-            return self.validation_set(cfg, subset)
-        return self.builder(cfg)(split, False, subset)
+            data = self.validation_set(cfg, subset)
+        else:
+            data = self.builder(cfg)(split, False, subset)
+        if subset is not None and len(data) < subset:  # a sample is all of a split smaller than it
+            check_count(subset, "subset", len(data), f"the images of the {split} split of {cfg.dataset}")
+        return data
 
     def test_set(self, cfg: Any) -> Dataset:
         """The test split of the dataset a run was trained on (``cfg``: its TrainConfig)."""

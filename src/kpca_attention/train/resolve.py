@@ -176,7 +176,8 @@ def check_weights_file(weights: str) -> Path:
     text file is one clear error naming it (never a half-read "pop from empty list")."""
     f = Path(weights).expanduser()
     if not f.is_file():
-        raise FileNotFoundError(f"weights file {weights} does not exist")
+        raise FileNotFoundError(f"weights file {weights} " + ("is a folder: give the weights file in it"
+                                                              if f.is_dir() else "does not exist"))
     size = f.stat().st_size
     with open(f, "rb") as fh:
         head = fh.read(16)

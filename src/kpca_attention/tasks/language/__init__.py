@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from ...checks import check_count
 from ..base import Objective, Splits, StudySections, Task, sum_over_loader
 from ..images import autocast
 from .data import TokenWindows, build_vocab, corpus, corpus_windows
@@ -145,6 +146,7 @@ class CausalLanguageModelling(Task):
             raise ValueError("the model has no .vocab: load it with kpca_attention.train.load_model")
         ids = vocab.encode(corpus(cfg.dataset, cfg.data_root).split(split))
         if subset is not None:
+            check_count(subset, "subset", ids.numel(), f"the tokens of the {split} split of {cfg.dataset}")
             ids = ids[:subset]
         model.to(device)
         ppl = perplexity(model, ids, context=cfg.context, batch_size=batch_size, stride=stride,
