@@ -56,9 +56,10 @@ gpu-check: setup
 # feature maps, and TorchScript is not supported); then with this package's families added to the two
 # name lists timm uses for its own ViTs (NON_STD_FILTERS, FEAT_INTER_FILTERS), which must pass.
 TIMM_COMPAT_DIR := build/timm-compat
-# the robust-attention family's mechanisms (models/family.py): <m>_vit_* and <m>_symvit_* join the lists
-TIMM_COMPAT_FAMILY := neutreno pid elliptical twicing kde rkde rvt fan
-TIMM_COMPAT_K := (symvit or rpc_ or scaled_vit or vit_mini$(foreach m,$(TIMM_COMPAT_FAMILY), or $(m)_)) \
+# the robust-attention family's mechanisms (models/family.py) and FAN: <m>_vit_* and <m>_symvit_* join the
+# lists (read from the package when the recipe runs, after setup: one list to keep)
+TIMM_COMPAT_FAMILY = $(shell $(PY) -c 'from kpca_attention.models.family import FAMILY_MECHANISMS as m; print(*m, "fan")')
+TIMM_COMPAT_K = (symvit or rpc_ or scaled_vit or vit_mini$(foreach m,$(TIMM_COMPAT_FAMILY), or $(m)_)) \
   and not small_ and not base_ and not segmenter
 timm-compat: setup
 	@set -e; py=$(abspath $(PY)); ver=$$($$py -c 'import timm; print(timm.__version__)'); \

@@ -24,6 +24,8 @@ def attn_types(model) -> list[type]:
 
 
 def test_registered_in_timm_and_listed():
+    from timm.models import model_entrypoint
+
     vision = list_models("vision")
     assert len(vision) == sum(len(sizes) for sizes, _ in FAMILIES.values())
     for name in vision:
@@ -33,7 +35,11 @@ def test_registered_in_timm_and_listed():
                  "rpc_symvit_mini_patch4_32"):
         assert name in vision
     assert set(list_models("lm")) == {"lm", "symlm", "rpc_symlm"}
-    assert set(list_models()) == set(vision) | {"lm", "symlm", "rpc_symlm"} | set(list_models("family"))
+    assert set(list_models()) == (set(vision) | {"lm", "symlm", "rpc_symlm"} | set(list_models("family"))
+                                  | set(list_models("fan")) | set(list_models("segmentation")))
+    ours = {n for n in timm.list_models() if model_entrypoint(n).__module__.startswith("kpca_attention")}
+    assert ours <= set(list_models()), sorted(ours - set(list_models()))[:5]  # every model we register
+    assert {"fan_vit_mini_patch4_28", "rpc_fan_symvit_tiny_patch16_224"} <= set(list_models("fan"))
     # plain vit_* of timm are untouched
     assert timm.create_model("vit_tiny_patch16_224", img_size=32).blocks[0].attn.__class__ is Attention
 

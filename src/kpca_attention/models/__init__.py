@@ -14,6 +14,7 @@ from torch import nn
 
 from . import family, fan, lm, segmenter, vit
 from .family import FAMILY_SEGMENTATION_MODELS, FAMILY_VISION_MODELS
+from .fan import FAN_MODELS
 from .lm import FAMILY_LM_MODELS, LM_MODELS, LM_PRESETS, CausalLM, LMConfig, create_lm, perplexity
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, NormalizedModel
 from .segmenter import SEGMENTATION_MODELS, Segmenter
@@ -43,14 +44,17 @@ __all__ = [
     "FAMILY_VISION_MODELS",
     "FAMILY_SEGMENTATION_MODELS",
     "FAMILY_LM_MODELS",
+    "FAN_MODELS",
 ]
 
 
 def list_models(kind: str | None = None) -> list[str]:
-    """This package's model names: ``kind="vision"`` (timm-registered), ``"lm"``, ``"family"`` (the
-    robust-attention family's ViTs and LMs, :mod:`.family`), or None for all of them."""
+    """This package's model names: ``kind="vision"`` (the ViTs registered in timm), ``"lm"``, ``"family"``
+    (the robust-attention family's ViTs and LMs, :mod:`.family`), ``"fan"`` (FAN and RPC-FAN,
+    :mod:`.fan`), ``"segmentation"`` (the Segmenters, also the family's), or None for all of them."""
     table = {"vision": list(VISION_MODELS), "lm": list(LM_MODELS),
-             "family": [*FAMILY_VISION_MODELS, *FAMILY_LM_MODELS]}
+             "family": [*FAMILY_VISION_MODELS, *FAMILY_LM_MODELS], "fan": list(FAN_MODELS),
+             "segmentation": [*SEGMENTATION_MODELS, *FAMILY_SEGMENTATION_MODELS]}
     if kind is None:
         return [n for names in table.values() for n in names]
     if kind not in table:

@@ -54,7 +54,6 @@ __all__ = [
     "FAMILY_VISION_MODELS",
     "FAMILY_SEGMENTATION_MODELS",
     "build_family_vit",
-    "family_names",
 ]
 
 #: the ViT sizes every family mechanism is registered in (keys of :data:`~.vit.ARCHS`)
@@ -140,15 +139,6 @@ class StatefulVisionTransformer(VisionTransformer):
 
 def _family(name: str, symmetric: bool) -> str:
     return f"{name}_{'symvit' if symmetric else 'vit'}"
-
-
-def family_names(name: str, symmetric: bool | None = None) -> list[str]:
-    """The ViT names of mechanism ``name`` (both forms its registration allows, or one of them)."""
-    mech = get_mechanism(name)
-    forms = [s for s, ok in ((False, mech.asymmetric_ok), (True, mech.symmetric_ok)) if ok]
-    if symmetric is not None:
-        forms = [s for s in forms if s is symmetric]
-    return [f"{_family(name, s)}_{size}" for s in forms for size in FAMILY_SIZES]
 
 
 def _plain_layer(symmetric: bool) -> type:

@@ -6,7 +6,7 @@ eps, one OOD set, one text split. ``key`` holds everything that produced the num
 training settings, data, subset, seeds, attack options): a stored item is reused only when its key is
 equal, and the file is rewritten atomically after each new item, so a killed evaluation loses at most
 the item in progress. The ``robustness`` command keeps one store per checkpoint and studies one per
-(variant, seed); both evaluate through :mod:`kpca_attention.robustness.suites`.
+(variant, seed); both evaluate through their task's suites (:mod:`kpca_attention.tasks`).
 
 Per-example correctness is a '0'/'1' string (:func:`encode_bits`) in every result a reader sees: exact and
 readable, so paired statistics (McNemar, bootstrap over images) can be computed later from the files. On

@@ -1,7 +1,7 @@
 """Studies: comparisons declared as data (:class:`Study`) and one engine that runs any of them
 (:func:`run_study`): train each (variant, seed) through :mod:`kpca_attention.train`, evaluate through
-:mod:`kpca_attention.robustness.suites` with per-example results, write the report through
-:mod:`kpca_attention.report.study`.
+the suites of the study's task (:mod:`kpca_attention.tasks`) with per-example results, write the report
+through :mod:`kpca_attention.report.study`.
 
 Registered studies (``kpca-attention study NAME``): ``demo``, ``ablations``, ``vision``,
 ``vision-large``, ``rpc-seeds``, ``rpc-depth12``, ``zoo``, ``rpc-fan``, ``zoo-large``, ``zoo-language``,

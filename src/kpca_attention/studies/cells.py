@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..report.verdicts import interim_note, verdict_cell
+from .zoo import ATTENTION_MECHANISMS, LM_MECHANISMS
 
 __all__ = ["Grid", "GRIDS", "cells_markdown", "BEGIN", "END"]
 
@@ -32,7 +33,6 @@ BEGIN, END = "<!-- cells:begin -->", "<!-- cells:end -->"
 IMAGE_METRICS = ("clean", "corrupted", "fgsm@8", "pgd@8", "apgd-ce@4", "square@4")
 #: the zoo's: PGD 4/255 too, the budget the mechanisms' papers lead with
 ZOO_METRICS = ("clean", "corrupted", "fgsm@8", "pgd@4", "pgd@8", "apgd-ce@4", "square@4")
-_MECHANISMS = ("twicing", "neutreno", "pid", "elliptical", "kde", "rkde", "rvt")
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,10 @@ GRIDS: tuple[Grid, ...] = (
                        ("vit", "rpc_official"), ("rpc_no_sparse", "rpc_official"),
                        ("rpc_all2_l3", None), ("rpc_paper_tau", None))),
     Grid("rpc-depth12", (("rpc12_official", None),)),
-    Grid("zoo", (*((m, None) for m in (*_MECHANISMS, "fan")), ("rpc_fan", "fan"), ("rpc_official", None),
-                 ("symvit", None)), ZOO_METRICS),
+    Grid("zoo", (*((m, None) for m in (*ATTENTION_MECHANISMS, "fan")), ("rpc_fan", "fan"),
+                 ("rpc_official", None), ("symvit", None)), ZOO_METRICS),
     Grid("rpc-fan", (("rpc_fan_sym", None),)),
-    Grid("zoo-language", tuple((m, None) for m in (*_MECHANISMS, "rpc_symlm", "symlm")),
+    Grid("zoo-language", tuple((m, None) for m in (*LM_MECHANISMS, "rpc_symlm", "symlm")),
          ("ppl/test", "wordswap/test")),
 )
 

@@ -11,7 +11,7 @@ SymViT-mini trained at 137 scenes/s, RPC-SymViT-mini at 111 (0.80), and the eval
 min per run. The six runs thus take about 3 x (29 + 36 + 10) min = 3.8 h of one core, about 1.9 h of
 wall time with ``--jobs 2`` (3 epochs: about 1.5 h).
 
-Evaluation (:class:`~kpca_attention.segmentation.suites.SegmentationSuites`): clean on 2,000 fixed test
+Evaluation (:class:`~kpca_attention.tasks.segmentation.suites.SegmentationSuites`): clean on 2,000 fixed test
 scenes; the paper's 15 ImageNet-C corruptions at severities 1-5 on the first 500 of them (corrupting a
 32-px scene takes about 2 ms, glass blur and frost up to 14 and 6 ms). The per-image pixel counts take
 about 0.63 MB per run (pilot), so the study's committed results stay under 5 MB.

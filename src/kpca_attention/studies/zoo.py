@@ -34,6 +34,7 @@ word-swap perplexity) with the mechanisms that apply to a causal LM (FAN is visi
 
 from __future__ import annotations
 
+from ..attention import get_mechanism, mechanisms
 from .checks import cost_check
 from .demo import RPC_OFFICIAL
 from .language import LANGUAGE_RECIPE, LM_RPC
@@ -43,6 +44,7 @@ from .spec import Leaderboard, Margin, Study, Variant
 from .vision import LARGE_ARCH, LARGE_RECIPE, SIZE, VISION_RECIPE, image_suites
 
 __all__ = ["zoo_study", "zoo_large_study", "zoo_language_study", "rpc_fan_study", "ZOO_MECHANISMS",
+           "ATTENTION_MECHANISMS", "LM_MECHANISMS",
            "ZOO_LEADERBOARD", "ZOO_LM_LEADERBOARD", "ZOO_SEEDS"]
 
 #: the zoo's seeds. 3 at first (the family issue's plan); at three, no cell of the 282-test Holm family could
@@ -71,8 +73,11 @@ ZOO_MECHANISMS: dict[str, tuple[str, str, str]] = {
     "rpc_fan": ("RPC-FAN", "rpc_fan", "FAN with RPC-Attention in block 1, 4 iterations, lambda 4 "
                 "(RPC paper Tables 9-10)"),
 }
-#: mechanisms with a causal LM (FAN's channel attention is defined on an image grid only)
-LM_MECHANISMS = ("twicing", "neutreno", "pid", "elliptical", "kde", "rkde", "rvt")
+#: the zoo's attention layers: its registered attention mechanisms (FAN's channel attention is a block
+#: of its own, not a mechanism of the attention registry)
+ATTENTION_MECHANISMS: tuple[str, ...] = tuple(m for m in ZOO_MECHANISMS if m in mechanisms())
+#: mechanisms with a causal LM: those that apply to LMs (FAN is defined on an image grid only)
+LM_MECHANISMS: tuple[str, ...] = tuple(m for m in ATTENTION_MECHANISMS if "lm" in get_mechanism(m).applies_to)
 #: the zoo's leaderboard: clean, corrupted, the attacks at 4/255; the plot: clean against PGD 4/255
 ZOO_LEADERBOARD = Leaderboard(("clean", "corrupted", "fgsm@4", "pgd@4", "apgd-ce@4", "square@4"),
                               plot=("clean", "pgd@4"))

@@ -26,7 +26,7 @@ from .language import CausalLanguageModelling
 from .segmentation import SemanticSegmentation
 
 __all__ = ["Task", "Splits", "Objective", "StudySections", "TASKS", "get", "names", "register",
-           "for_settings", "for_suites", "of_model", "validation_split", "seeded_sample", "has_pap_layers"]
+           "for_settings", "of_model", "validation_split", "seeded_sample", "has_pap_layers"]
 
 #: name -> task, in the order they are listed
 TASKS: dict[str, Task] = {}
@@ -56,15 +56,6 @@ def get(name: str) -> Task:
         return TASKS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown task {name!r}; valid: {', '.join(TASKS)}") from None
-
-
-def for_suites(suites: Any) -> Task:
-    """The task whose studies are evaluated with ``suites`` (an instance of its :attr:`~Task.suites_type`)."""
-    for task in TASKS.values():
-        if isinstance(suites, task.suites_type):
-            return task
-    raise ValueError(f"no task is evaluated with {type(suites).__name__}; the suites of the registered "
-                     f"tasks: {', '.join(t.suites_type.__name__ for t in TASKS.values())}")
 
 
 def for_settings(settings: Mapping[str, Any]) -> Task:

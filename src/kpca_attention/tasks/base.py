@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from ..checks import check_int
@@ -409,11 +409,3 @@ def bar_plot(ax: Any, values: Mapping[str, Sequence[float]], slugs: Sequence[str
             ax.bar(i, np.mean(vals), alpha=0.6, **bar_style(i))
             ax.scatter([i] * len(vals), vals, color="k", s=10, zorder=3)
     ax.set_xticks(range(len(slugs)), [label[s] for s in slugs], rotation=rotation, ha="right", fontsize=7)
-
-
-def subset_of(dataset: Dataset, indices: Sequence[int]) -> Dataset:
-    """``Subset(dataset, indices)``, or ``dataset`` itself when ``indices`` are all of it in order."""
-    n = len(dataset)  # type: ignore[arg-type]
-    if len(indices) == n and list(indices) == list(range(n)):
-        return dataset
-    return Subset(dataset, list(indices))

@@ -1,6 +1,6 @@
 """The evaluation of a causal language model as data, item by item with per-token results, into a
 :class:`~kpca_attention.robustness.store.ResultStore` (the language counterpart of
-:class:`~kpca_attention.robustness.suites.ImageSuites`).
+:class:`~kpca_attention.tasks.classification.suites.ImageSuites`).
 
 :class:`LMSuites` says what to measure; :meth:`LMSuites.evaluate` measures it for one model:
 

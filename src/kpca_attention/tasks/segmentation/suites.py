@@ -4,7 +4,7 @@ trained Segmenter, with per-image pixel counts, item by item into a
 
 :class:`SegmentationSuites` is the ``suites`` object of a :class:`~kpca_attention.studies.Study` of
 segmentation models (``kind = "segmentation"``), as
-:class:`~kpca_attention.robustness.suites.ImageSuites` is for classifiers.
+:class:`~kpca_attention.tasks.classification.suites.ImageSuites` is for classifiers.
 
 Images. One fixed order of the test split (``torch.randperm`` seeded with ``data_seed``): the clean item
 holds its first ``clean`` images, every corrupted view (the ImageNet-C corruptions applied to the images,
@@ -13,8 +13,8 @@ labels unchanged, :class:`~kpca_attention.segmentation.corruptions.CorruptedSegm
 clean result of the corrupted images is read from the clean item, and every model of a study sees the
 same images: per-image results pair up across models and seeds.
 
-Items (names as in the image suites, so :func:`~kpca_attention.robustness.suites.structure_items` reads
-them)::
+Items (names as in the image suites, so
+:func:`~kpca_attention.tasks.classification.suites.structure_items` reads them)::
 
     clean                          first `clean` images
     corruptions/<name>/<severity>  first `corruptions.n` images, corrupted
