@@ -60,6 +60,23 @@ def test_paired_statistics() -> None:
         mcnemar(a, b[:3])
 
 
+def test_mcnemar_counts_an_image_once_over_seeds() -> None:
+    """Several seeds on the same images: an image is one unit (a sign test on its mean difference over the
+    seeds), not one independent pair per seed - the same 20 discordant images under 16 seeds must not
+    come out as 320 discordant pairs with p ~ 1e-96."""
+    a = np.array([True] * 30 + [False] * 10)
+    b = np.array([True] * 10 + [False] * 30)
+    single = mcnemar(a, b)
+    assert mcnemar(np.stack([a] * 16), np.stack([b] * 16)) == single
+    # rows: seeds, columns: images. Right over the 3 seeds: a 2, 2, 1 times; b 1, 1, 2 times
+    a3 = np.array([[1, 1, 0], [1, 0, 0], [0, 1, 1]], bool)
+    b3 = np.array([[0, 0, 1], [0, 0, 1], [1, 1, 0]], bool)
+    n01, n10, p = mcnemar(a3, b3)
+    assert (n01, n10) == (2, 1) and p == pytest.approx(1.0)  # images 0 and 1 for a, image 2 for b
+    # the pooled count would have been 4 against 3 discordant pairs
+    assert (int((a3 & ~b3).sum()), int((~a3 & b3).sum())) == (4, 3)
+
+
 def test_specs_are_validated() -> None:
     with pytest.raises(ValueError, match="unknown attack"):
         Attack("magic", (1 / 255,))

@@ -7,8 +7,9 @@ Noise, three ways (each answers a different question):
 * **seeds** - the paired difference (variant - baseline, same seed: same init and data order) per
   seed, its mean, a t interval and a paired t-test (``scipy.stats.ttest_1samp``; with n seeds it has
   n - 1 degrees of freedom, nearly powerless at n = 2);
-* **examples** - an exact McNemar test (``scipy.stats.binomtest`` on the discordant pairs, pooled over
-  seeds) and a paired bootstrap 95% interval over test examples (``scipy.stats.bootstrap`` would do
+* **examples** - an exact McNemar test (``scipy.stats.binomtest`` on the discordant examples; with
+  several seeds, on each example's mean difference over the seeds: the seeds share the examples, so an
+  example is one unit, not one per seed) and a paired bootstrap 95% interval over test examples (``scipy.stats.bootstrap`` would do
   it too, but resampling *clusters* - an image with all its corrupted views and all seeds - needs the
   index form written here). These measure how sure we are about these trained models on the test
   distribution, not training randomness;
@@ -29,14 +30,21 @@ N_BOOT = 2000
 
 
 def mcnemar(a: np.ndarray, b: np.ndarray) -> tuple[int, int, float]:
-    """Exact McNemar on paired correctness vectors: ``(a right & b wrong, a wrong & b right, p)``."""
+    """Exact McNemar on paired correctness ``(examples,)``: ``(a right & b wrong, a wrong & b right, p)``.
+
+    With leading axes (``(seeds, examples)``: the same examples under every seed) each example is one
+    unit: the counts are the examples that ``a`` gets right more often than ``b`` over the seeds, and the
+    reverse, and ``p`` the exact sign test on them - McNemar's test itself for one seed. Pooling the
+    seeds' pairs as if independent would count one hard image once per seed (16 seeds x 500 images are
+    not 8,000 independent pairs) and give p-values far too small."""
     from scipy.stats import binomtest
 
-    a, b = np.asarray(a, bool).ravel(), np.asarray(b, bool).ravel()
-    if a.shape != b.shape:
+    a, b = np.asarray(a, bool), np.asarray(b, bool)
+    if a.shape != b.shape or a.ndim == 0:
         raise ValueError(f"McNemar needs paired results of the same examples, got {a.shape} and {b.shape}")
-    n01 = int((a & ~b).sum())
-    n10 = int((~a & b).sum())
+    per_example = (a.astype(np.int64) - b.astype(np.int64)).reshape(-1, a.shape[-1]).sum(0)
+    n01 = int((per_example > 0).sum())
+    n10 = int((per_example < 0).sum())
     p = 1.0 if n01 + n10 == 0 else float(binomtest(n01, n01 + n10, 0.5).pvalue)
     return n01, n10, p
 

@@ -248,8 +248,11 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
                       "word": decided_word({"word": v.word, "n": v.n, "planned": planned[(k, s)]})})
     if drows:
         lines += ["Details of every test over >= 2 seeds: paired t p raw and Holm-adjusted over the family; "
-                  "TOST against the margin (90 % interval); MDE: the difference the paired t test detects "
-                  "with 80 % power at these seeds and this SD; seeds needed: for TOST to show equivalence "
+                  "TOST against the margin (90 % interval; a test per cell, not adjusted over the family); "
+                  "MDE: the difference the paired t test at the level of Holm's first step over the family "
+                  "(alpha / family size) detects with 80 % power at these seeds and this SD (a difference "
+                  "this large is decided whatever the other tests show); seeds needed: for TOST to show "
+                  "equivalence "
                   "within the margin with 80 % power if the true difference is 0 (same SD); seeds to detect: "
                   "for the paired t test at the level of Holm's first step over the family (alpha / family "
                   "size) to detect the observed mean difference with 80 % power if it is the true one (same "

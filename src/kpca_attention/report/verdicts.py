@@ -41,7 +41,8 @@ BETTER, WORSE, INCONCLUSIVE = "better", "worse", "inconclusive"
 WORDS_HELP = {
     BETTER: "significantly better than the baseline over seeds (paired t, Holm-adjusted p < alpha)",
     WORSE: "significantly worse than the baseline over seeds (paired t, Holm-adjusted p < alpha)",
-    "equivalent (within +-m)": "no significant difference and the 90 % interval lies inside +-m (TOST)",
+    "equivalent (within +-m)": "no significant difference and the 90 % interval lies inside +-m (TOST, "
+                               "a test per cell: not adjusted over the family as the differences are)",
     INCONCLUSIVE: "neither a difference nor equivalence within the margin can be shown with these seeds",
 }
 
@@ -55,7 +56,9 @@ def equivalent_word(margin: float) -> str:
 class Verdict:
     """One cell's verdict and the numbers behind it (differences are ``variant - baseline`` in the
     metric's unit). ``ci`` is the ``1 - alpha`` t interval (95 %), ``tost_ci`` the ``1 - 2 alpha``
-    one (90 %); ``mde`` the minimum detectable effect at 80 % power for the observed SD and ``n``;
+    one (90 %); ``mde`` the minimum detectable effect at 80 % power for the observed SD and ``n`` of the
+    paired t test at the level of Holm's first step (``alpha / family_size``: a difference this large is
+    decided whatever the other tests of the family show; at the raw ``alpha`` it is smaller);
     ``seeds_needed`` the seeds for which TOST at true difference 0 reaches 80 % power to declare
     equivalence within the margin (``None`` if more than the cap, or no margin, or SD unknown);
     ``seeds_to_detect`` the seeds for which the paired t test at the level of Holm's first step over the
@@ -134,7 +137,7 @@ def verdict(diffs: Sequence[float], margin: float | None, p_adjusted: float | No
     if t is not None:
         base.update(tost_p=t.p, tost_ci=t.ci)
     if plan:
-        base["mde"] = mde_paired(sd, n, alpha, power)
+        base["mde"] = mde_paired(sd, n, alpha / family_size, power)
         if margin is not None:
             base["seeds_needed"] = seeds_to_exclude(sd, margin, alpha, power, max_n=max_seeds)
         base["seeds_to_detect"] = seeds_to_detect(mean, sd, alpha / family_size, power, max_n=max_seeds)
@@ -152,9 +155,12 @@ def verdict(diffs: Sequence[float], margin: float | None, p_adjusted: float | No
             reason = f"Holm-adjusted p {_g(p_holm)} >= {alpha:g}; no equivalence margin declared"
         else:
             need = base["seeds_needed"]
-            more = "" if not plan else (f"; about {need} seeds would exclude +-{margin:g} at "
-                                        f"{100 * power:g} % power" if need is not None
+            more = "" if not plan else (f"; if the true difference were 0, about {need} seeds would exclude "
+                                        f"+-{margin:g} at {100 * power:g} % power" if need is not None
                                         else f"; more than {max_seeds} seeds would be needed")
+            if t.ci[0] > margin or t.ci[1] < -margin:  # the data speak against equivalence, not for it
+                more = (f"; the interval lies wholly outside +-{margin:g}: a difference larger than the margin "
+                        f"(one-sided, {100 * alpha:g} % level, not adjusted over the family)")
             reason = (f"Holm-adjusted p {_g(p_holm)} >= {alpha:g} and the {pct} interval "
                       f"[{_g(t.ci[0])}, {_g(t.ci[1])}] is not inside +-{margin:g}{more}")
     return Verdict(word=word, reason=reason, **base)

@@ -142,8 +142,10 @@ def _plan(cell: dict[str, Any]) -> str:
     margin, ci = cell.get("margin"), cell.get("ci")
     if margin is not None and ci is not None and (ci[0] > margin or ci[1] < -margin):
         parts.append(f"the 95 % interval lies outside +-{margin:g}")  # seeds for a true 0 would mislead
+    elif margin is not None and cell.get("mean") is not None and abs(cell["mean"]) >= margin:
+        parts.append(f"the observed difference lies outside +-{margin:g}")  # more seeds would not show it
     elif margin is not None:
-        parts.append(f"equivalence: {_seeds(cell.get('seeds_needed'))}")
+        parts.append(f"equivalence: {_seeds(cell.get('seeds_needed'))} if the true difference is 0")
     if cell.get("mean"):  # a difference of exactly 0 has nothing to detect
         parts.append(f"the observed difference under Holm: {_seeds(cell['seeds_to_detect'])}")
     return "; ".join(parts) or "no margin declared"
