@@ -208,8 +208,8 @@ def test_headline_rows_come_from_the_verdict_cells(tmp_path) -> None:
     (tmp_path / "rpc-seeds" / "summary.json").write_text(json.dumps(summary))
     inside = next(line for line in headline_markdown(tmp_path).splitlines() if line.startswith("| " + (
         "RPC-SymViT (4 it., block 1) vs SymViT: corrupted top-1")))
-    assert ("-0.63 (-1.90, +0.64) pp | +-0.9 | inconclusive (equivalence: 12 seeds if the true difference is 0; "
-            "the observed difference under Holm: > 16 seeds) |") in inside  # seeds_needed plans for a true 0
+    assert ("-0.63 (-1.90, +0.64) pp | +-0.9 | inconclusive (equivalence: 12 seeds if the true difference "
+            "is 0; the observed difference under Holm: > 16 seeds) |") in inside  # plans for a true 0
     assert "| +0.50 pp | - | inconclusive (1 seed: no test yet) |" in \
         rows["RPC with 2 it. in every block, lambda 3, vs SymViT: clean"]
     assert "| +-0.5 | equivalent (within +-0.5) |" in \

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from kpca_attention.data.text import load_corpus
-from kpca_attention.models.lm import create_lm, perplexity
+from kpca_attention.models.lm import create_lm, perplexity, token_nll
 from kpca_attention.pap import pap_mu
 from kpca_attention.report.study import load_study_results, write_study_report
 from kpca_attention.robustness.wordswap import wordswap_perplexity
@@ -28,7 +28,6 @@ from kpca_attention.tasks.language.suites import (
     encode_f16,
     encode_nll,
     pap_positions,
-    token_nll,
 )
 from kpca_attention.train import evaluate_lm, load_model
 
@@ -45,13 +44,26 @@ def tiny_lm(name: str = "rpc_symlm", vocab: int = 40, context: int = 12) -> torc
 
 @pytest.mark.parametrize("n", [2, 9, 13, 50])
 @pytest.mark.parametrize("stride", [1, 5, 12])
-def test_token_nll_is_the_sliding_window_perplexity(n: int, stride: int) -> None:
+def test_token_nll_is_the_sliding_window_protocol(n: int, stride: int) -> None:
+    """Each token's NLL against one forward per token over its own window (the protocol written out: the
+    window scoring token j ends at the first window end >= j and holds at most 12 tokens before it);
+    ``perplexity`` is the exp of the mean (one implementation of the windows, for evaluate and studies)."""
     model = tiny_lm()
     ids = torch.randint(0, 40, (n,), generator=torch.Generator().manual_seed(n))
     nll = token_nll(model, ids, 12, stride=stride, batch_size=5)
     assert nll.shape == (n - 1,) and nll.dtype == torch.float64 and bool(torch.all(nll > 0))
+    ends = [min(12, n - 1)]
+    while ends[-1] < n - 1:
+        ends.append(min(ends[-1] + stride, n - 1))
+    want = []
+    for j in range(1, n):
+        end = next(e for e in ends if e >= j)
+        with torch.no_grad():
+            logits, _ = model(ids[max(0, end - 12) : j][None])
+        want.append(float(torch.nn.functional.cross_entropy(logits[0, -1:], ids[j : j + 1])))
+    torch.testing.assert_close(nll, torch.tensor(want, dtype=torch.float64), rtol=1e-5, atol=1e-6)
     assert math.exp(nll.mean().item()) == pytest.approx(perplexity(model, ids, 12, stride=stride,
-                                                                   progress=False), rel=1e-5)
+                                                                   progress=False), rel=1e-6)
 
 
 def test_token_nll_with_stride_context_is_training_evaluation() -> None:

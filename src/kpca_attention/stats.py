@@ -9,10 +9,10 @@ Noise, three ways (each answers a different question):
   n - 1 degrees of freedom, nearly powerless at n = 2);
 * **examples** - an exact McNemar test (``scipy.stats.binomtest`` on the discordant examples; with
   several seeds, on each example's mean difference over the seeds: the seeds share the examples, so an
-  example is one unit, not one per seed) and a paired bootstrap 95% interval over test examples (``scipy.stats.bootstrap`` would do
-  it too, but resampling *clusters* - an image with all its corrupted views and all seeds - needs the
-  index form written here). These measure how sure we are about these trained models on the test
-  distribution, not training randomness;
+  example is one unit, not one per seed) and a paired bootstrap 95% interval over test examples
+  (``scipy.stats.bootstrap`` would do it too, but resampling *clusters* - an image with all its
+  corrupted views and all seeds - needs the index form written here). These measure how sure we are
+  about these trained models on the test distribution, not training randomness;
 * **effect size** - the mean difference in percentage points and Cohen's d_z of the per-seed differences.
 """
 

@@ -42,10 +42,12 @@ from ..attention import (
     resolve_blocks,
     run_blocks,
 )
+from ..checks import check_int
 from .family import FAMILY_MECHANISMS
 from .vit import check_rpc_options
 
-__all__ = ["LMConfig", "CausalLM", "LM_MODELS", "FAMILY_LM_MODELS", "LM_PRESETS", "create_lm", "perplexity"]
+__all__ = ["LMConfig", "CausalLM", "LM_MODELS", "FAMILY_LM_MODELS", "LM_PRESETS", "create_lm", "perplexity",
+           "token_nll"]
 
 #: model name -> attention family
 LM_MODELS: dict[str, str] = {"lm": "softmax", "symlm": "symmetric", "rpc_symlm": "rpc"}
@@ -253,17 +255,80 @@ def create_lm(name: str, vocab_size: int, preset: str = "paper", **overrides: An
 
 # ----------------------------------------------------------------------------- evaluation
 
-def _windows(n_tokens: int, context: int, stride: int) -> list[tuple[int, int]]:
-    """``(end, n_scored)`` of each window: inputs ``ids[end - L : end]``, targets
-    ``ids[end - L + 1 : end + 1]``, the last ``n_scored`` of them scored (the first window scores all
-    of its positions)."""
-    first = min(context, n_tokens - 1)
-    out = [(first, first)]
-    end = first
-    while end < n_tokens - 1:
-        step = min(stride, n_tokens - 1 - end)
-        end += step
-        out.append((end, step))
+@torch.no_grad()
+def token_nll(
+    model: nn.Module,
+    token_ids: Tensor | Sequence[int],
+    context: int,
+    *,
+    stride: int = 1,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> Tensor:
+    """Per-token negative log-likelihood ``(n - 1,)`` float64 of ``token_ids`` (n tokens): entry
+    ``t - 1`` is ``-log p(ids[t] | ids[max(0, t - c) : t])``: the paper's sliding-window protocol
+    (:func:`perplexity` is the exp of its mean; the studies keep every token for paired statistics).
+
+    Windows of ``context`` tokens advance by ``stride`` and score their last ``stride`` positions; the
+    first window scores all of its positions. ``stride=1`` is the paper's protocol, ``stride=context``
+    non-overlapping windows (what training's per-epoch evaluation computes). The output layer runs on
+    the scored positions only: with stride 1 that is one position in ``context`` (no logits are formed
+    for positions that are not scored).
+
+    Args:
+        model: a :class:`~kpca_attention.models.lm.CausalLM` (``hidden`` + ``nll_from_hidden``), or a
+            module whose ``forward(idx)`` returns ``(logits (B, T, V), _)``.
+        batch_size: windows per forward.
+        progress: show a tqdm bar over the windows.
+    """
+    ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+    n = ids.numel()
+    if n < 2:
+        raise ValueError(f"token_nll needs at least 2 tokens, got {n}")
+    check_int(context, "context", min=1)
+    check_int(stride, "stride", min=1, max=context)
+    check_int(batch_size, "batch_size", min=1)
+    model_ctx = getattr(getattr(model, "cfg", None), "context", None)
+    if model_ctx is not None and context > model_ctx:
+        raise ValueError(f"context {context} exceeds the model's context {model_ctx}")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+
+    def nll(idx: Tensor, tgt: Tensor, last: int) -> Tensor:
+        """NLL of the last ``last`` positions of windows ``idx (b, L)`` predicting ``tgt (b, L)``."""
+        idx, tgt = idx.to(device), tgt.to(device)
+        if hasattr(model, "hidden") and hasattr(model, "nll_from_hidden"):
+            return model.nll_from_hidden(model.hidden(idx)[:, -last:], tgt[:, -last:])
+        logits, _ = model(idx)
+        lg = logits[:, -last:]
+        return F.cross_entropy(lg.flatten(0, 1), tgt[:, -last:].flatten(), reduction="none").view(-1, last)
+
+    try:
+        out = torch.empty(n - 1, dtype=torch.float64)
+        first = min(context, n - 1)
+        out[:first] = nll(ids[None, :first], ids[None, 1 : first + 1], first)[0].double().cpu()
+        # the window of last target e: inputs ids[e - L : e], targets ids[e - L + 1 : e + 1], scoring
+        # targets e - stride + 1 .. e (out[e - stride : e]); full strides first, then a shorter tail
+        ends = list(range(first + stride, n, stride))
+        offs = torch.arange(-context, 0)
+        for i in tqdm(range(0, len(ends), batch_size), desc="perplexity", unit="batch",
+                      disable=True if not (progress and ends) else None):
+            chunk = torch.tensor(ends[i : i + batch_size])
+            pos = chunk[:, None] + offs  # (b, L) input positions
+            res = nll(ids[pos], ids[pos + 1], stride).double().cpu()  # (b, stride)
+            if stride == 1:
+                out[chunk - 1] = res[:, 0]
+            else:
+                for j, e in enumerate(chunk.tolist()):
+                    out[e - stride : e] = res[j]
+        done = ends[-1] if ends else first
+        if done < n - 1:  # the tail: fewer than `stride` tokens left
+            tail = n - 1 - done
+            pos = torch.arange(n - 1 - context, n - 1)
+            out[done:] = nll(ids[None, pos], ids[None, pos + 1], tail)[0].double().cpu()
+    finally:
+        model.train(was_training)
     return out
 
 
@@ -276,7 +341,8 @@ def perplexity(
     stride: int = 1,
     progress: bool = True,
 ) -> float:
-    """Perplexity of ``token_ids`` with the paper's sliding-window protocol.
+    """Perplexity of ``token_ids`` with the paper's sliding-window protocol: ``exp`` of the mean of
+    :func:`token_nll` (one implementation of the windows for ``kpca-attention evaluate`` and the studies).
 
     Windows of ``L = context`` tokens slide one token at a time; each window scores only its last
     position, except the first window, which scores all of its positions. So every token after the
@@ -301,53 +367,5 @@ def perplexity(
     Returns:
         ``exp(mean negative log-likelihood)`` over all predicted tokens (natural log).
     """
-    ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
-    if ids.numel() < 2:
-        raise ValueError(f"perplexity needs at least 2 tokens, got {ids.numel()}")
-    if context < 1 or stride < 1 or batch_size < 1:
-        raise ValueError(f"context, stride and batch_size must be >= 1, got {context}, {stride}, "
-                         f"{batch_size}")
-    model_ctx = getattr(getattr(model, "cfg", None), "context", None)
-    if model_ctx is not None and context > model_ctx:
-        raise ValueError(f"context {context} exceeds the model's context {model_ctx}")
-    if stride > context:
-        raise ValueError(f"stride {stride} must be <= context {context} (tokens would be skipped)")
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        windows = _windows(ids.numel(), context, stride)
-        total, count = 0.0, 0
-        # the first window may be shorter than the rest (when the text is shorter than L)
-        first_end, _ = windows[0]
-        total += float(_window_nll(model, ids, [first_end], first_end, device).sum())
-        count += first_end
-        rest = windows[1:]
-        bar = tqdm(total=len(rest), desc="perplexity", unit="win",
-                   disable=True if not (progress and rest) else None)
-        for start in range(0, len(rest), batch_size):
-            chunk = rest[start : start + batch_size]
-            ends = [e for e, _ in chunk]
-            nll = _window_nll(model, ids, ends, context, device)  # (b, L)
-            scored = torch.tensor([k for _, k in chunk], device=device)
-            pos = torch.arange(context, device=device)
-            mask = pos.unsqueeze(0) >= (context - scored).unsqueeze(1)
-            total += float(nll.masked_fill(~mask, 0.0).sum())
-            count += int(scored.sum())
-            bar.update(len(chunk))
-        bar.close()
-    finally:
-        model.train(was_training)
-    return math.exp(total / count)
-
-
-def _window_nll(model: nn.Module, ids: Tensor, ends: list[int], length: int, device: torch.device) -> Tensor:
-    """Per-position NLL ``(len(ends), length)`` of windows ``ids[e - length : e]`` predicting
-    ``ids[e - length + 1 : e + 1]``."""
-    offs = torch.arange(-length, 0)
-    idx = torch.stack([ids[e + offs] for e in ends]).to(device)
-    tgt = torch.stack([ids[e + offs + 1] for e in ends]).to(device)
-    if hasattr(model, "hidden") and hasattr(model, "nll_from_hidden"):
-        return model.nll_from_hidden(model.hidden(idx), tgt)
-    logits, _ = model(idx)
-    return F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), reduction="none").view(tgt.shape)
+    nll = token_nll(model, token_ids, context, stride=stride, batch_size=batch_size, progress=progress)
+    return math.exp(nll.mean().item())

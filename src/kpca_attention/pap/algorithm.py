@@ -93,7 +93,13 @@ from .trace import Observer
 from .updates import ClampTau, UpdateStep, clamp_tau, update_step
 from .variants import pap_ablated, pap_compiled
 
-__all__ = ["pap", "pap_mu"]
+__all__ = ["pap", "pap_mu", "pap_tau"]
+
+
+def pap_tau(lam: float, mu: Tensor, threshold: str = "lambda_mu") -> Tensor:
+    """The shrinkage threshold from ``mu``: ``lam * mu`` (``"lambda_mu"``, the official code) or
+    ``lam / mu`` (``"lambda_over_mu"``, the paper's convention)."""
+    return lam * mu if threshold == "lambda_mu" else lam / mu
 
 
 def pap_mu(
@@ -227,7 +233,7 @@ def pap(
     obs = Observer(hooks, return_info) if hooks or return_info else None
     if obs is not None:
         mu_t = obs.emit("mu", mu_t)
-    tau = lam * mu_t if threshold == "lambda_mu" else lam / mu_t
+    tau = pap_tau(lam, mu_t, threshold)
     if tau.dtype != k.dtype:  # half precision: mu and tau were computed in float32
         tau = tau.clamp(max=torch.finfo(k.dtype).max).to(k.dtype)
     if tau.dim() < 4:

@@ -159,8 +159,8 @@ def verdict(diffs: Sequence[float], margin: float | None, p_adjusted: float | No
                                         f"+-{margin:g} at {100 * power:g} % power" if need is not None
                                         else f"; more than {max_seeds} seeds would be needed")
             if t.ci[0] > margin or t.ci[1] < -margin:  # the data speak against equivalence, not for it
-                more = (f"; the interval lies wholly outside +-{margin:g}: a difference larger than the margin "
-                        f"(one-sided, {100 * alpha:g} % level, not adjusted over the family)")
+                more = (f"; the interval lies wholly outside +-{margin:g}: a difference larger than the "
+                        f"margin (one-sided, {100 * alpha:g} % level, not adjusted over the family)")
             reason = (f"Holm-adjusted p {_g(p_holm)} >= {alpha:g} and the {pct} interval "
                       f"[{_g(t.ci[0])}, {_g(t.ci[1])}] is not inside +-{margin:g}{more}")
     return Verdict(word=word, reason=reason, **base)

@@ -239,9 +239,9 @@ class ClassificationSections(StudySections):
     def paired_note(self) -> str:
         return ("Per metric: mean difference over seeds (variant - baseline, same seed) with its 95% t "
                 "interval and paired t-test p when there are >= 2 seeds; [bootstrap 95% interval over test "
-                "images, seeds pooled]; exact McNemar p on discordant images (with several seeds: the sign test on "
-                "each image's mean difference over the seeds, an image one unit; not for corruptions, whose "
-                "views of one image are not independent). The first row is the "
+                "images, seeds pooled]; exact McNemar p on discordant images (with several seeds: the sign "
+                "test on each image's mean difference over the seeds, an image one unit; not for "
+                "corruptions, whose views of one image are not independent). The first row is the "
                 "baseline against itself across seeds: the size of training noise.")
 
     def seed_noise(self, b0: int, b1: int, rng: np.random.Generator,

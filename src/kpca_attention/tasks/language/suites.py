@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...checks import check_int, check_real
 from ...io import pack_bytes, unpack_bytes
+from ...models.lm import token_nll
 from ...robustness.store import ResultStore
 from .data import corpus_windows
 
@@ -82,80 +82,6 @@ def decode_nll(result: Mapping[str, Any]) -> np.ndarray:
     half = planes.size // 2
     u = (planes[:half].astype("<u2") << 8) | planes[half:].astype("<u2")
     return u.view("<f2").astype(np.float64)
-
-
-@torch.no_grad()
-def token_nll(
-    model: nn.Module,
-    token_ids: Tensor | Sequence[int],
-    context: int,
-    *,
-    stride: int = 1,
-    batch_size: int = 64,
-) -> Tensor:
-    """Per-token negative log-likelihood ``(n - 1,)`` float64 of ``token_ids`` (n tokens): entry
-    ``t - 1`` is ``-log p(ids[t] | ids[max(0, t - c) : t])`` with the windows of
-    :func:`kpca_attention.models.lm.perplexity` (its mean's exp is that perplexity).
-
-    Windows of ``context`` tokens advance by ``stride`` and score their last ``stride`` positions; the
-    first window scores all of its positions. ``stride=1`` is the paper's protocol, ``stride=context``
-    non-overlapping windows (what training's per-epoch evaluation computes). The output layer runs on
-    the scored positions only: with stride 1 that is one position in ``context`` (the models' own
-    ``perplexity`` evaluates the head everywhere and keeps the total only; this keeps every token).
-
-    Args:
-        model: a :class:`~kpca_attention.models.lm.CausalLM` (``hidden`` + ``nll_from_hidden``), or a
-            module whose ``forward(idx)`` returns ``(logits (B, T, V), _)``.
-        batch_size: windows per forward.
-    """
-    ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
-    n = ids.numel()
-    if n < 2:
-        raise ValueError(f"token_nll needs at least 2 tokens, got {n}")
-    check_int(context, "context", min=1)
-    check_int(stride, "stride", min=1, max=context)
-    check_int(batch_size, "batch_size", min=1)
-    model_ctx = getattr(getattr(model, "cfg", None), "context", None)
-    if model_ctx is not None and context > model_ctx:
-        raise ValueError(f"context {context} exceeds the model's context {model_ctx}")
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-
-    def nll(idx: Tensor, tgt: Tensor, last: int) -> Tensor:
-        """NLL of the last ``last`` positions of windows ``idx (b, L)`` predicting ``tgt (b, L)``."""
-        idx, tgt = idx.to(device), tgt.to(device)
-        if hasattr(model, "hidden") and hasattr(model, "nll_from_hidden"):
-            return model.nll_from_hidden(model.hidden(idx)[:, -last:], tgt[:, -last:])
-        logits, _ = model(idx)
-        lg = logits[:, -last:]
-        return F.cross_entropy(lg.flatten(0, 1), tgt[:, -last:].flatten(), reduction="none").view(-1, last)
-
-    try:
-        out = torch.empty(n - 1, dtype=torch.float64)
-        first = min(context, n - 1)
-        out[:first] = nll(ids[None, :first], ids[None, 1 : first + 1], first)[0].double().cpu()
-        # the window of last target e: inputs ids[e - L : e], targets ids[e - L + 1 : e + 1], scoring
-        # targets e - stride + 1 .. e (out[e - stride : e]); full strides first, then a shorter tail
-        ends = list(range(first + stride, n, stride))
-        offs = torch.arange(-context, 0)
-        for i in range(0, len(ends), batch_size):
-            chunk = torch.tensor(ends[i : i + batch_size])
-            pos = chunk[:, None] + offs  # (b, L) input positions
-            res = nll(ids[pos], ids[pos + 1], stride).double().cpu()  # (b, stride)
-            if stride == 1:
-                out[chunk - 1] = res[:, 0]
-            else:
-                for j, e in enumerate(chunk.tolist()):
-                    out[e - stride : e] = res[j]
-        done = ends[-1] if ends else first
-        if done < n - 1:  # the tail: fewer than `stride` tokens left
-            tail = n - 1 - done
-            pos = torch.arange(n - 1 - context, n - 1)
-            out[done:] = nll(ids[None, pos], ids[None, pos + 1], tail)[0].double().cpu()
-    finally:
-        model.train(was_training)
-    return out
 
 
 def split_ids(model: nn.Module, corpus: Any, split: str, tokens: int | None, *,
@@ -215,7 +141,7 @@ def pap_positions(model: nn.Module, batches: Sequence[Tensor]) -> dict[str, Any]
         ``{"positions": N, "windows": total B, "layers": {name: {quantity: [N floats], "heads": H}}}``
     """
     from ...attention import RPCAttention
-    from ...pap import pap_mu
+    from ...pap import pap_mu, pap_tau
 
     layers = {name: m for name, m in model.named_modules() if isinstance(m, RPCAttention)}
     if not layers:
@@ -240,7 +166,7 @@ def pap_positions(model: nn.Module, batches: Sequence[Tensor]) -> dict[str, Any]
                 (k,) = keys[name]
                 k = k.double()
                 mu = pap_mu(k, m.mu_dim, is_causal=True)  # (B, H, N, 1)
-                tau = m.lam * mu if m.threshold == "lambda_mu" else m.lam / mu  # pap's rule
+                tau = pap_tau(m.lam, mu, m.threshold)
                 kmax = k.abs().amax(-1, keepdim=True)
                 q = {"mu": mu, "tau": tau, "k_abs_max": kmax, "tau_over_kmax": tau / kmax,
                      "s1_density": (k.abs() > tau).double().mean(-1, keepdim=True)}
