@@ -183,3 +183,17 @@ def test_paths_of_the_wrong_kind_say_so(run, tmp_path) -> None:
     a_file.write_text("x")
     _one_line_error(_run("analyze", run, "--images", a_file, "--json", tmp_path / "a.json"), "is a file")
     _one_line_error(_run("evaluate", f"vit_mini_patch4_28@{tmp_path}", "--dataset", "digits"), "is a folder")
+
+
+def test_one_short_name_for_a_model_everywhere(run) -> None:
+    """benchmark named `RUN/checkpoints/..` `..` (and wrote `.../4_255/...json`), claims resolved it to the
+    run, robustness named a checkpoint folder by its run: one rule now (studies.sources.model_label)."""
+    from kpca_attention.studies.sources import default_labels, model_label
+
+    ckpt = sorted((run / "checkpoints").glob("e*"))[-1]
+    assert model_label(str(run / "checkpoints" / "..")) == run.name
+    assert model_label(str(ckpt)) == run.name and model_label(str(run) + "/") == run.name
+    assert model_label("vit_mini_patch4_28@/nowhere/w.safetensors") == "vit_mini_patch4_28"
+    assert model_label("org/some_model") == "some_model"
+    assert default_labels([str(run), str(ckpt), "vit_mini_patch4_28"]) == [run.name, f"{run.name}-2",
+                                                                           "vit_mini_patch4_28"]

@@ -229,6 +229,8 @@ def claims_cmd(
         "abs", "unit", "GHA", "auto", "kornblith", detail_samples, False, False,
         null_samples, null_draws, control_samples,
     )
+    from ..studies.sources import model_label
+
     labels = [model_label(name) for name in models]
     for name, label in zip(models, labels, strict=True):
         if labels.count(label) > 1:
@@ -255,13 +257,6 @@ def claims_cmd(
         verdicts.append(judge(res, run_dir=Path(name) if Path(name).exists() else None))
     md = write_claims(verdicts, out)
     typer.echo(md.read_text())
-
-
-def model_label(name: str) -> str:
-    """The name a model's files get in ``claims --out``: a path's folder name (resolved, so
-    ``run/checkpoints/..`` is ``run``), else the last part of the model name."""
-    path = Path(name).expanduser()
-    return path.resolve().name if path.exists() else Path(name).name
 
 
 def pap_trace_cmd(

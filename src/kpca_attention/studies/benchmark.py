@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset, Subset
 
 from ..checks import check_int
+from .sources import model_label
 
 __all__ = ["benchmark", "check_model", "parse_eps", "wilson_interval", "THREAT_MODELS", "DEFAULT_EPS",
            "CHECK_IMAGES", "NORMALISATION_MARGIN"]
@@ -175,7 +176,7 @@ def _resolve(model: Any, dataset: str | Dataset | None, device: torch.device
         cfg_ds = getattr(loaded.config, "dataset", None)
         dataset = dataset if dataset is not None else cfg_ds
         base = str(model).partition("@")[0].rstrip("/")
-        info.update(name=Path(base).name, architecture=getattr(loaded.config, "model", None) or base,
+        info.update(name=model_label(str(model)), architecture=getattr(loaded.config, "model", None) or base,
                     img_size=(loaded.input_size or (None, None))[1],
                     data_root=getattr(loaded.config, "data_root", None))
     else:

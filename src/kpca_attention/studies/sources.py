@@ -20,7 +20,7 @@ from torch import nn
 from ..io import read_json, sha256_file
 from .spec import Source
 
-__all__ = ["LoadedSource", "default_labels", "is_project_run"]
+__all__ = ["LoadedSource", "default_labels", "model_label", "is_project_run"]
 
 
 def is_project_run(path: str) -> bool:
@@ -123,17 +123,24 @@ class LoadedSource:
                 "img_size": getattr(cfg, "img_size", None), "context": getattr(cfg, "context", None)}
 
 
+def model_label(name: str) -> str:
+    """The short name of a model specifier, for labels and file names: a run's folder name (resolved, so
+    ``run/checkpoints/..`` is ``run``; a checkpoint folder inside a run names the run:
+    ``runs/demo/symvit/checkpoints/e0003`` -> ``symvit``), else the model name without its weights file
+    (``NAME@FILE`` -> ``NAME``) and without a namespace (``org/model`` -> ``model``)."""
+    path = Path(name).expanduser()
+    if not path.exists():
+        return Path(str(name).partition("@")[0]).name
+    path = path.resolve()
+    if path.parent.name == "checkpoints":
+        path = path.parent.parent
+    return path.name
+
+
 def default_labels(paths: Sequence[str]) -> list[str]:
-    """Run-directory names (``runs/demo/symvit`` -> ``symvit``); duplicates get ``-2``, ``-3``..."""
-    labels = []
-    for p in paths:
-        if not Path(p).exists():  # a model name: its name (without a weights file)
-            labels.append(str(p).partition("@")[0])
-            continue
-        path = Path(p).resolve()
-        if path.parent.name == "checkpoints":  # a checkpoint directory inside a run
-            path = path.parent.parent
-        labels.append(path.name)
+    """:func:`model_label` of each path (``runs/demo/symvit`` -> ``symvit``); duplicates get ``-2``,
+    ``-3``..."""
+    labels = [model_label(p) for p in paths]
     seen: dict[str, int] = {}
     out = []
     for lab in labels:
