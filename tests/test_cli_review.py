@@ -197,3 +197,17 @@ def test_one_short_name_for_a_model_everywhere(run) -> None:
     assert model_label("org/some_model") == "some_model"
     assert default_labels([str(run), str(ckpt), "vit_mini_patch4_28"]) == [run.name, f"{run.name}-2",
                                                                            "vit_mini_patch4_28"]
+
+
+def test_a_model_names_its_task_through_the_task_registry() -> None:
+    """train's check that a model fits its preset's task asks each task (Task.owns_name) instead of a list
+    of model names kept in the command line; the image models no other task claims are classification's."""
+    from kpca_attention.tasks import of_model_name
+
+    assert of_model_name("rpc_symlm").name == "lm" and of_model_name("neutreno_lm").name == "lm"
+    assert of_model_name("segmenter_rpc_symvit_mini_patch4_32").name == "segmentation"
+    for name in ("vit_tiny_patch16_224", "rpc_fan_symvit_mini_patch4_28", "twicing_vit_mini_patch4_28"):
+        assert of_model_name(name).name == "vision", name
+    assert of_model_name("no_such_model") is None
+    _one_line_error(_run("train", "--preset", "digits-cpu", "--model", "rpc_symlm", "--print-config"),
+                    "is a causal language modelling model", "task 'lm'")

@@ -15,39 +15,20 @@ import typer
 from ..checks import check_count, option_name
 from ..train.config import FIELD_CHECKS, PRESETS, apply_overrides, get_preset, parse_override
 
-__all__ = ["train_cmd", "evaluate_cmd", "model_task"]
-
-
-def model_task(name: str) -> Any:
-    """The task a model name was built for (a model knows its task): this package's language models,
-    Segmenters, and image classifiers (its ViTs and any other timm name); None for an unknown name
-    (the config's own check names the valid ones)."""
-    import timm
-
-    from ..models.family import FAMILY_SEGMENTATION_MODELS, FAMILY_VISION_MODELS
-    from ..models.lm import FAMILY_LM_MODELS, LM_MODELS
-    from ..models.segmenter import SEGMENTATION_MODELS
-    from ..models.vit import VISION_MODELS
-    from ..tasks import get as get_task
-
-    if name in LM_MODELS or name in FAMILY_LM_MODELS:
-        return get_task("lm")
-    if name in SEGMENTATION_MODELS or name in FAMILY_SEGMENTATION_MODELS:
-        return get_task("segmentation")
-    if name in VISION_MODELS or name in FAMILY_VISION_MODELS or timm.is_model(name):
-        return get_task("vision")
-    return None
+__all__ = ["train_cmd", "evaluate_cmd"]
 
 
 def _check_model_task(cfg: Any, preset: str) -> None:
     """Refuse a model of another task than the preset's, before anything is built."""
     from ..tasks import get as get_task
+    from ..tasks import of_model_name
 
-    task, owner = get_task(cfg.task), model_task(cfg.model)
+    task, owner = get_task(cfg.task), of_model_name(cfg.model)
     if owner is not None and owner is not task:
+        article = "an" if task.title[0] in "aeiou" else "a"
         raise ValueError(f"model {cfg.model!r} is a {owner.title} model (task {owner.name!r}) but preset "
-                         f"{preset!r} trains {task.title} (task {task.name!r}): give a {task.title} model "
-                         f"with --model, or a preset of task {owner.name!r}")
+                         f"{preset!r} trains {task.title} (task {task.name!r}): give {article} {task.title} "
+                         f"model with --model, or a preset of task {owner.name!r}")
 
 
 def _saved_config(output_dir: str) -> Any:

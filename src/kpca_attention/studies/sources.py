@@ -57,6 +57,7 @@ class LoadedSource:
     @functools.cached_property
     def config(self) -> Any:
         """The run's TrainConfig; for other models one made from ``dataset`` and the model's input size."""
+        from ..tasks import of_model
         from ..train import TrainConfig
         from ..train.checkpoint import read_config
 
@@ -66,7 +67,8 @@ class LoadedSource:
         if not self.source.dataset:
             raise ValueError(f"{self.path}: give --dataset (and --data-root): a model that is not a "
                              "checkpoint of this project does not record what it classifies")
-        return TrainConfig(task="vision", model=self.path.partition("@")[0], dataset=self.source.dataset,
+        task = of_model(self._model_and_meta()[0]).name
+        return TrainConfig(task=task, model=self.path.partition("@")[0], dataset=self.source.dataset,
                            data_root=self.source.data_root, img_size=int(size[1]))
 
     @functools.cached_property

@@ -26,7 +26,7 @@ from .language import CausalLanguageModelling
 from .segmentation import SemanticSegmentation
 
 __all__ = ["Task", "Splits", "Objective", "StudySections", "TASKS", "get", "names", "register",
-           "for_settings", "of_model", "validation_split", "seeded_sample", "has_pap_layers"]
+           "for_settings", "of_model", "of_model_name", "validation_split", "seeded_sample", "has_pap_layers"]
 
 #: name -> task, in the order they are listed
 TASKS: dict[str, Task] = {}
@@ -69,6 +69,16 @@ def for_settings(settings: Mapping[str, Any]) -> Task:
             return task
     raise ValueError(f"settings of study {settings.get('name')!r} name no task and suites of unknown kind "
                      f"{kind!r}")
+
+
+def of_model_name(name: str) -> Task | None:
+    """The task a model name builds for (:meth:`Task.owns_name`): the task that claims it, else image
+    classification for any other image model timm can build; None for a name no task knows."""
+    fallback = TASKS[ImageClassification.name]
+    for task in TASKS.values():
+        if task is not fallback and task.owns_name(name):
+            return task
+    return fallback if fallback.owns_name(name) else None
 
 
 def of_model(model: Any) -> Task:

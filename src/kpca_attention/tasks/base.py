@@ -144,6 +144,11 @@ class Task(ABC):
         """Whether ``model`` (possibly inside a ``NormalizedModel``) is one of this task's models."""
         return False
 
+    def owns_name(self, name: str) -> bool:
+        """Whether the model name ``name`` builds one of this task's models (:func:`owns` before building:
+        ``train`` refuses a model of another task than its preset's)."""
+        return False
+
     # --- configs ----------------------------------------------------------------------------------
     def check_config(self, cfg: Any) -> None:  # noqa: B027 - a hook: most tasks accept every config
         """Raise a ``ValueError`` naming the field for settings this task cannot train with."""

@@ -64,6 +64,13 @@ class ImageClassification(ImageTask):
     held_out = ("top1", "top5", "loss")
     suites_type = ImageSuites
 
+    def owns_name(self, name: str) -> bool:
+        """Any image model timm can build (this package's ViTs and FAN are registered there): the task of
+        the image models no other task claims (:func:`~kpca_attention.tasks.of_model_name`)."""
+        import timm
+
+        return timm.is_model(name)
+
     def data_info(self, cfg: Any) -> Any:
         """The dataset's :class:`~kpca_attention.data.images.ImageDatasetInfo`."""
         from ...data.images import dataset_info

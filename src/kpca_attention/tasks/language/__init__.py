@@ -77,6 +77,11 @@ class CausalLanguageModelling(Task):
 
         return isinstance(model, CausalLM)
 
+    def owns_name(self, name: str) -> bool:
+        from ...models.lm import FAMILY_LM_MODELS, LM_MODELS
+
+        return name in LM_MODELS or name in FAMILY_LM_MODELS
+
     def check_config(self, cfg: Any) -> None:
         if cfg.val_size is not None:
             raise ValueError(f"task {self.name!r} validates on the corpus's own valid split (text disjoint "

@@ -75,6 +75,12 @@ class SemanticSegmentation(ImageTask):
 
         return isinstance(getattr(model, "model", model), Segmenter)
 
+    def owns_name(self, name: str) -> bool:
+        from ...models.family import FAMILY_SEGMENTATION_MODELS
+        from ...models.segmenter import SEGMENTATION_MODELS
+
+        return name in SEGMENTATION_MODELS or name in FAMILY_SEGMENTATION_MODELS
+
     def check_config(self, cfg: Any) -> None:
         if cfg.mixup > 0 or cfg.cutmix > 0:
             raise ValueError(f"task {self.name!r} takes no Mixup/CutMix (they mix labels of whole images); "
