@@ -85,6 +85,13 @@ def test_tost_degenerate_cases():
         tost([0.1, 0.2], 0.5, alpha=0.6)
 
 
+def test_verdict_refuses_a_nan_difference_instead_of_naming_it() -> None:
+    """A NaN passed every comparison of the rule and came out `worse` (no margin, plan=False)."""
+    for margin, plan in ((None, False), (0.5, True)):
+        with pytest.raises(ValueError, match="finite"):
+            verdict([0.1, float("nan"), 0.3], margin, 0.01, plan=plan)
+
+
 # --- Holm --------------------------------------------------------------------------------------------
 
 

@@ -108,6 +108,8 @@ def verdict(diffs: Sequence[float], margin: float | None, p_adjusted: float | No
     of tests in the cell's Holm family (:attr:`Family.size`), for ``seeds_to_detect``.
     """
     d = np.asarray(diffs, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(d)):  # a NaN would pass every comparison below and end up a word
+        raise ValueError(f"paired differences must be finite numbers; got {list(d)}")
     alpha = check_real(alpha, "alpha", min=0, max=0.5, min_open=True, max_open=True)
     margin = check_real(margin, "margin", min=0, min_open=True, allow_none=True)
     if not isinstance(higher_is_better, (bool, np.bool_)):
