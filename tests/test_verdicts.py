@@ -404,6 +404,27 @@ def test_calibration_effect_at_the_margin_is_rarely_equivalent():
     assert_rate(words.count(BETTER), N_STUDIES, power_up, "better at effect = margin")
 
 
+def test_calibration_in_a_family_of_twenty():
+    """The rates above are for a family of one. In a study the word needs the Holm-adjusted p: simulated
+    studies of 20 tests at 8 seeds (19 with no effect, one of 2 SDs) keep the familywise rate of a wrong
+    `better`/`worse` at most alpha, and call the real effect `better` at a power between the t test's at
+    Holm's first level (alpha / 20) and at alpha - well below the 99.8 % of a family of one."""
+    k, effect = 20, 2.0
+    x = np.random.default_rng(13).normal(0.0, 1.0, (N_STUDIES, k, N_SEEDS))
+    x[:, 0] += effect
+    p = stats.ttest_1samp(x, 0.0, axis=2).pvalue  # (studies, tests)
+    adjusted = np.array([holm(list(row)) for row in p], dtype=float)
+    wrong = (adjusted[:, 1:] < ALPHA).any(axis=1)  # a null test decided: `better` or `worse`
+    assert_rate_at_most(int(wrong.sum()), N_STUDIES, ALPHA, "familywise wrong words, 19 nulls")
+    words = [verdict(x[i, 0], None, float(adjusted[i, 0]), plan=False, family_size=k).word
+             for i in range(N_STUDIES)]
+    lo, hi = paired_t_power(effect, 1.0, N_SEEDS, ALPHA / k), paired_t_power(effect, 1.0, N_SEEDS, ALPHA)
+    assert lo < 0.8 < hi  # the family costs this effect its sure decision
+    assert_rate_at_most(words.count(BETTER), N_STUDIES, hi, "better in the family (upper)")
+    assert_rate_at_most(N_STUDIES - words.count(BETTER), N_STUDIES, 1 - lo, "better in the family (lower)")
+    assert words.count(WORSE) == 0
+
+
 # --- the family --------------------------------------------------------------------------------------
 
 
