@@ -115,7 +115,8 @@ def test_zoo_report_two_comparators_margins_and_leaderboard(zoo_dir: Path) -> No
     assert want[("ppl/test", "rpc_symlm", "lm")].word == BETTER
     assert "## Verdicts over seeds against LM (asymmetric)" in report
     assert "## Verdicts over seeds against Symlm" in report
-    assert "KDE, test ppl (this variant's own): +-0.5 (KDE's own)" in report
+    assert ("KDE, test ppl (this variant's own, applied in each of its comparisons: where its source "
+            "measured another one, borrowed): +-0.5 (KDE's own)") in report
     assert (zoo_dir / "forest_kde_vs_symlm.png").stat().st_size > 5000
     # the leaderboard: mean +- std, the paired difference against the LM with interval, word and margin
     lb = summary["leaderboard"]

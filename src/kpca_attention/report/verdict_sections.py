@@ -217,7 +217,9 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
 
         def whose(m: Mapping[str, Any]) -> str:
             c = m.get("against")
-            return "this variant's own" + (f", in its comparison with {label.get(c, c)}" if c else "")
+            return "this variant's own" + (f", in its comparison with {label.get(c, c)}" if c else
+                                           ", applied in each of its comparisons: where its source measured "
+                                           "another one, borrowed")
 
         lines += [f"- {label[s]}, {title[k]} ({whose(vmargins[s][k])}): +-{vmargins[s][k]['value']:g} "
                   f"({vmargins[s][k]['source']})" for s, k in own]
