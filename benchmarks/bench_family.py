@@ -1,4 +1,4 @@
-"""Speed of the robust-attention family against one SDPA call (issue 25, part 4).
+"""Speed of the robust-attention family against one SDPA call.
 
 For each mechanism of :data:`MECHANISMS` (a table: add a row per mechanism), the attention core of one
 layer - its ``attend_state`` (or ``attend``) on per-head q, k, v, with the cross-layer state a later
@@ -64,7 +64,7 @@ def _pid(qkv: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             "pid_error": torch.randn_like(v)}
 
 
-#: the mechanisms timed, in print order (issue 25 targets: NeuTRENO / Elliptical <= 1.3x)
+#: the mechanisms timed, in print order (targets: NeuTRENO / Elliptical <= 1.3x)
 MECHANISMS: dict[str, Row] = {
     "neutreno": Row("NeuTRENO", 1.3, lambda dim, h: NeuTRENOAttention(dim, h), _v0),
     "pid": Row("PIDformer", 1.3, lambda dim, h: PIDAttention(dim, h), _pid),

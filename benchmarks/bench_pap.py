@@ -28,7 +28,7 @@ matrices too large to keep; ``cutoff`` = :func:`kpca_attention.pap.cutoff_attent
 Without a graph, and in symmetric training whose matrices fit (``PAPSaved``, which the timed forward +
 backward below runs), every step on the CPU is the cutoff softmax.
 
-Targets, at every thread count (issue 28): pap forward <= 4.5x sdpa, forward + backward <= 5.0x sdpa.
+Targets, at every thread count, on every CPU kind: pap forward <= 4.5x sdpa, forward + backward <= 5.0x sdpa.
 The ratios depend on the thread count (on a machine whose cores are shared, each multi-threaded op can
 stall for a scheduler tick), so the script measures at each count of ``--threads`` (default 1 and 2).
 

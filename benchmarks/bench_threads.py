@@ -1,6 +1,6 @@
 """Why does PAP's forward scale less than SDPA from one thread to two? A diagnostic, not a target.
 
-On the Intel Xeon (docs/benchmarks.md, issue 28) ``pap`` without a graph scales 1.36x from one thread to
+On the Intel Xeon (docs/benchmarks.md) ``pap`` without a graph scales 1.36x from one thread to
 two where one SDPA call scales 1.73x, and no nesting of thread teams explained it. The suspect left is
 memory traffic: the four steps write and read ~119 MB of scores at B 64, which two cores share one memory
 path for. This script measures, side by side at each thread count (interleaved repeats, medians):

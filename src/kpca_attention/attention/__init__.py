@@ -9,7 +9,7 @@ is_causal=False)`` with ``x`` of shape ``(B, N, C)``, so each can be given to
 * :class:`RPCAttention` - Principal Attention Pursuit (:func:`kpca_attention.pap.pap`) on K, V;
   ``symmetric=False`` adds queries (the paper's appendix E.9).
 * :class:`ScaledAttention` - Q, K, V with output A (I - S) V (paper Remark 3 / E.1).
-* The robust-attention family (issue 25), with state across layers (:mod:`.stateful`):
+* The robust-attention family, with state across layers (:mod:`.stateful`):
   :class:`NeuTRENOAttention` (A V + lambda (V^0 - V)), :class:`PIDAttention` (PID feedback toward V^0),
   :class:`EllipticalAttention` (a Mahalanobis metric on the queries from the change of the values);
   stateless: :class:`TwicingAttention` ((2A - A^2) V), :class:`KdeAttention` / :class:`RobustAttention`

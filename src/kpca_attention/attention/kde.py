@@ -47,7 +47,7 @@ its visible keys (each causal prefix is its own sample, so the future never ente
 Speed: RKDE forms two N x N Gram kernels (keys, and values: their product is the joint kernel) for its
 weights, each a batched matmul and an exp over N x N, before the final fused attention call; at B 64, H 3,
 N 197, D 64 that measured 3.1-3.6x one SDPA call forward on an AMD EPYC and 3.5-4.1x on an Intel Xeon
-(issue 25's target: 3.5x; docs/benchmarks.md). Without a graph to record (inference, evaluation), without a
+(target: 3.5x; docs/benchmarks.md). Without a graph to record (inference, evaluation), without a
 mask and with one KIRWLS step (the default), the weights need the kernels only through their column sums:
 a compiled kernel (``csrc/rkde_kernels.cpp``, built with PAP's) computes those per head in the cache, over
 the upper triangle, never writing the kernels - 2.2-2.5x one SDPA call on the AMD EPYC (2026-11-27). Its

@@ -20,7 +20,7 @@ import torch
 
 __all__ = ["IDS_SEED", "ID_LISTS", "draw_image_ids", "ids_path", "load_image_ids", "image_ids_sha256"]
 
-#: the seed the committed lists were drawn with (issue 26)
+#: the seed the committed lists were drawn with
 IDS_SEED = 26
 #: dataset -> (size of its test split, number of indices in the committed list)
 ID_LISTS: dict[str, tuple[int, int]] = {

@@ -51,8 +51,8 @@ def language_variants(size: dict[str, Any]) -> tuple[Variant, ...]:
 
 def language_study(*, seeds: tuple[int, ...] = (0, 1, 2, 3, 4, 5), epochs: int = 6,
                    tokens: int | None = 20000, positions: int = 256) -> Study:
-    """The language study (defaults: 6 seeds - issue 24 asks at least 6 for the paper's perplexity claims -,
-    6 epochs, 20k evaluation tokens per split)."""
+    """The language study (defaults: 6 seeds, the least the paper's perplexity claims were given; 6 epochs;
+    20k evaluation tokens per split)."""
     return Study(
         name="language",
         title="Symlm vs RPC-Symlm vs the ordinary LM on the word-level King James Bible "
