@@ -180,7 +180,7 @@ def test_scaled_matrix_wrong_length() -> None:
         layer(torch.randn(2, 10, DIM))
     with pytest.raises(ValueError, match=r"needs num_tokens"):
         ScaledAttention(DIM, HEADS, mode="matrix")
-    with pytest.raises(ValueError, match=r"unknown mode 'vector'"):
+    with pytest.raises(ValueError, match=r"ScaledAttention: mode must be one of scalar, matrix; got 'vector'"):
         ScaledAttention(DIM, HEADS, mode="vector")
 
 
@@ -304,7 +304,7 @@ def test_rpc_ablation_switches_reach_pap(sparse: bool, dual: bool) -> None:
 
 @pytest.mark.parametrize("num_heads", [0, -3, 2.5, True])
 def test_bad_head_count_is_a_value_error(num_heads) -> None:
-    with pytest.raises(ValueError, match=r"num_heads must be an integer >= 1, got"):
+    with pytest.raises(ValueError, match=r"num_heads must be an integer >= 1; got"):
         RPCAttention(64, num_heads)  # 0 was a ZeroDivisionError
 
 
@@ -316,8 +316,8 @@ def test_bad_head_count_is_a_value_error(num_heads) -> None:
         ({"mu_dim": -16}, r"mu_dim must be None .* got -16"),
         ({"n_iter": True}, r"RPCAttention: n_iter must be an integer >= 1 .* got True"),
         ({"lam": float("inf")}, r"RPCAttention: lam must be a finite number > 0"),
-        ({"sparse": 0}, r"RPCAttention: sparse must be True or False, got 0"),
-        ({"validate": "always"}, r"RPCAttention: validate must be None, True or False"),
+        ({"sparse": 0}, r"RPCAttention: sparse must be True or False; got 0"),
+        ({"validate": "always"}, r"RPCAttention: validate must be True or False or None"),
     ],
 )
 def test_rpc_options_are_checked_at_construction(kwargs, match) -> None:

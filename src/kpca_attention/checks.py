@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["check_int", "check_real", "check_choice", "check_slug", "describe_range", "check_count",
-           "check_parameters", "Int", "Real", "Choice", "option_name"]
+           "check_parameters", "Int", "Real", "Bool", "Choice", "option_name"]
 
 
 def describe_range(kind: str, min: float | None = None, max: float | None = None, *,
@@ -170,6 +170,21 @@ class Real:
 
 
 @dataclass(frozen=True)
+class Bool:
+    """One row of a constraints table: ``True`` or ``False`` (not 1 or "yes"), or None if ``allow_none``."""
+
+    allow_none: bool = False
+
+    def __call__(self, value: Any, name: str) -> bool | None:
+        if value is None and self.allow_none:
+            return None
+        if not isinstance(value, bool):
+            none = " or None" if self.allow_none and not _is_option(name) else ""
+            raise ValueError(f"{name} must be True or False{none}; got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
 class Choice:
     """One row of a constraints table: one of ``choices`` (:func:`check_choice`)."""
 
@@ -185,7 +200,7 @@ class Choice:
 def check_parameters(values: Mapping[str, Any], constraints: Mapping[str, Any], *,
                      cli: bool = False) -> dict[str, Any]:
     """Check every entry of ``values`` that ``constraints`` names (a table ``{name: Int(...) | Real(...)
-    | Choice(...) | callable(value, name)}``) and return the checked values; the first bad one raises
-    its one-line ``ValueError``. ``cli``: the message names the option as typed (``--batch-size``)."""
+    | Bool(...) | Choice(...) | callable(value, name)}``) and return the checked values; the first bad one
+    raises its one-line ``ValueError``. ``cli``: the message names the option as typed (``--batch-size``)."""
     return {key: constraints[key](value, option_name(key, cli)) if key in constraints else value
             for key, value in values.items()}

@@ -43,7 +43,7 @@ mode on the CPU by default. TorchScript is not supported: PAP's fused update is 
 """
 
 from .adaptive import adaptive_gradients, adaptive_layers
-from .base import HeadsAttention, Option
+from .base import HeadsAttention, PapOption
 from .elliptical import EllipticalAttention
 from .hooks import HookPoint, run_with_cache
 from .kde import KdeAttention, RobustAttention
@@ -68,7 +68,7 @@ __all__ = [
     "HookPoint",
     "run_with_cache",
     "HeadsAttention",
-    "Option",
+    "PapOption",
     "Mechanism",
     "register_mechanism",
     "get_mechanism",

@@ -1,6 +1,7 @@
 """The shared base of the attention mechanisms: :class:`HeadsAttention` (timm's constructor, projections
-to heads, qk-norm, the q/k/v hook points, the output projection) and the options table
-(:class:`Option`, each mechanism's ``parameter_constraints``, as scikit-learn's ``_parameter_constraints``).
+to heads, qk-norm, the q/k/v hook points, the output projection) and the options table (each
+mechanism's ``parameter_constraints``, rows of :mod:`kpca_attention.checks`, as scikit-learn's
+``_parameter_constraints``).
 
 A new mechanism is one module: a subclass of :class:`HeadsAttention` that lists its options in
 ``parameter_constraints`` (checked by :meth:`HeadsAttention.validate_options` before anything is built)
@@ -17,11 +18,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..checks import describe_range
+from ..checks import Bool, Int
 from ..pap import check_options
 from .hooks import HookPoint
 
-__all__ = ["HeadsAttention", "QueryOptionalAttention", "Option", "is_proxy", "fresh_or_inplace_add"]
+__all__ = ["HeadsAttention", "QueryOptionalAttention", "PapOption", "is_proxy", "fresh_or_inplace_add"]
 
 
 def is_proxy(x: object) -> bool:
@@ -38,45 +39,15 @@ def fresh_or_inplace_add(out: Tensor, other: Tensor, alpha: float) -> Tensor:
 
 
 @dataclass(frozen=True)
-class Option:
-    """The constraint on one constructor option: one row of a mechanism's ``parameter_constraints``.
+class PapOption:
+    """A constraints-table row (:mod:`kpca_attention.checks`) for one of PAP's scalar options (``n_iter``,
+    ``lam``, ``threshold``, ``mu_dim``): checked by :func:`kpca_attention.pap.check_options`, the check
+    :func:`~kpca_attention.pap.pap` itself runs. ``name`` is ``"<class>: <option>"``."""
 
-    ``kind``: ``"int"`` (an integer >= ``min``, bool excluded), ``"float"`` / ``"float_or_none"`` (a real
-    number >= ``min``, NaN and bool excluded), ``"bool"``, ``"bool_or_none"``,
-    ``"choice"`` (one of ``choices``) or ``"pap"`` (one of PAP's scalar options, checked by
-    :func:`kpca_attention.pap.check_options`, the check :func:`~kpca_attention.pap.pap` itself runs).
-    The message names the class, the option, the value and what is valid.
-    """
-
-    kind: str
-    min: int | None = None
-    choices: tuple[Any, ...] = ()
-
-    def check(self, value: Any, name: str, where: str) -> None:
-        if self.kind == "pap":
-            check_options(**{name: value}, where=where)
-        elif self.kind == "int":
-            low = self.min is not None and isinstance(value, int) and value < self.min
-            if not isinstance(value, int) or isinstance(value, bool) or low:
-                valid = describe_range("an integer", self.min)
-                raise ValueError(f"{where}: {name} must be {valid}, got {value!r}")
-        elif self.kind in ("bool", "bool_or_none"):
-            if not (isinstance(value, bool) or (value is None and self.kind == "bool_or_none")):
-                valid = "True or False" if self.kind == "bool" else "None, True or False"
-                raise ValueError(f"{where}: {name} must be {valid}, got {value!r}")
-        elif self.kind in ("float", "float_or_none"):
-            real = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-            if not (real or (value is None and self.kind == "float_or_none")) or (
-                real and self.min is not None and value < self.min
-            ):
-                valid = "a real number" + (f" >= {self.min}" if self.min is not None else "")
-                valid = valid if self.kind == "float" else f"None or {valid}"
-                raise ValueError(f"{where}: {name} must be {valid}, got {value!r}")
-        elif self.kind == "choice":
-            if not isinstance(value, str) or value not in self.choices:
-                raise ValueError(f"{where}: unknown {name} {value!r}; valid: {', '.join(self.choices)}")
-        else:
-            raise TypeError(f"Option: unknown kind {self.kind!r}")
+    def __call__(self, value: Any, name: str) -> Any:
+        where, _, option = name.rpartition(": ")
+        check_options(**{option: value}, where=where or "pap")
+        return value
 
 
 class HeadsAttention(nn.Module):
@@ -91,10 +62,11 @@ class HeadsAttention(nn.Module):
     #: attribute values that put the parts this layer computes without gradient into the graph, outputs
     #: unchanged - what an adaptive attack sets (:func:`.adaptive.adaptive_gradients`)
     adaptive_options: ClassVar[dict[str, Any]] = {}
-    #: the constructor options a mechanism checks, by name (subclasses extend this table)
-    parameter_constraints: ClassVar[dict[str, Option]] = {
-        "dim": Option("int", min=1),
-        "num_heads": Option("int", min=1),
+    #: the constructor options a mechanism checks, by name: rows of :mod:`kpca_attention.checks`
+    #: (``Int``, ``Real``, ``Bool``, ``Choice``) or :class:`PapOption`; subclasses extend this table
+    parameter_constraints: ClassVar[dict[str, Callable[[Any, str], Any]]] = {
+        "dim": Int(min=1),
+        "num_heads": Int(min=1),
     }
 
     def __init__(
@@ -149,7 +121,7 @@ class HeadsAttention(nn.Module):
     def validate_options(cls, **values: Any) -> None:
         """Check ``values`` against :attr:`parameter_constraints` (names it lacks are not checked)."""
         for name, value in values.items():
-            cls.parameter_constraints[name].check(value, name, cls.__name__)
+            cls.parameter_constraints[name](value, f"{cls.__name__}: {name}")
 
     @property
     def in_proj(self) -> nn.Linear:
@@ -189,7 +161,7 @@ class QueryOptionalAttention(HeadsAttention):
     """A layer with queries (W_Q, W_K, W_V) or, with ``symmetric=True``, without (W_Q = W_K: a SymViT layer,
     A = softmax(K K^T / sqrt D)): the ``symmetric`` option of the mechanisms whose papers allow both."""
 
-    parameter_constraints = {**HeadsAttention.parameter_constraints, "symmetric": Option("bool")}
+    parameter_constraints = {**HeadsAttention.parameter_constraints, "symmetric": Bool()}
 
     def __init__(self, dim: int, num_heads: int = 8, *args: Any, symmetric: bool = False,
                  **kwargs: Any) -> None:

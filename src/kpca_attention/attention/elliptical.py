@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..checks import Bool, Real
 from ..pap import visible
-from .base import Option
 from .registry import register_mechanism
 from .stateful import State, StatefulAttention
 
@@ -104,16 +104,14 @@ class EllipticalAttention(StatefulAttention):
     #: an adaptive attack differentiates m (the values it gives are the same)
     adaptive_options = {"differentiable": True}
     parameter_constraints = {**StatefulAttention.parameter_constraints,
-                             "delta": Option("float_or_none"), "attenuation": Option("float", min=0),
-                             "median": Option("bool"), "differentiable": Option("bool")}
+                             "delta": Real(min=0, min_open=True, allow_none=True), "attenuation": Real(min=0),
+                             "median": Bool(), "differentiable": Bool()}
 
     def __init__(self, dim: int, num_heads: int = 8, *args: Any, delta: float | None = 5.0,
                  attenuation: float = 1e-3, median: bool = False, differentiable: bool = False,
                  **kwargs: Any) -> None:
         self.validate_options(delta=delta, attenuation=attenuation, median=median,
                               differentiable=differentiable)
-        if delta is not None and delta <= 0:
-            raise ValueError(f"EllipticalAttention: delta must be > 0 or None, got {delta!r}")
         super().__init__(dim, num_heads, *args, **kwargs)
         self.delta = None if delta is None else float(delta)
         self.attenuation, self.median, self.differentiable = float(attenuation), median, differentiable

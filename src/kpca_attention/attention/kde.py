@@ -67,9 +67,10 @@ from timm.models import register_notrace_module
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ..checks import Bool, Choice, Int, Real
 from ..pap import kernels, tracing, visible
 from ..pap.inputs import cpu_float
-from .base import Option, QueryOptionalAttention
+from .base import QueryOptionalAttention
 from .registry import register_mechanism
 
 __all__ = ["KdeAttention", "RobustAttention", "kirwls_weights", "robust_kernels", "robust_weight"]
@@ -267,9 +268,9 @@ class RobustAttention(QueryOptionalAttention):
     """
 
     parameter_constraints = {**QueryOptionalAttention.parameter_constraints,
-                             "loss": Option("choice", choices=LOSSES), "a": Option("float", min=0),
-                             "n_iter": Option("int", min=1),
-                             "official_norm": Option("bool")}
+                             "loss": Choice(tuple(LOSSES)), "a": Real(min=0),
+                             "n_iter": Int(min=1),
+                             "official_norm": Bool()}
 
     def __init__(self, dim: int, num_heads: int = 8, *args: Any, loss: str = "huber", a: float = 0.2,
                  n_iter: int = 1, official_norm: bool = False, **kwargs: Any) -> None:

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Option, fresh_or_inplace_add
+from ..checks import Real
+from .base import fresh_or_inplace_add
 from .registry import register_mechanism
 from .stateful import State, StatefulAttention
 
@@ -41,7 +42,7 @@ class NeuTRENOAttention(StatefulAttention):
         apply: False: plain attention in this layer (V^0 is still recorded if this is the first).
     """
 
-    parameter_constraints = {**StatefulAttention.parameter_constraints, "lam": Option("float")}
+    parameter_constraints = {**StatefulAttention.parameter_constraints, "lam": Real()}
 
     def __init__(self, dim: int, num_heads: int = 8, *args: Any, lam: float = 0.6, **kwargs: Any) -> None:
         self.validate_options(lam=lam)

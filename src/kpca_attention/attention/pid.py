@@ -32,7 +32,8 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import Option, fresh_or_inplace_add
+from ..checks import Real
+from .base import fresh_or_inplace_add
 from .registry import register_mechanism
 from .stateful import State, StatefulAttention
 
@@ -49,7 +50,7 @@ class PIDAttention(StatefulAttention):
     """
 
     parameter_constraints = {**StatefulAttention.parameter_constraints,
-                             "kp": Option("float"), "ki": Option("float"), "kd": Option("float")}
+                             "kp": Real(), "ki": Real(), "kd": Real()}
 
     def __init__(self, dim: int, num_heads: int = 8, *args: Any, kp: float = 0.6, ki: float = 0.1,
                  kd: float = 0.1, **kwargs: Any) -> None:

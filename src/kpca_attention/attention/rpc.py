@@ -8,8 +8,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..checks import Bool
 from ..pap import pap
-from .base import HeadsAttention, Option, is_proxy
+from .base import HeadsAttention, PapOption, is_proxy
 from .hooks import HookPoint
 from .registry import register_mechanism
 
@@ -45,9 +46,9 @@ class RPCAttention(HeadsAttention):
 
     parameter_constraints = {
         **HeadsAttention.parameter_constraints,
-        "n_iter": Option("pap"), "lam": Option("pap"), "threshold": Option("pap"), "mu_dim": Option("pap"),
-        "symmetric": Option("bool"), "sparse": Option("bool"), "dual": Option("bool"),
-        "validate": Option("bool_or_none"),
+        "n_iter": PapOption(), "lam": PapOption(), "threshold": PapOption(), "mu_dim": PapOption(),
+        "symmetric": Bool(), "sparse": Bool(), "dual": Bool(),
+        "validate": Bool(allow_none=True),
     }
 
     def __init__(

@@ -33,8 +33,9 @@ import torch.nn.functional as F
 from timm.models import register_notrace_module
 from torch import Tensor, nn
 
+from ..checks import Bool, Choice, Int, Real
 from ..pap import visible
-from .base import HeadsAttention, Option, is_proxy
+from .base import HeadsAttention, is_proxy
 from .registry import register_mechanism
 
 __all__ = ["PositionAwareAttention", "resize_position_scale", "first_five_twelfths"]
@@ -103,10 +104,10 @@ class PositionAwareAttention(HeadsAttention):
         symmetric: True: W_Q = W_K.
     """
 
-    parameter_constraints = {**HeadsAttention.parameter_constraints, "num_tokens": Option("int", min=1),
-                             "num_prefix_tokens": Option("int", min=0),
-                             "resize": Option("choice", choices=RESIZE), "init": Option("float"),
-                             "symmetric": Option("bool")}
+    parameter_constraints = {**HeadsAttention.parameter_constraints, "num_tokens": Int(min=1),
+                             "num_prefix_tokens": Int(min=0),
+                             "resize": Choice(tuple(RESIZE)), "init": Real(),
+                             "symmetric": Bool()}
 
     def __init__(self, dim: int, num_heads: int = 8, *args: Any, num_tokens: int = 197,
                  num_prefix_tokens: int = 1, resize: str = "interpolate", init: float = 0.0,

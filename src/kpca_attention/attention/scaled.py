@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checks import Choice
 from ..pap import visible
-from .base import HeadsAttention, Option, is_proxy
+from .base import HeadsAttention, is_proxy
 from .registry import register_mechanism
 
 __all__ = ["ScaledAttention"]
@@ -48,7 +49,7 @@ class ScaledAttention(HeadsAttention):
     MODES = ("scalar", "matrix")
     parameter_constraints = {
         **HeadsAttention.parameter_constraints,
-        "mode": Option("choice", choices=MODES),
+        "mode": Choice(tuple(MODES)),
     }
 
     def __init__(

@@ -32,7 +32,8 @@ from timm.models.vision_transformer import Block
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .base import HeadsAttention, Option, is_proxy
+from ..checks import Bool
+from .base import HeadsAttention, is_proxy
 
 __all__ = ["State", "StatefulAttention", "StatefulBlock", "StatefulBlocks", "run_blocks", "is_stateful"]
 
@@ -53,8 +54,8 @@ class StatefulAttention(HeadsAttention):
     """
 
     stateful = True
-    parameter_constraints = {**HeadsAttention.parameter_constraints, "symmetric": Option("bool"),
-                             "apply": Option("bool")}
+    parameter_constraints = {**HeadsAttention.parameter_constraints, "symmetric": Bool(),
+                             "apply": Bool()}
 
     def __init__(self, dim: int, num_heads: int = 8, *args: Any, symmetric: bool = False, apply: bool = True,
                  **kwargs: Any) -> None:
