@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
+from ...checks import check_int
 from ...robustness.store import ResultStore, example_hits, example_result, join_hits
 
 __all__ = ["Corruptions", "Attack", "attack_title", "OODSets", "same_images", "AutoAttackSuite",
@@ -63,7 +64,7 @@ class Corruptions:
             for s in self.severities:
                 check_corruption(c, s)
         if self.n is not None:
-            _positive("corruption images", self.n)
+            check_int(self.n, "corruption images", min=1)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class Attack:
             raise ValueError(f"{self.method}: eps must be a non-empty list of budgets > 0, got {self.eps}")
         for e in self.eps:
             check_attack_options(self.method, e, dict(self.options))
-        _positive(f"{self.method} images", self.n)
+        check_int(self.n, f"{self.method} images", min=1)
 
     @property
     def name(self) -> str:
@@ -142,13 +143,13 @@ class AutoAttackSuite:
     adaptive: bool = False
 
     def __post_init__(self) -> None:
-        from ...checks import check_choice
+        from ...checks import check_choice, check_int
 
         check_choice(self.version, "autoattack version", ("standard", "rand"))
         check_choice(self.norm, "autoattack norm", ("Linf", "L2"))
         if not self.eps or any(not (e > 0) for e in self.eps):
             raise ValueError(f"autoattack: eps must be a non-empty list of budgets > 0, got {self.eps}")
-        _positive("autoattack images", self.n)
+        check_int(self.n, "autoattack images", min=1)
 
     @property
     def name(self) -> str:
@@ -189,13 +190,13 @@ class ImageSuites:
     imagenet_c: str | None = None
 
     def __post_init__(self) -> None:
-        from ...checks import check_choice
+        from ...checks import check_choice, check_int
 
         check_choice(self.split, "split", ("train", "val", "test"))
         if self.clean is not None:
-            _positive("clean images", self.clean)
-        _positive("batch size", self.batch_size)
-        _positive("attack batch size", self.attack_batch_size)
+            check_int(self.clean, "clean images", min=1)
+        check_int(self.batch_size, "batch size", min=1)
+        check_int(self.attack_batch_size, "attack batch size", min=1)
         names = [a.name for a in self.attacks]
         if len(set(names)) != len(names):
             raise ValueError(f"two attacks share a name {names}: give them different options")
@@ -215,11 +216,6 @@ class ImageSuites:
             if d[k] == default:
                 del d[k]
         return d
-
-
-def _positive(what: str, n: Any) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{what} must be an integer >= 1, got {n!r}")
 
 
 def eps_label(eps: float) -> str:

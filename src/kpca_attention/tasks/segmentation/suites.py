@@ -43,6 +43,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ...checks import check_int
 from ...io import pack_bytes, unpack_bytes
 from ...robustness.common import model_device
 from ...robustness.store import ResultStore
@@ -57,11 +58,6 @@ __all__ = ["SegmentationSuites", "evaluate_segmentation_suites", "encode_counts"
 COUNT_FIELDS: tuple[str, ...] = ("intersect", "pred", "label")
 #: how items store their per-image counts (:func:`encode_counts`; part of every item's key)
 COUNTS_FORMAT = "xz_base85"
-
-
-def _positive(what: str, n: Any) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{what} must be an integer >= 1, got {n!r}")
 
 
 @dataclass(frozen=True)
@@ -87,8 +83,8 @@ class SegmentationSuites:
 
     def __post_init__(self) -> None:
         if self.clean is not None:
-            _positive("clean images", self.clean)
-        _positive("batch size", self.batch_size)
+            check_int(self.clean, "clean images", min=1)
+        check_int(self.batch_size, "batch size", min=1)
         if isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int) or self.data_seed < 0:
             raise ValueError(f"data_seed must be an integer >= 0, got {self.data_seed!r}")
         if self.corruptions is not None and self.clean is not None and self.corruptions.n > self.clean:
