@@ -13,7 +13,7 @@ import typer
 
 from ..checks import Int, Real, check_parameters, option_name
 from ..robustness.attacks import METHODS
-from ..robustness.corruptions import corruption_names
+from ..robustness.corruptions import CORRUPTION_SUBSETS, corruption_names
 from . import parse_floats, parse_ints, parse_list
 
 #: the numeric options of ``robustness``, checked before any model is loaded (messages name the option)
@@ -109,7 +109,7 @@ def robustness_cmd(
                                 eps=eps, attack_n=attack_n, steps=steps, imagenet_a=imagenet_a,
                                 imagenet_r=imagenet_r, imagenet_o=imagenet_o, imagenet_val=imagenet_val,
                                 lm_splits=lm_splits, rate=rate, max_tokens=max_tokens))
-    names = (corruption_names(corruptions) if corruptions in ("common", "extra", "all")
+    names = (corruption_names(corruptions) if corruptions in CORRUPTION_SUBSETS
              else parse_list(corruptions))
     attack_options: dict[str, dict[str, int]] = {}
     if steps is not None:

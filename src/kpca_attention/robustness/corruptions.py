@@ -50,6 +50,9 @@ COMMON_CORRUPTIONS: tuple[str, ...] = (
 )  # fmt: skip
 EXTRA_CORRUPTIONS: tuple[str, ...] = ("speckle_noise", "gaussian_blur", "spatter", "saturate")
 ALL_CORRUPTIONS: tuple[str, ...] = COMMON_CORRUPTIONS + EXTRA_CORRUPTIONS
+#: the named sets of corruptions (``--corruptions common``)
+CORRUPTION_SUBSETS: dict[str, tuple[str, ...]] = {"common": COMMON_CORRUPTIONS, "extra": EXTRA_CORRUPTIONS,
+                                                  "all": ALL_CORRUPTIONS}
 SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
 
 # Corruptions whose implementation accepts its own ``seed`` (they do not use numpy's global RNG).
@@ -69,11 +72,11 @@ def check_corruption(name: str, severity: int) -> None:
 
 
 def corruption_names(subset: str = "common") -> tuple[str, ...]:
-    """``"common"`` (the 15 of ImageNet-C), ``"extra"`` (4 validation corruptions) or ``"all"``."""
-    table = {"common": COMMON_CORRUPTIONS, "extra": EXTRA_CORRUPTIONS, "all": ALL_CORRUPTIONS}
-    if subset not in table:
-        raise ValueError(f"unknown corruption subset {subset!r}; valid: {', '.join(table)}")
-    return table[subset]
+    """``"common"`` (the 15 of ImageNet-C), ``"extra"`` (4 validation corruptions) or ``"all"``
+    (:data:`CORRUPTION_SUBSETS`)."""
+    if subset not in CORRUPTION_SUBSETS:
+        raise ValueError(f"unknown corruption subset {subset!r}; valid: {', '.join(CORRUPTION_SUBSETS)}")
+    return CORRUPTION_SUBSETS[subset]
 
 
 def item_seed(seed: int, index: int, name: str, severity: int) -> int:
