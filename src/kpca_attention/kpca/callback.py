@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..modules import eval_mode
 from .analysis import scaled_sv
 from .capture import QKVCapture
 from .diagnostics import projection_loss, projection_loss_official
@@ -40,15 +41,11 @@ def _forward(model: nn.Module, batch: Any, device: torch.device) -> None:
 def projection_metrics(model: nn.Module, batch: Any) -> dict[str, float]:
     """One forward pass of ``batch`` (a tensor, or a mapping of keyword tensors, e.g. a tokenizer's
     output) through ``model``; the projection-loss terms averaged over layers (see module docstring)."""
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
-    try:
+    with eval_mode(model):
         with QKVCapture(model) as cap:
             _forward(model, batch, device)
         cap.check_complete()
-    finally:
-        model.train(was_training)
     sums: dict[str, list[float]] = {}
     for site, rec in cap:
         q, k, v = (rec[key].to(torch.float64) for key in ("q", "k", "v"))

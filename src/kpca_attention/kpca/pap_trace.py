@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import RPCAttention
+from ..modules import eval_mode
 from ..pap import TRACE_KEYS, PAPTrace, key_validity
 
 __all__ = [
@@ -178,9 +179,7 @@ def trace_model(
     forward = forward or _default_forward
     raw: dict[str, dict[str, list[np.ndarray]]] = {}
     sizes: list[int] = []
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         with recording(model) as recorders:
             if not recorders:
                 raise ValueError("the model has no RPCAttention layer (a SymViT or ViT run, say): nothing to "
@@ -198,8 +197,6 @@ def trace_model(
                         raise RuntimeError(f"RPC layer {name} did not run in the forward pass")
                     for q in QUANTITIES:
                         raw[name][q].append(torch.stack(r.last[q + "_per_head"]).double().numpy())
-    finally:
-        model.train(was_training)
     if not sizes:
         raise ValueError("trace_model: no batches")
     w = np.asarray(sizes, dtype=np.float64)

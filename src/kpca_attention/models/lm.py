@@ -43,6 +43,7 @@ from ..attention import (
     run_blocks,
 )
 from ..checks import check_int
+from ..modules import eval_mode
 from .family import FAMILY_MECHANISMS
 from .vit import check_rpc_options
 
@@ -292,8 +293,6 @@ def token_nll(
     if model_ctx is not None and context > model_ctx:
         raise ValueError(f"context {context} exceeds the model's context {model_ctx}")
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
 
     def nll(idx: Tensor, tgt: Tensor, last: int) -> Tensor:
         """NLL of the last ``last`` positions of windows ``idx (b, L)`` predicting ``tgt (b, L)``."""
@@ -304,7 +303,7 @@ def token_nll(
         lg = logits[:, -last:]
         return F.cross_entropy(lg.flatten(0, 1), tgt[:, -last:].flatten(), reduction="none").view(-1, last)
 
-    try:
+    with eval_mode(model):
         out = torch.empty(n - 1, dtype=torch.float64)
         first = min(context, n - 1)
         out[:first] = nll(ids[None, :first], ids[None, 1 : first + 1], first)[0].double().cpu()
@@ -327,8 +326,6 @@ def token_nll(
             tail = n - 1 - done
             pos = torch.arange(n - 1 - context, n - 1)
             out[done:] = nll(ids[None, pos], ids[None, pos + 1], tail)[0].double().cpu()
-    finally:
-        model.train(was_training)
     return out
 
 

@@ -1,39 +1,17 @@
-"""Small pieces shared by the robustness suites: exact model-mode restoration, batched logits over
-a dataset, top-k accuracy, PGD's default step."""
+"""Small pieces shared by the robustness suites: batched logits over a dataset, top-k accuracy, PGD's
+default step (and, from :mod:`kpca_attention.modules`, exact model-mode restoration)."""
 
 from __future__ import annotations
-
-import contextlib
-from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from ..modules import eval_mode, model_device
+
 #: the paper's PGD step, a fraction of eps (both protocols: attacks.py in pixels, protocol.py normalised)
 PGD_ALPHA = 0.15
-
-
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Put every submodule in eval mode and restore each one's own flag afterwards.
-
-    ``model.train(was_training)`` is not enough: it would also switch submodules that the caller had
-    deliberately left in eval mode (frozen BatchNorm, say), so the flags are saved one by one.
-    """
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield model
-    finally:
-        for m, flag in flags:
-            m.training = flag
-
-
-def model_device(model: nn.Module) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
 
 
 @torch.no_grad()

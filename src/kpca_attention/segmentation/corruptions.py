@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 
+from ..modules import eval_mode
 from ..robustness.corruptions import (
     COMMON_CORRUPTIONS,
     SEVERITIES,
@@ -85,14 +86,12 @@ def segmentation_items(
     shape are batched together; images of different sizes (ADE20K) go one shape group at a time.
     """
     device = torch.device(device)
-    was_training = model.training
-    model.eval()
     order = list(range(len(dataset))) if indices is None else [int(i) for i in indices]  # type: ignore[arg-type]
     loader = DataLoader(Subset(dataset, order), batch_size=batch_size, shuffle=False, num_workers=num_workers,
                         collate_fn=_as_list)
     records: list[dict[str, Any]] = []
     pos = 0
-    try:
+    with eval_mode(model):
         for batch in tqdm(loader, desc=desc, disable=None if progress else True, leave=False):
             groups: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
             for j, (x, y) in enumerate(batch):
@@ -110,8 +109,6 @@ def segmentation_items(
                     out[j] = {"index": order[pos + j], **item_record(conf)}
             records.extend(r for r in out if r is not None)
             pos += len(batch)
-    finally:
-        model.train(was_training)
     return records
 
 

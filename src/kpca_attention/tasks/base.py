@@ -31,6 +31,7 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from ..checks import check_int
+from ..modules import eval_mode
 from ..plotting import bar_style
 
 __all__ = ["Task", "Splits", "Objective", "StudySections", "SeedMetric", "validation_split", "seeded_sample",
@@ -55,14 +56,10 @@ def sum_over_loader(model: nn.Module, loader: Any, device: torch.device, size: i
     ``size`` entries on ``device``) for every batch ``(x, y)`` of ``loader`` moved to ``device``, with
     ``model`` in evaluation mode (its mode restored after) and no gradients; then summed over DDP ranks.
     ``counted``: the index of the count among the sums; zero there (an empty loader) is an error."""
-    was_training = model.training
-    model.eval()
     sums = torch.zeros(size, dtype=torch.float64, device=device)
-    try:
+    with eval_mode(model):
         for x, y in tqdm(loader, desc=desc, disable=None if progress else True, leave=False):
             step(x.to(device, non_blocking=True), y.to(device, non_blocking=True), sums)
-    finally:
-        model.train(was_training)
     all_reduce_sum(sums)
     if counted is not None and sums[counted].item() == 0:
         raise ValueError(f"{desc}: no {unit} to evaluate (the loader is empty)")

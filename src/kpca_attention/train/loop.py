@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..io import write_text_atomic
+from ..modules import eval_mode
 from ..tasks import get as get_task
 from . import checkpoint as ckpt_mod
 from .config import TrainConfig
@@ -321,13 +322,9 @@ class _Trainer:
         return {f"{prefix}eval_{k}": res[k] for k in self.task.held_out}
 
     def _run_callbacks(self, model: nn.Module, epoch: int, logger: MetricLogger) -> None:
-        was_training = model.training
-        model.eval()
-        try:
+        with eval_mode(model):
             for cb in self.callbacks:
                 cb(model, epoch, logger)
-        finally:
-            model.train(was_training)
 
 
 def train(

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from ...checks import check_int, check_real
 from ...io import pack_bytes, unpack_bytes
 from ...models.lm import token_nll
+from ...modules import eval_mode
 from ...robustness.store import ResultStore
 from .data import corpus_windows
 
@@ -149,35 +150,33 @@ def pap_positions(model: nn.Module, batches: Sequence[Tensor]) -> dict[str, Any]
     keys: dict[str, list[Tensor]] = {name: [] for name in layers}
     handles = [m.hook_k.register_forward_hook(lambda _m, _i, k, name=name: keys[name].append(k.detach()))
                for name, m in layers.items()]
-    was_training = model.training
-    model.eval()
     n_windows, n_pos = 0, None
     sums: dict[str, dict[str, Tensor]] = {}
-    try:
-        for x in batches:
-            if n_pos is not None and x.shape[1] != n_pos:
-                raise ValueError(f"windows must share one length, got {n_pos} and {x.shape[1]}")
-            n_pos = x.shape[1]
-            for v in keys.values():
-                v.clear()
-            model(x.to(next(model.parameters()).device))
-            n_windows += x.shape[0]
-            for name, m in layers.items():
-                (k,) = keys[name]
-                k = k.double()
-                mu = pap_mu(k, m.mu_dim, is_causal=True)  # (B, H, N, 1)
-                tau = pap_tau(m.lam, mu, m.threshold)
-                kmax = k.abs().amax(-1, keepdim=True)
-                q = {"mu": mu, "tau": tau, "k_abs_max": kmax, "tau_over_kmax": tau / kmax,
-                     "s1_density": (k.abs() > tau).double().mean(-1, keepdim=True)}
-                acc = sums.setdefault(name, {})
-                for key, val in q.items():
-                    s = val.squeeze(-1).sum(0)  # (H, N): summed over windows
-                    acc[key] = acc[key] + s if key in acc else s
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
+    with eval_mode(model):
+        try:
+            for x in batches:
+                if n_pos is not None and x.shape[1] != n_pos:
+                    raise ValueError(f"windows must share one length, got {n_pos} and {x.shape[1]}")
+                n_pos = x.shape[1]
+                for v in keys.values():
+                    v.clear()
+                model(x.to(next(model.parameters()).device))
+                n_windows += x.shape[0]
+                for name, m in layers.items():
+                    (k,) = keys[name]
+                    k = k.double()
+                    mu = pap_mu(k, m.mu_dim, is_causal=True)  # (B, H, N, 1)
+                    tau = pap_tau(m.lam, mu, m.threshold)
+                    kmax = k.abs().amax(-1, keepdim=True)
+                    q = {"mu": mu, "tau": tau, "k_abs_max": kmax, "tau_over_kmax": tau / kmax,
+                         "s1_density": (k.abs() > tau).double().mean(-1, keepdim=True)}
+                    acc = sums.setdefault(name, {})
+                    for key, val in q.items():
+                        s = val.squeeze(-1).sum(0)  # (H, N): summed over windows
+                        acc[key] = acc[key] + s if key in acc else s
+        finally:
+            for h in handles:
+                h.remove()
     if not n_windows:
         raise ValueError("pap_positions: no batches")
     out: dict[str, Any] = {}

@@ -1,0 +1,34 @@
+"""Helpers on ``nn.Module`` shared by every layer of the package (core): evaluation mode with each
+submodule's own flag restored, and the device a model lives on."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["eval_mode", "model_device"]
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put every submodule in eval mode and restore each one's own flag afterwards.
+
+    ``model.train(was_training)`` is not enough: it would also switch submodules that the caller had
+    deliberately left in eval mode (frozen BatchNorm, say), so the flags are saved one by one.
+    """
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
