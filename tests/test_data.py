@@ -324,3 +324,22 @@ def test_cuda_in_memory_batches_match_the_cpu_ones() -> None:
     assert x_gpu.is_cuda and y_gpu.is_cuda
     torch.testing.assert_close(x_gpu.cpu(), x_cpu, rtol=0, atol=1e-6)  # the resize may round differently
     assert torch.equal(y_gpu.cpu(), y_cpu)
+
+
+def test_every_subset_is_the_one_seeded_draw() -> None:
+    """A dataset's subset=, a study's fixed test images and a validation sample hold the same indices
+    for the same (total, n, seed) - one draw, data/sampling.py - and that draw stays what the committed
+    per-example files were made with (the first 8 of 10,000 with seed 0)."""
+    from kpca_attention.data.sampling import seeded_indices
+    from kpca_attention.tasks import seeded_sample
+    from kpca_attention.tasks.classification.suites import fixed_subset
+
+    assert seeded_indices(10000, 8, 0) == [429, 1729, 1917, 2890, 4919, 6044, 7532, 9399]
+    full = build_image_dataset("digits", "test")
+    sub = build_image_dataset("digits", "test", subset=50)
+    want = seeded_indices(len(full), 50, 0)
+    assert sub.indices == want and fixed_subset(full, 50, 0).indices == want
+    assert seeded_sample(list(range(len(full))), 50, 0) == want
+    assert seeded_sample([5, 6, 7], 10, 0) == [5, 6, 7]  # n not smaller: all of them
+    with pytest.raises(ValueError, match="cannot draw"):
+        seeded_indices(3, 4, 0)

@@ -38,6 +38,7 @@ from torchvision.transforms import v2
 
 from ..checks import check_int
 from ..models.normalize import IMAGENET_MEAN, IMAGENET_STD
+from .sampling import seeded_indices
 
 __all__ = [
     "ImageDatasetInfo",
@@ -490,7 +491,6 @@ def build_image_dataset(
             if subset_seed is None:
                 idx_list = list(range(subset))
             else:
-                g = torch.Generator().manual_seed(subset_seed)
-                idx_list = torch.randperm(n, generator=g)[:subset].sort().values.tolist()
+                idx_list = seeded_indices(n, subset, subset_seed)
             ds = Subset(ds, idx_list)
     return ds

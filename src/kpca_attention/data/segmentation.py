@@ -43,6 +43,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from ..models.normalize import IMAGENET_MEAN, IMAGENET_STD
 from .images import FASHION_MNIST_CLASSES, ImageDatasetInfo, build_image_dataset
+from .sampling import seeded_indices
 
 __all__ = [
     "IGNORE_INDEX",
@@ -365,7 +366,6 @@ def build_segmentation_dataset(
             if subset_seed is None:
                 idx = list(range(subset))
             else:
-                idx = torch.randperm(n, generator=torch.Generator().manual_seed(subset_seed))[:subset]
-                idx = idx.sort().values.tolist()
+                idx = seeded_indices(n, subset, subset_seed)
             ds = Subset(ds, idx)
     return ds

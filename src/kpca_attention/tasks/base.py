@@ -31,6 +31,7 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from ..checks import check_int
+from ..data.sampling import seeded_indices
 from ..modules import eval_mode
 from ..plotting import bar_style
 
@@ -101,8 +102,7 @@ def seeded_sample(indices: Sequence[int], n: int | None, seed: int = 0) -> list[
     not smaller - the sampling rule of the datasets' ``subset`` arguments, on a list of indices."""
     if n is None or n >= len(indices):
         return list(indices)
-    pick = torch.randperm(len(indices), generator=torch.Generator().manual_seed(seed))[:n].sort().values
-    return [indices[i] for i in pick.tolist()]
+    return [indices[i] for i in seeded_indices(len(indices), n, seed)]
 
 
 def has_pap_layers(model: nn.Module) -> bool:

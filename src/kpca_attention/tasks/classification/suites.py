@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from ...checks import check_int
+from ...data.sampling import seeded_indices
 from ...robustness.store import ResultStore, example_hits, example_result, join_hits
 
 __all__ = ["Corruptions", "Attack", "attack_title", "OODSets", "same_images", "AutoAttackSuite",
@@ -236,9 +237,7 @@ def fixed_subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
         return Subset(dataset, list(range(len(dataset))))  # type: ignore[arg-type]
     if n > len(dataset):  # type: ignore[arg-type]
         raise ValueError(f"asked for {n} examples of a dataset of {len(dataset)}")  # type: ignore[arg-type]
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randperm(len(dataset), generator=g)[:n].sort().values.tolist()  # type: ignore[arg-type]
-    return Subset(dataset, idx)
+    return Subset(dataset, seeded_indices(len(dataset), n, seed))  # type: ignore[arg-type]
 
 
 def _clean(model: nn.Module, data: Dataset, batch_size: int) -> dict[str, Any]:
