@@ -198,3 +198,21 @@ def test_the_gap_plot_draws_pairs_run_at_two_budgets_or_more(tmp_path) -> None:
     assert path is not None and path.stat().st_size > 5000
     assert attack_gap_plot(tmp_path / "none.png", entries[2:], ["a", "b"], {"a": "A", "b": "B"}) is None
     assert not (tmp_path / "none.png").exists()
+
+
+def test_white_box_check_fails_on_images_only_the_gradient_free_attack_breaks() -> None:
+    """AutoAttack's flag: Square breaking more than 0.2 % of the images that every white-box attack left
+    correct is a sign of masking, even when the totals tie (PGD breaks images 0-299, Square 50-299 and
+    900-949: both leave 70 % correct, yet Square finds 5 % that PGD cannot; the old rule passed it)."""
+    n = 1000
+    pgd = _res("PGD", "iterative", _bits(n, list(range(300, n))))
+    square = _res("Square", "gradient-free", _bits(n, list(range(0, 50)) + list(range(300, 900))
+                                                    + list(range(950, n))))
+    (chk,) = [c for c in masking_checks([pgd, square]) if c.rule == "white-box >= black-box"]
+    assert chk.excess == pytest.approx(0.0) and chk.missed == pytest.approx(0.05)
+    assert chk.criterion == "missed" and not chk.passed
+    # two images of 1000 (0.2 %) pass, three fail
+    for extra, ok in ((2, True), (3, False)):
+        sq = _res("Square", "gradient-free", _bits(n, [i for i in range(300, n) if i >= 300 + extra]))
+        (c,) = [c for c in masking_checks([pgd, sq]) if c.rule == "white-box >= black-box"]
+        assert c.passed is ok, (extra, c)

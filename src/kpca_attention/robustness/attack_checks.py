@@ -22,9 +22,12 @@ rule                        expected
 
 A check fails when the attack expected to be stronger leaves more than ``tolerance`` (AutoAttack's 0.2 % of
 the images) more images correct. Its ``missed`` is the share of images the weaker attack broke and the
-stronger left correct - a per-image view of the same question. A failure is a sign, not proof, of an
-evaluation that overstates robustness; passing every check is not proof of the opposite (no check here runs
-an unbounded or adaptive attack).
+stronger left correct - a per-image view of the same question. ``white-box >= black-box`` fails on
+``missed`` instead, as AutoAttack's flag does: more than 0.2 % of the images broken by the gradient-free
+attack and left correct by *every* iterative one (a gradient attack can win on the total while the
+gradient-free one finds images it cannot - masking on some images is what the rule is for). A failure is
+a sign, not proof, of an evaluation that overstates robustness; passing every check is not proof of the
+opposite (no check here runs an unbounded or adaptive attack).
 
 Attacks of one threat (norm, protocol, budget) are compared on their common images: every attack of a
 study runs on a prefix of one fixed image list (:func:`~kpca_attention.tasks.classification.suites.
@@ -107,11 +110,14 @@ class Check:
     excess: float
     missed: float
     tolerance: float = TOLERANCE
+    #: what fails the check: ``"excess"`` (the totals) or ``"missed"`` (per image: AutoAttack's flag)
+    criterion: str = "excess"
 
     @property
     def passed(self) -> bool:
         # in whole images: one image of 500 is exactly AutoAttack's 0.2 %, which passes
-        return round(self.excess * self.n) <= self.tolerance * self.n + 1e-9
+        value = self.missed if self.criterion == "missed" else self.excess
+        return round(value * self.n) <= self.tolerance * self.n + 1e-9
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -180,4 +186,4 @@ def _against_white_box(threat: str, iterative: Sequence[AttackResult], free: Att
     robust_to_all = np.logical_and.reduce([np.asarray(r.correct[:n], dtype=bool) for r in iterative])
     missed = float((robust_to_all & ~np.asarray(free.correct[:n], dtype=bool)).mean())
     name = best.name if len(iterative) == 1 else "best of " + ", ".join(sorted(r.name for r in iterative))
-    return replace(chk, stronger=name, missed=missed)
+    return replace(chk, stronger=name, missed=missed, criterion="missed")

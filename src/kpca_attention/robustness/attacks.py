@@ -12,7 +12,8 @@ Where the attack exists in a maintained library we call it:
 method      norm    implementation
 ==========  ======  ===============================================================================
 fgsm        Linf    ``torchattacks.FGSM``
-pgd         Linf    ``torchattacks.PGD`` (paper: 20 steps, step 0.15 * eps, eps = 1..6 / 255)
+pgd         Linf    ``torchattacks.PGD`` (paper: 20 steps, step 0.15 * eps; its eps 1..6 are /255 of the
+                    normalised tensor, ``protocol="lab"``, about a quarter of that in pixels)
 cw          L2      ``torchattacks.CW`` (minimum-norm; results beyond the L2 budget ``eps`` are reverted)
 spsa        Linf    ``torchattacks.SPSA`` (gradient-free)
 square      Linf    ``torchattacks.Square`` (score-based black box)
@@ -50,9 +51,10 @@ NORMS: dict[str, str] = {
     "noise": "Linf", "sld": "L1", "square": "Linf", "autoattack": "Linf",
 }  # fmt: skip
 
-# Default eps grids for sweeps, in pixel units. Linf: the paper's 1..6 / 255. L2 (CW) and L1 (SLD)
-# budgets scale with the image size; these are for the 28-32 px demo images and ImageNet users should
-# pass their own (e.g. L2 0.25..3, L1 up to 10-20 at 224 px).
+# Default eps grids for sweeps, in pixel units. Linf: the paper's numerals 1..6 / 255, here in pixels (the
+# paper's are on the normalised tensor: protocol="lab"; in pixels ~4.4x the paper's ImageNet budgets). L2
+# (CW) and L1 (SLD) budgets scale with the image size; these are for the 28-32 px demo images and ImageNet
+# users should pass their own (e.g. L2 0.25..3, L1 up to 10-20 at 224 px).
 DEFAULT_EPS: dict[str, tuple[float, ...]] = {
     **{m: tuple(k / 255 for k in range(1, 7))
        for m in ("fgsm", "pgd", "spsa", "noise", "square", "autoattack")},

@@ -182,7 +182,8 @@ class ClassificationSections(StudySections):
             + (f"; {len(corr['names'])} corruptions x severities {corr['severities']} on "
                f"{'all' if corr['n'] is None else corr['n']} fixed test images (imagecorruptions, seeded per "
                "image)" if corr else "")
-            + ("; attacks in pixel space (Linf eps in units of 1/255, normalisation inside the model): "
+            + ("; attacks in pixel space unless marked (lab) (Linf eps in units of 1/255, normalisation "
+               "inside the model; lab: eps on the normalised tensor, as the paper's code): "
                + ", ".join(attacks) if attacks else "")
             + (f"; PAP trace of the RPC models on {s_['trace']} test images" if s_.get("trace") else "") + "."
         )

@@ -300,7 +300,7 @@ def evaluate_image_suites(
     """
     from tqdm.auto import tqdm
 
-    from ...robustness.attacks import NORMS, attack_logits
+    from ...robustness.attacks import attack_logits, attack_norm
     from ...robustness.corruptions import corrupted_views
 
     t0 = time.perf_counter()
@@ -367,8 +367,9 @@ def evaluate_image_suites(
                     lg, lb, nm = attack_logits(net(), (x_all[: a.n], y_all[: a.n]), a.method, eps,
                                                batch_size=suites.attack_batch_size, progress=progress,
                                                protocol=a.protocol, seed=0, **dict(a.options))
-                    return {**example_result(lg, lb), "norm": NORMS[a.method], "protocol": a.protocol,
-                            "mean_norm": nm.mean().item(), "max_norm": nm.max().item()}
+                    return {**example_result(lg, lb), "norm": attack_norm(a.method, a.options),
+                            "protocol": a.protocol, "mean_norm": nm.mean().item(),
+                            "max_norm": nm.max().item()}
 
                 t_a = time.perf_counter()
                 res.setdefault(a.name, {})[eps_label(eps)] = item(
