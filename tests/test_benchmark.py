@@ -290,3 +290,16 @@ def test_a_model_with_gradient_free_layers_is_benchmarked_only_as_the_user_says(
     plain = NormalizedModel(nn.Sequential(nn.Flatten(), nn.Linear(784, 10)), INFO.mean, INFO.std).eval()
     rec = benchmark(plain, dataset="digits", n=3, eps="16/255", **QUIET)
     assert (rec["adaptive"], rec["gradient_free_layers"]) == (False, 0)
+
+
+def test_the_default_budget_and_the_robustbench_note_follow_the_dataset() -> None:
+    """CIFAR's RobustBench leaderboards are at Linf 8/255 (4/255 was applied to every dataset), and each
+    record says how far it lines up with RobustBench (images, corruptions, threat model)."""
+    from kpca_attention.studies.benchmark import DEFAULT_EPS, ROBUSTBENCH_EPS, _robustbench_note
+
+    assert ROBUSTBENCH_EPS[("cifar10", "Linf")] == "8/255" == ROBUSTBENCH_EPS[("cifar100", "Linf")]
+    assert ROBUSTBENCH_EPS[("imagenet", "Linf")] == DEFAULT_EPS["Linf"] == "4/255"
+    assert "not a RobustBench threat model" in _robustbench_note("fashion-mnist", "Linf", "4/255")
+    assert "uses 8/255, this record 4/255" in _robustbench_note("cifar10", "Linf", "4/255")
+    assert _robustbench_note("cifar10", "Linf", "8/255").startswith("RobustBench's cifar10 Linf budget")
+    assert "not RobustBench's corruptions" in _robustbench_note("cifar10", "corruptions", None)

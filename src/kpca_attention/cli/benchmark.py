@@ -10,7 +10,7 @@ import typer
 def benchmark_cmd(
     model: str = typer.Argument(..., help="A run directory of this project, or a timm name with local weights NAME@FILE."),
     threat_model: str = typer.Option("Linf", "--threat-model", help="Linf | L2 (AutoAttack) | corruptions."),
-    eps: str | None = typer.Option(None, help="Budget in pixel units, e.g. 4/255 (default: Linf 4/255, L2 0.5)."),
+    eps: str | None = typer.Option(None, help="Budget in pixel units, e.g. 4/255 (default: RobustBench's for the dataset - CIFAR Linf 8/255 - else Linf 4/255, L2 0.5)."),
     n: int = typer.Option(1000, help="Number of images: the first N of the dataset's committed test-image list."),
     version: str = typer.Option("standard", help="AutoAttack version: standard | rand (randomised defences)."),
     adaptive: bool | None = typer.Option(None, "--adaptive/--no-adaptive", help="Attack through what layers compute without gradient (e.g. Elliptical attention's metric), or as the model computes it; required for such a model."),

@@ -50,11 +50,16 @@ from ..checks import check_int
 from .sources import model_label
 
 __all__ = ["benchmark", "check_model", "parse_eps", "wilson_interval", "THREAT_MODELS", "DEFAULT_EPS",
-           "CHECK_IMAGES", "NORMALISATION_MARGIN"]
+           "ROBUSTBENCH_EPS", "CHECK_IMAGES", "NORMALISATION_MARGIN"]
 
 THREAT_MODELS: tuple[str, ...] = ("Linf", "L2", "corruptions")
-#: RobustBench's ImageNet Linf budget and its L2 budget
+#: the default budget of a threat model: RobustBench's ImageNet Linf budget and its (CIFAR-10) L2 budget;
+#: :data:`ROBUSTBENCH_EPS` overrides it where RobustBench has a leaderboard for the dataset
 DEFAULT_EPS: dict[str, str] = {"Linf": "4/255", "L2": "0.5"}
+#: RobustBench's leaderboards: (dataset, threat model) -> budget (CIFAR-10/100 Linf 8/255, CIFAR-10 L2
+#: 0.5, ImageNet Linf 4/255). Other pairs are not RobustBench threat models (the JSON says so).
+ROBUSTBENCH_EPS: dict[tuple[str, str], str] = {("cifar10", "Linf"): "8/255", ("cifar100", "Linf"): "8/255",
+                                               ("cifar10", "L2"): "0.5", ("imagenet", "Linf"): "4/255"}
 #: images of the known batch the checks run on
 CHECK_IMAGES = 200
 #: top-1 gain (fraction) of normalised / de-normalised inputs over the given ones that refuses a model
@@ -211,7 +216,8 @@ def benchmark(
             of this project, a timm name with local weights ``NAME@FILE`` (normalisation is put inside).
         dataset: a dataset name (default: the run's); its test split is evaluated.
         threat_model: ``Linf``, ``L2`` (AutoAttack) or ``corruptions``.
-        eps: the budget in pixel units, a number or ``"4/255"`` (default Linf 4/255, L2 0.5).
+        eps: the budget in pixel units, a number or ``"4/255"`` (default: RobustBench's for the dataset,
+            :data:`ROBUSTBENCH_EPS` - CIFAR Linf 8/255 - else Linf 4/255, L2 0.5).
         version: AutoAttack ``standard`` or ``rand`` (randomised defences).
         adaptive: attack through what layers compute without gradient (True) or not (False); None is
             refused for a model that has such layers (the module docstring).
@@ -237,10 +243,13 @@ def benchmark(
         raise ValueError(f"unknown threat model {threat_model!r}; valid: {', '.join(THREAT_MODELS)}")
     if version not in ("standard", "rand"):
         raise ValueError(f"unknown AutoAttack version {version!r}; valid: standard, rand")
-    eps_value, eps_text = (None, None) if threat_model == "corruptions" else parse_eps(
-        DEFAULT_EPS[threat_model] if eps is None else eps)
+    if eps is not None and threat_model != "corruptions":
+        parse_eps(eps)  # a bad budget is refused before the model is loaded
     dev = resolve_device(device)
     net, ds_name, info = _resolve(model, dataset, dev)
+    default = ROBUSTBENCH_EPS.get((ds_name, threat_model), DEFAULT_EPS.get(threat_model))
+    eps_value, eps_text = (None, None) if threat_model == "corruptions" else parse_eps(
+        default if eps is None else eps)
     gradient_free = adaptive_layers(net)
     if gradient_free and adaptive is None and threat_model != "corruptions":
         more = f" and {len(gradient_free) - 1} more layers" if len(gradient_free) > 1 else ""
@@ -269,6 +278,7 @@ def benchmark(
         "dataset": ds_name, "venue": "", "architecture": info["architecture"], "eps": eps_text,
         "reported": False, "threat_model": threat_model, "n": n, "protocol": "pixel",
         "image_ids": ids_path(ds_name).name, "image_ids_sha256": image_ids_sha256(ds_name),
+        "robustbench": _robustbench_note(ds_name, threat_model, eps_text),
         "interval": "95% (Wilson over images; corruptions: bootstrap over images)",
         "checks": {f"top1_{k}": round(100 * v, 2) for k, v in checks.items()},
     }
@@ -295,6 +305,22 @@ def benchmark(
         write_json_atomic(path, record)
         log(f"wrote {path}")
     return record
+
+
+def _robustbench_note(dataset: str, threat_model: str, eps_text: str | None) -> str:
+    """How far this record can be lined up with RobustBench's leaderboard, in one line."""
+    images = ("images: the first n of this package's seeded list, not RobustBench's (CIFAR: the first n "
+              "test images in order; ImageNet: its 5000-image list)")
+    if threat_model == "corruptions":
+        return ("not RobustBench's corruptions: imagecorruptions with the ImageNet-C parameters, applied on "
+                f"the fly (RobustBench reads the released CIFAR-10-C / ImageNet-C); {images}")
+    rb = ROBUSTBENCH_EPS.get((dataset, threat_model))
+    if rb is None:
+        return f"not a RobustBench threat model ({dataset}, {threat_model}); {images}"
+    if rb != eps_text:
+        return (f"RobustBench's {dataset} {threat_model} leaderboard uses {rb}, this record {eps_text}; "
+                f"{images}")
+    return f"RobustBench's {dataset} {threat_model} budget and AutoAttack; {images}"
 
 
 def _acc(field: str, r: dict[str, Any]) -> dict[str, Any]:
