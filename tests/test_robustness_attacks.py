@@ -229,3 +229,17 @@ def test_attack_defaults_are_the_table(trained):
     assert torch.equal(A.attack(model, xt, yt, "pgd", eps), ref)
     assert A.DEFAULTS["pgd"] == {"steps": 20, "alpha": None, "random_start": True, "adaptive": False}
     assert A.PGD_ALPHA == 0.15
+
+
+def test_an_attack_leaves_the_parameter_gradients_as_they_were(trained) -> None:
+    """torchattacks' CW calls loss.backward(), which filled every parameter's .grad (a training step run
+    after an attack would have taken them up); a gradient the caller had set stays exactly as it was."""
+    model, x, y, _ = trained
+    model.zero_grad(set_to_none=True)
+    A.attack(model, x[:4], y[:4], "cw", 1.0, steps=3)
+    assert all(p.grad is None for p in model.parameters())
+    p0 = next(model.parameters())
+    p0.grad = torch.full_like(p0, 0.5)
+    A.attack(model, x[:4], y[:4], "cw", 1.0, steps=3)
+    assert torch.equal(p0.grad, torch.full_like(p0, 0.5))
+    p0.grad = None

@@ -1,5 +1,5 @@
 """Helpers on ``nn.Module`` shared by every layer of the package (core): evaluation mode with each
-submodule's own flag restored, and the device a model lives on."""
+submodule's own flag restored, parameter gradients left as they were, and the device a model lives on."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-__all__ = ["eval_mode", "model_device"]
+__all__ = ["eval_mode", "kept_grads", "model_device"]
 
 
 @contextlib.contextmanager
@@ -26,6 +26,18 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for m, flag in flags:
             m.training = flag
+
+
+@contextlib.contextmanager
+def kept_grads(model: nn.Module) -> Iterator[nn.Module]:
+    """Leave the parameters' ``.grad`` as they were: an attack that calls ``loss.backward()`` (torchattacks'
+    CW, AutoAttack's FAB) fills them, which would leak into a training step run after it."""
+    saved = [(p, None if p.grad is None else p.grad.detach().clone()) for p in model.parameters()]
+    try:
+        yield model
+    finally:
+        for p, g in saved:
+            p.grad = g
 
 
 def model_device(model: nn.Module) -> torch.device:

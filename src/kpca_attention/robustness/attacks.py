@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 
 from ..attention.adaptive import adaptive_gradients
 from ..checks import check_choice, check_int, check_real
+from ..modules import kept_grads
 from .common import PGD_ALPHA, eval_mode, model_device, topk_accuracy
 
 METHODS: tuple[str, ...] = ("fgsm", "pgd", "cw", "spsa", "noise", "sld", "square", "autoattack")
@@ -443,7 +444,7 @@ def attack(
 
     import torchattacks as ta
 
-    with eval_mode(model), adaptive_gradients(model, adaptive), \
+    with eval_mode(model), kept_grads(model), adaptive_gradients(model, adaptive), \
             torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         if protocol == "lab":
