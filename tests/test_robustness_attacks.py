@@ -191,7 +191,12 @@ def test_attack_settings_say_what_pyautoattack_runs(trained, monkeypatch, opts, 
     unsure = A.attack_settings("autoattack", opts)  # the model's classes not given: "up to 9"
     assert unsure == said.replace(f"{min(9, n_classes - 1)} target classes", "up to 9 target classes")
     assert A.attack_settings("pgd") == "20 steps of 0.15 eps, random start"
-    assert A.attack_settings("square", {"n_queries": 1000}) == "1000 queries, p_init 0.8"
+    square = A.attack_settings("square", {"n_queries": 1000})
+    assert square.startswith("1000 queries, p_init 0.8, torchattacks' schedule rescaled")
+    import inspect
+
+    import torchattacks  # the words say what runs: torchattacks' Square rescales its schedule by default
+    assert inspect.signature(torchattacks.Square).parameters["resc_schedule"].default is True
     with pytest.raises(ValueError, match="apgd_restarts"):
         A.attack_settings("autoattack", {"apgd_restarts": 0})
 

@@ -16,7 +16,8 @@ pgd         Linf    ``torchattacks.PGD`` (paper: 20 steps, step 0.15 * eps; its 
                     normalised tensor, ``protocol="lab"``, about a quarter of that in pixels)
 cw          L2      ``torchattacks.CW`` (minimum-norm; results beyond the L2 budget ``eps`` are reverted)
 spsa        Linf    ``torchattacks.SPSA`` (gradient-free)
-square      Linf    ``torchattacks.Square`` (score-based black box)
+square      Linf    ``torchattacks.Square`` (score-based black box; its p schedule rescaled to the query
+                    budget, torchattacks' default - AutoAttack's Square, ``autoattack``, keeps the plain one)
 autoattack  Linf    ``pyautoattack.AutoAttack`` version "standard" (APGD-CE, APGD-T, FAB-T, Square)
 noise       Linf    uniform noise in [-eps, eps] (a baseline, not an attack: three lines, written here)
 sld         L1      sparse L1 descent (Tramer & Boneh 2019), written here: neither torchattacks nor
@@ -182,7 +183,8 @@ def _settings(method: str, o: Mapping[str, Any], n_classes: int | None) -> str:
         return (f"{o['nb_iter']} iterations of {o['nb_sample']} samples, delta {o['delta']:g}, "
                 f"lr {o['lr']:g}")
     if method == "square":
-        return f"{o['n_queries']} queries, p_init {o['p_init']:g}"
+        return (f"{o['n_queries']} queries, p_init {o['p_init']:g}, torchattacks' schedule rescaled to the "
+                "queries (AutoAttack's Square keeps the 10,000-query one)")
     if method == "sld":
         return f"{o['steps']} steps, sparsity {o['sparsity']:g}"
     if method != "autoattack":
