@@ -130,7 +130,8 @@ def analyze_cmd(
         False,
         help="critique's conventions: 1e-8 on row norms, 1e-10 on the linear-CKA denominator, its bandwidth",
     ),
-    no_optimal: bool = typer.Option(False, help="skip the Hungarian matching"),
+    optimal: bool = typer.Option(True, "--optimal/--no-optimal",
+                                 help="the optimal alignment (Hungarian matching); --no-optimal skips it"),
     detail_samples: int = typer.Option(
         10, help="inputs that also get the gamma test and standardised eigenvalues"
     ),
@@ -154,7 +155,7 @@ def analyze_cmd(
     check_output(report, "--out", folder=True)
     _threads(threads)
     cfg = _config(
-        order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, no_optimal,
+        order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, not optimal,
         null_samples, null_draws, control_samples,
     )
     loaded, inputs = _model_and_inputs(model, pretrained, device, texts=texts, images=images,
