@@ -211,3 +211,15 @@ def test_a_model_names_its_task_through_the_task_registry() -> None:
     assert of_model_name("no_such_model") is None
     _one_line_error(_run("train", "--preset", "digits-cpu", "--model", "rpc_symlm", "--print-config"),
                     "is a causal language modelling model", "task 'lm'")
+
+
+def test_robustness_attacks_a_small_split_whole_by_default(run) -> None:
+    """--attack-n defaulted to 500, more than digits' 360 test images: every attack run on digits failed
+    unless --attack-n was given. The default is now 500 or all of a smaller split; a count given is
+    still bounded by the split."""
+    from kpca_attention.cli.robustness import robustness_study
+
+    study = robustness_study([str(run)], ("attacks",), methods=("fgsm",), eps=(2 / 255,))
+    assert {a.n for a in study.suites.attacks} == {360}
+    with pytest.raises(ValueError, match=r"--attack-n must be an integer in \[1, 360\]"):
+        robustness_study([str(run)], ("attacks",), methods=("fgsm",), eps=(2 / 255,), attack_n=500)

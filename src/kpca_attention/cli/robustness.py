@@ -16,8 +16,10 @@ from ..robustness.attacks import METHODS
 from ..robustness.corruptions import CORRUPTION_SUBSETS, corruption_names
 from . import parse_floats, parse_ints, parse_list
 
+#: images attacked when --attack-n is not given (fewer when the split has fewer)
+DEFAULT_ATTACK_N = 500
 #: the numeric options of ``robustness``, checked before any model is loaded (messages name the option)
-OPTIONS = {"n": Int(min=1, allow_none=True), "attack_n": Int(min=1), "rate": Real(min=0, max=1),
+OPTIONS = {"n": Int(min=1, allow_none=True), "attack_n": Int(min=1, allow_none=True), "rate": Real(min=0, max=1),
            "max_tokens": Int(min=2, allow_none=True), "stride": Int(min=1), "batch_size": Int(min=1),
            "seed": Int(min=0)}
 
@@ -27,7 +29,7 @@ SUITES: tuple[str, ...] = ("corruptions", "ood", "attacks", "wordswap")
 #: options that only one suite reads, with their defaults: given for a run without that suite, refused
 SUITE_OPTIONS: dict[str, dict[str, Any]] = {
     "corruptions": {"corruptions": "common", "severities": "1,2,3,4,5", "imagenet_c": None},
-    "attacks": {"method": "fgsm,pgd", "eps": None, "attack_n": 500, "steps": None},
+    "attacks": {"method": "fgsm,pgd", "eps": None, "attack_n": None, "steps": None},
     "ood": {"imagenet_a": None, "imagenet_r": None, "imagenet_o": None, "imagenet_val": None},
     "wordswap": {"lm_splits": "valid,test", "rate": 0.015, "max_tokens": None},
 }
@@ -71,7 +73,8 @@ def robustness_cmd(
     method: str = typer.Option("fgsm,pgd", help=f"Attacks, comma-separated: {', '.join(METHODS)}."),
     eps: str | None = typer.Option(None, help="Attack budgets, e.g. 1/255,2/255 (default per method: "
                                    "Linf 1..6/255 as in the paper)."),
-    attack_n: int = typer.Option(500, help="Number of test images to attack."),
+    attack_n: int | None = typer.Option(None, help="Number of test images to attack (default 500, or all "
+                                        "of a smaller split: digits has 360)."),
     steps: int | None = typer.Option(None, help="Steps for pgd/sld/cw (default: 20/20/50)."),
     adaptive: bool = typer.Option(False, help="Also run each gradient attack adaptively (gradients through "
                                   "what layers compute without them, e.g. Elliptical's metric), beside the "
@@ -149,7 +152,7 @@ def robustness_study(
     baseline: str | None = None, dataset: str | None = None, data_root: str | None = None, ema: bool = False,
     device: str = "cpu", split: str = "test", n: int | None = None, corruptions: tuple[str, ...] = (),
     severities: tuple[int, ...] = (1, 2, 3, 4, 5), imagenet_c: str | None = None,
-    methods: tuple[str, ...] = ("fgsm", "pgd"), eps: tuple[float, ...] | None = None, attack_n: int = 500,
+    methods: tuple[str, ...] = ("fgsm", "pgd"), eps: tuple[float, ...] | None = None, attack_n: int | None = None,
     attack_options: dict[str, dict[str, int]] | None = None, adaptive: bool = False,
     ood: dict[str, str | None] | None = None,
     lm_splits: tuple[str, ...] = ("valid", "test"), rate: float = 0.015, stride: int = 1,
@@ -220,8 +223,10 @@ def robustness_study(
             what = f"the images of the {split} split of {cfg.dataset}"
             if "corruptions" in suites:
                 check_count(n, "--n", sizes[where], what, allow_none=True)
-            if "attacks" in suites:
+            if "attacks" in suites and attack_n is not None:
                 check_count(attack_n, "--attack-n", sizes[where], what)
+        if attack_n is None:  # the default: 500 images, or all of a smaller split
+            attack_n = min(DEFAULT_ATTACK_N, *sizes.values())
     if task.takes_tokens:
         evaluated: Any = LMSuites(tokens=max_tokens, splits=tuple(lm_splits), swap_rate=rate, swap_seed=seed,
                                   batch_size=batch_size, stride=stride)
