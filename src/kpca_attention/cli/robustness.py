@@ -26,6 +26,7 @@ OPTIONS = {"n": Int(min=1, allow_none=True), "attack_n": Int(min=1, allow_none=T
 #: what the command measures: the image suites (corruptions with mCE, ImageNet-A/R/O, attacks) and the
 #: word swap of language models
 SUITES: tuple[str, ...] = ("corruptions", "ood", "attacks", "wordswap")
+IMAGE_SUITES: tuple[str, ...] = ("corruptions", "ood", "attacks")
 #: options that only one suite reads, with their defaults: given for a run without that suite, refused
 SUITE_OPTIONS: dict[str, dict[str, Any]] = {
     "corruptions": {"corruptions": "common", "severities": "1,2,3,4,5", "imagenet_c": None},
@@ -43,7 +44,6 @@ def _refuse_unused(suites: list[str], values: dict[str, Any]) -> None:
         if suite not in suites and given:
             raise ValueError(f"{', '.join(given)} only {'apply' if len(given) > 1 else 'applies'} to --suite {suite}, which is not among the suites "
                              f"run ({','.join(suites)}): add it, or leave {'them' if len(given) > 1 else 'it'} out")
-IMAGE_SUITES: tuple[str, ...] = ("corruptions", "ood", "attacks")
 
 
 def robustness_cmd(
