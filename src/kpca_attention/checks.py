@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["check_int", "check_real", "check_choice", "check_slug", "describe_range", "check_count",
-           "check_parameters", "Int", "Real", "Bool", "Choice", "option_name"]
+           "check_parameters", "Int", "Real", "Bool", "Text", "Choice", "option_name"]
 
 
 def describe_range(kind: str, min: float | None = None, max: float | None = None, *,
@@ -185,6 +185,19 @@ class Bool:
 
 
 @dataclass(frozen=True)
+class Text:
+    """One row of a constraints table: a non-empty string, or None if ``allow_none``."""
+
+    allow_none: bool = False
+
+    def __call__(self, value: Any, name: str) -> str | None:
+        if (value is None and self.allow_none) or (isinstance(value, str) and value):
+            return value
+        none = " or None" if self.allow_none and not _is_option(name) else ""
+        raise ValueError(f"{name} must be a non-empty string{none}; got {value!r}")
+
+
+@dataclass(frozen=True)
 class Choice:
     """One row of a constraints table: one of ``choices`` (:func:`check_choice`)."""
 
@@ -200,7 +213,8 @@ class Choice:
 def check_parameters(values: Mapping[str, Any], constraints: Mapping[str, Any], *,
                      cli: bool = False) -> dict[str, Any]:
     """Check every entry of ``values`` that ``constraints`` names (a table ``{name: Int(...) | Real(...)
-    | Bool(...) | Choice(...) | callable(value, name)}``) and return the checked values; the first bad one
-    raises its one-line ``ValueError``. ``cli``: the message names the option as typed (``--batch-size``)."""
+    | Bool(...) | Text(...) | Choice(...) | callable(value, name)}``) and return the checked values; the
+    first bad one raises its one-line ``ValueError``. ``cli``: the message names the option as typed
+    (``--batch-size``)."""
     return {key: constraints[key](value, option_name(key, cli)) if key in constraints else value
             for key, value in values.items()}

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..checks import check_choice, check_int, check_real
+from ..checks import Bool, Choice, Int, Real, Text, check_choice, check_real
 from ..tasks import get as get_task
 from ..tasks import names as task_names
 
@@ -43,36 +43,6 @@ DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 def check_device(device: Any, name: str = "device") -> str:
     """``device`` if it is one of :data:`DEVICES`; else a ``ValueError`` naming the valid ones."""
     return check_choice(device, name, DEVICES)
-
-
-def _int(min: int, none: bool = False) -> Callable[[Any, str], Any]:
-    return lambda v, n: check_int(v, n, min=min, allow_none=none)
-
-
-def _real(min: float | None = None, max: float | None = None, *, min_open: bool = False,
-          max_open: bool = False, none: bool = False) -> Callable[[Any, str], Any]:
-    return lambda v, n: check_real(v, n, min=min, max=max, min_open=min_open, max_open=max_open,
-                                   allow_none=none)
-
-
-def _text(none: bool = False) -> Callable[[Any, str], Any]:
-    def check(v: Any, n: str) -> Any:
-        if (v is None and none) or (isinstance(v, str) and v):
-            return v
-        raise ValueError(f"{n} must be a non-empty string{' or None' if none else ''}; got {v!r}")
-    return check
-
-
-def _flag(none: bool = False) -> Callable[[Any, str], Any]:
-    def check(v: Any, n: str) -> Any:
-        if isinstance(v, bool) or (v is None and none):
-            return v
-        raise ValueError(f"{n} must be True or False{' or None' if none else ''}; got {v!r}")
-    return check
-
-
-def _choice(*choices: str) -> Callable[[Any, str], Any]:
-    return lambda v, n: check_choice(v, n, choices)
 
 
 def _dict(v: Any, n: str) -> Any:
@@ -105,36 +75,37 @@ def _betas(v: Any, n: str) -> Any:
     return v
 
 
-_PROBABILITY = _real(0, 1)
-_FRACTION = _real(0, 1, max_open=True)
-_POSITIVE = _real(0, min_open=True)
-_NONNEGATIVE = _real(0)
+_PROBABILITY = Real(min=0, max=1)
+_FRACTION = Real(min=0, max=1, max_open=True)
+_POSITIVE = Real(min=0, min_open=True)
+_NONNEGATIVE = Real(min=0)
+_SEED = Int(min=0, max=2**63 - 1)
 
 # One check per field: types and ranges, each raising a ValueError that names the field, the value
 # and what is valid. A test makes sure every field of TrainConfig has one.
 FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
-    "task": lambda v, n: check_choice(v, n, task_names()), "model": _text(), "model_kwargs": _model_kwargs,
-    "dataset": _text(),
-    "data_root": _text(none=True), "img_size": _int(1, none=True), "train_subset": _int(1, none=True),
-    "eval_subset": _int(1, none=True), "val_size": _int(1, none=True),
-    "val_seed": lambda v, n: check_int(v, n, min=0, max=2**63 - 1),
-    "epochs": _int(1), "max_steps": _int(1, none=True), "batch_size": _int(1), "eval_batch_size": _int(1),
-    "opt": _text(), "lr": _real(0, min_open=True, none=True), "lr_base": _POSITIVE, "lr_base_size": _int(1),
-    "weight_decay": _NONNEGATIVE, "opt_eps": _real(0, min_open=True, none=True), "opt_betas": _betas,
-    "clip_grad": _real(0, min_open=True, none=True),
-    "sched": _text(), "warmup_epochs": _NONNEGATIVE, "warmup_steps": _int(0, none=True),
-    "warmup_lr": _NONNEGATIVE, "min_lr": _NONNEGATIVE, "decay_rate": _POSITIVE, "sched_on_steps": _flag(),
+    "task": lambda v, n: check_choice(v, n, task_names()), "model": Text(), "model_kwargs": _model_kwargs,
+    "dataset": Text(), "data_root": Text(allow_none=True), "img_size": Int(min=1, allow_none=True),
+    "train_subset": Int(min=1, allow_none=True), "eval_subset": Int(min=1, allow_none=True),
+    "val_size": Int(min=1, allow_none=True), "val_seed": _SEED,
+    "epochs": Int(min=1), "max_steps": Int(min=1, allow_none=True), "batch_size": Int(min=1),
+    "eval_batch_size": Int(min=1), "opt": Text(), "lr": Real(min=0, min_open=True, allow_none=True),
+    "lr_base": _POSITIVE, "lr_base_size": Int(min=1), "weight_decay": _NONNEGATIVE,
+    "opt_eps": Real(min=0, min_open=True, allow_none=True), "opt_betas": _betas,
+    "clip_grad": Real(min=0, min_open=True, allow_none=True),
+    "sched": Text(), "warmup_epochs": _NONNEGATIVE, "warmup_steps": Int(min=0, allow_none=True),
+    "warmup_lr": _NONNEGATIVE, "min_lr": _NONNEGATIVE, "decay_rate": _POSITIVE, "sched_on_steps": Bool(),
     "drop_path": _FRACTION, "smoothing": _FRACTION, "mixup": _NONNEGATIVE, "cutmix": _NONNEGATIVE,
     "mixup_prob": _PROBABILITY, "mixup_switch_prob": _PROBABILITY,
-    "mixup_mode": _choice("batch", "pair", "elem"), "auto_augment": _text(none=True),
-    "color_jitter": _NONNEGATIVE, "reprob": _PROBABILITY, "remode": _choice("pixel", "rand", "const"),
-    "recount": _int(1), "augment": _flag(), "hflip": _PROBABILITY, "train_interpolation": _text(),
-    "repeated_aug": _int(0), "model_ema": _flag(), "model_ema_decay": _PROBABILITY,
-    "context": _int(1), "vocab": _choice("word", "char"),
-    "amp": _flag(none=True), "compile": _flag(), "device": check_device, "num_workers": _int(0),
-    "seed": lambda v, n: check_int(v, n, min=0, max=2**63 - 1), "output_dir": _text(),
-    "checkpoint_every_steps": _int(1, none=True), "log_every_steps": _int(1), "eval_every_epochs": _int(1),
-    "progress": _flag(), "preset": _text(none=True),
+    "mixup_mode": Choice(("batch", "pair", "elem")), "auto_augment": Text(allow_none=True),
+    "color_jitter": _NONNEGATIVE, "reprob": _PROBABILITY, "remode": Choice(("pixel", "rand", "const")),
+    "recount": Int(min=1), "augment": Bool(), "hflip": _PROBABILITY, "train_interpolation": Text(),
+    "repeated_aug": Int(min=0), "model_ema": Bool(), "model_ema_decay": _PROBABILITY,
+    "context": Int(min=1), "vocab": Choice(("word", "char")),
+    "amp": Bool(allow_none=True), "compile": Bool(), "device": check_device, "num_workers": Int(min=0),
+    "seed": _SEED, "output_dir": Text(),
+    "checkpoint_every_steps": Int(min=1, allow_none=True), "log_every_steps": Int(min=1),
+    "eval_every_epochs": Int(min=1), "progress": Bool(), "preset": Text(allow_none=True),
 }  # fmt: skip
 
 
