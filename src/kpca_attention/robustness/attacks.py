@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from ..attention.adaptive import adaptive_gradients
-from ..checks import check_choice, check_int, check_real
+from ..checks import Bool, Choice, Int, Real, check_choice, check_int, check_real
 from ..modules import kept_grads
 from .common import PGD_ALPHA, eval_mode, model_device, topk_accuracy
 
@@ -79,24 +79,6 @@ def attack_norm(method: str, options: Mapping[str, Any] | None = None) -> str:
     return NORMS[method]
 
 
-def _steps(v: Any, name: str) -> int | None:
-    return check_int(v, name, min=1)
-
-
-def _positive(v: Any, name: str) -> float | None:
-    return check_real(v, name, min=0, min_open=True)
-
-
-def _nonnegative(v: Any, name: str) -> float | None:
-    return check_real(v, name, min=0)
-
-
-def _flag(v: Any, name: str) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError(f"{name} must be True or False; got {v!r}")
-    return v
-
-
 def _aa_attacks(v: Any, name: str) -> list[str]:
     if isinstance(v, str) or not isinstance(v, Sequence) or not v:
         raise ValueError(f"{name} must be a non-empty list of {', '.join(AUTOATTACK_ATTACKS)}; got {v!r}")
@@ -105,22 +87,21 @@ def _aa_attacks(v: Any, name: str) -> list[str]:
     return list(v)
 
 
-# The options of each method with their checks (each raises ValueError naming option, value, range).
+# The options of each method with their checks: rows of checks.py's table (each raises ValueError naming
+# option, value, range).
+_STEPS, _POSITIVE, _FLAG = Int(min=1), Real(min=0, min_open=True), Bool()
 OPTION_CHECKS: dict[str, dict[str, Callable[[Any, str], Any]]] = {
-    "fgsm": {"adaptive": _flag},
-    "pgd": {"steps": _steps, "alpha": _positive, "random_start": _flag, "adaptive": _flag},
-    "cw": {"c": _positive, "kappa": _nonnegative, "steps": _steps, "lr": _positive, "adaptive": _flag},
-    "spsa": {"nb_iter": _steps, "delta": _positive, "lr": _positive, "nb_sample": _steps,
-             "max_batch_size": _steps},
+    "fgsm": {"adaptive": _FLAG},
+    "pgd": {"steps": _STEPS, "alpha": _POSITIVE, "random_start": _FLAG, "adaptive": _FLAG},
+    "cw": {"c": _POSITIVE, "kappa": Real(min=0), "steps": _STEPS, "lr": _POSITIVE, "adaptive": _FLAG},
+    "spsa": {"nb_iter": _STEPS, "delta": _POSITIVE, "lr": _POSITIVE, "nb_sample": _STEPS,
+             "max_batch_size": _STEPS},
     "noise": {},
-    "sld": {"steps": _steps, "adaptive": _flag,
-            "step_size": lambda v, n: check_real(v, n, min=0, min_open=True, allow_none=True),
-            "sparsity": lambda v, n: check_real(v, n, min=0, max=1, max_open=True)},
-    "square": {"n_queries": _steps, "p_init": lambda v, n: check_real(v, n, min=0, max=1, min_open=True)},
-    "autoattack": {"version": lambda v, n: check_choice(v, n, AUTOATTACK_VERSIONS),
-                   "attacks": _aa_attacks, "batch_size": _steps,
-                   "norm": lambda v, n: check_choice(v, n, AUTOATTACK_NORMS), "apgd_restarts": _steps,
-                   "adaptive": _flag},
+    "sld": {"steps": _STEPS, "adaptive": _FLAG, "step_size": Real(min=0, min_open=True, allow_none=True),
+            "sparsity": Real(min=0, max=1, max_open=True)},
+    "square": {"n_queries": _STEPS, "p_init": Real(min=0, max=1, min_open=True)},
+    "autoattack": {"version": Choice(AUTOATTACK_VERSIONS), "attacks": _aa_attacks, "batch_size": _STEPS,
+                   "norm": Choice(AUTOATTACK_NORMS), "apgd_restarts": _STEPS, "adaptive": _FLAG},
 }
 OPTIONS: dict[str, tuple[str, ...]] = {m: tuple(checks) for m, checks in OPTION_CHECKS.items()}
 
