@@ -28,12 +28,14 @@ from ..checks import check_choice, check_int, check_real
 from ..stats import N_BOOT, bootstrap_diff_ci, mcnemar, paired_summary, seed_test, spread  # primitives
 
 __all__ = ["mcnemar", "bootstrap_diff_ci", "spread", "seed_test", "paired_summary", "N_BOOT", "TOST", "tost",
-           "holm", "paired_t_power", "mde_paired", "tost_power", "seeds_to_exclude", "seeds_to_detect"]
+           "holm", "finite_diffs", "paired_t_power", "mde_paired", "tost_power", "seeds_to_exclude",
+           "seeds_to_detect"]
 
 # --- verdict statistics: equivalence, multiplicity, power ------------------------------------------
 
 
-def _diffs(diffs: Sequence[float]) -> np.ndarray:
+def finite_diffs(diffs: Sequence[float]) -> np.ndarray:
+    """Per-seed paired differences as a flat float64 array; a NaN or inf is a ``ValueError``."""
     d = np.asarray(diffs, dtype=np.float64).ravel()
     if not np.all(np.isfinite(d)):
         raise ValueError(f"paired differences must be finite numbers; got {list(d)}")
@@ -72,7 +74,7 @@ def tost(diffs: Sequence[float], margin: float, alpha: float = 0.05) -> TOST:
     """
     from scipy import stats
 
-    d = _diffs(diffs)
+    d = finite_diffs(diffs)
     m = check_real(margin, "margin", min=0, min_open=True)
     alpha = _alpha(alpha)
     n = int(d.size)

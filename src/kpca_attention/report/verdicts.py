@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..checks import check_int, check_real
-from .stats import holm, mde_paired, seed_test, seeds_to_detect, seeds_to_exclude, tost
+from .stats import finite_diffs, holm, mde_paired, seed_test, seeds_to_detect, seeds_to_exclude, tost
 
 __all__ = ["Verdict", "verdict", "Family", "BETTER", "WORSE", "INCONCLUSIVE", "equivalent_word",
            "WORDS_HELP", "verdict_cell", "planned_seeds", "planned_pairs", "INTERIM_NOTE", "decided_word",
@@ -107,9 +107,7 @@ def verdict(diffs: Sequence[float], margin: float | None, p_adjusted: float | No
     (``None``), which cost a root search and a few integrals - for simulations. ``family_size``: the number
     of tests in the cell's Holm family (:attr:`Family.size`), for ``seeds_to_detect``.
     """
-    d = np.asarray(diffs, dtype=np.float64).ravel()
-    if not np.all(np.isfinite(d)):  # a NaN would pass every comparison below and end up a word
-        raise ValueError(f"paired differences must be finite numbers; got {list(d)}")
+    d = finite_diffs(diffs)  # a NaN would pass every comparison below and end up a word
     alpha = check_real(alpha, "alpha", min=0, max=0.5, min_open=True, max_open=True)
     margin = check_real(margin, "margin", min=0, min_open=True, allow_none=True)
     if not isinstance(higher_is_better, (bool, np.bool_)):

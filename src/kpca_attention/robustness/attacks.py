@@ -44,8 +44,8 @@ from tqdm.auto import tqdm
 
 from ..attention.adaptive import adaptive_gradients
 from ..checks import Bool, Choice, Int, Real, check_choice, check_int, check_real
-from ..modules import kept_grads
-from .common import PGD_ALPHA, eval_mode, model_device, topk_accuracy
+from ..modules import eval_mode, kept_grads, model_device
+from .common import PGD_ALPHA, topk_accuracy
 
 METHODS: tuple[str, ...] = ("fgsm", "pgd", "cw", "spsa", "noise", "sld", "square", "autoattack")
 NORMS: dict[str, str] = {
