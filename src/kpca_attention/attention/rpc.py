@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import Bool
-from ..pap import pap
+from ..pap import RPC_OFFICIAL, pap
 from .base import HeadsAttention, PapOption, is_proxy
 from .hooks import HookPoint
 from .registry import register_mechanism
@@ -56,10 +56,10 @@ class RPCAttention(HeadsAttention):
         dim: int,
         num_heads: int = 8,
         *args: Any,
-        n_iter: int = 4,
-        lam: float = 4.0,
-        threshold: str = "lambda_mu",
-        mu_dim: int | None = None,
+        n_iter: int = RPC_OFFICIAL["n_iter"],
+        lam: float = RPC_OFFICIAL["lam"],
+        threshold: str = RPC_OFFICIAL["threshold"],
+        mu_dim: int | None = RPC_OFFICIAL["mu_dim"],
         symmetric: bool = True,
         sparse: bool = True,
         dual: bool = True,
@@ -105,7 +105,7 @@ class RPCAttention(HeadsAttention):
 
 
 register_mechanism(
-    "rpc", RPCAttention, dict(n_iter=4, lam=4.0, threshold="lambda_mu"),
+    "rpc", RPCAttention, RPC_OFFICIAL,
     layers={"vision": "first", "lm": lambda depth: list(range(min(4, depth)))},
     description="RPC-Attention: PAP on (K, V) in the first block (paper: layers 1-4 of the LM)",
 )

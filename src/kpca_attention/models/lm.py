@@ -44,6 +44,7 @@ from ..attention import (
 )
 from ..checks import check_int
 from ..modules import eval_mode
+from ..pap import RPC_OFFICIAL
 from .family import FAMILY_MECHANISMS
 from .vit import check_rpc_options
 
@@ -86,10 +87,10 @@ class LMConfig:
     adaptive_softmax_div_value: float = 4.0
     tie_weights: bool = True
     rpc_layers: Any = None
-    rpc_iters: int = 4
-    rpc_lambda: float = 4.0
-    rpc_threshold: str = "lambda_mu"
-    rpc_mu_dim: int | None = None
+    rpc_iters: int = RPC_OFFICIAL["n_iter"]
+    rpc_lambda: float = RPC_OFFICIAL["lam"]
+    rpc_threshold: str = RPC_OFFICIAL["threshold"]
+    rpc_mu_dim: int | None = RPC_OFFICIAL["mu_dim"]
     attn_kwargs: dict[str, Any] | None = None
     attn_layers: Any = None
 

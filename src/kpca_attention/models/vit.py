@@ -52,7 +52,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.vision_transformer import VisionTransformer
 
 from ..attention import RPCAttention, ScaledAttention, SymmetricAttention, configure, replace_attention
-from ..pap import check_options
+from ..pap import RPC_OFFICIAL, check_options
 from .normalize import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["VISION_MODELS", "ARCHS", "RPC_DEFAULTS", "RPC_OPTION_ARGS", "check_rpc_options", "create_vit",
@@ -95,9 +95,14 @@ ARCHS: dict[str, dict[str, Any]] = {
     ),
 }
 
-#: official-default RPC settings (README: 4 iterations in the first layer, lambda 4)
+#: rpc_* option -> the argument of :func:`~kpca_attention.pap.check_options` it is
+RPC_OPTION_ARGS: dict[str, str] = dict(rpc_iters="n_iter", rpc_lambda="lam", rpc_threshold="threshold",
+                                       rpc_mu_dim="mu_dim")
+
+#: the ViTs' ``rpc_*`` defaults: the official settings (:data:`~kpca_attention.pap.RPC_OFFICIAL`) in
+#: the first block
 RPC_DEFAULTS: dict[str, Any] = dict(
-    rpc_iters=4, rpc_lambda=4.0, rpc_layers="first", rpc_threshold="lambda_mu", rpc_mu_dim=None,
+    **{opt: RPC_OFFICIAL[arg] for opt, arg in RPC_OPTION_ARGS.items()}, rpc_layers="first",
     rpc_sparse=True, rpc_dual=True,  # ablations: False forces S = 0 / drops the dual update
 )
 
@@ -190,11 +195,6 @@ def _create(
 
 #: the builder of every registered ViT (public for :mod:`kpca_attention.models.family`)
 create_vit = _create
-
-
-#: rpc_* option -> the argument of :func:`~kpca_attention.pap.check_options` it is
-RPC_OPTION_ARGS: dict[str, str] = dict(rpc_iters="n_iter", rpc_lambda="lam", rpc_threshold="threshold",
-                                       rpc_mu_dim="mu_dim")
 
 
 def check_rpc_options(opts: dict[str, Any], where: str) -> None:

@@ -8,11 +8,12 @@ and, lowest, :mod:`.inputs` (checks, masks, predicates). docs/pap.md describes t
 
 from ..robust_pca import shrink
 from .algorithm import pap, pap_mu, pap_tau
-from .inputs import THRESHOLDS, Threshold, check_options, checks_values, tracing, visible
+from .inputs import RPC_OFFICIAL, THRESHOLDS, Threshold, check_options, checks_values, tracing, visible
 from .softmax import cutoff_attention, softmax_cutoff
 from .trace import STATES, TRACE_KEYS, PAPTrace, key_validity
 
 __all__ = [
-    "pap", "pap_mu", "pap_tau", "shrink", "THRESHOLDS", "Threshold", "check_options", "visible", "tracing",
-    "checks_values", "cutoff_attention", "softmax_cutoff", "TRACE_KEYS", "STATES", "PAPTrace", "key_validity",
+    "pap", "pap_mu", "pap_tau", "shrink", "RPC_OFFICIAL", "THRESHOLDS", "Threshold", "check_options",
+    "visible", "tracing", "checks_values", "cutoff_attention", "softmax_cutoff", "TRACE_KEYS", "STATES",
+    "PAPTrace", "key_validity",
 ]

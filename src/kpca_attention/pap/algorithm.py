@@ -78,6 +78,7 @@ from torch import Tensor
 
 from .fused import PAPSaved, pap_fused, saves_probabilities
 from .inputs import (
+    RPC_OFFICIAL,
     Threshold,
     check_options,
     checks_values,
@@ -164,12 +165,12 @@ def pap_mu(
 def pap(
     k: Tensor,
     v: Tensor,
-    n_iter: int = 4,
-    lam: float = 4.0,
+    n_iter: int = RPC_OFFICIAL["n_iter"],
+    lam: float = RPC_OFFICIAL["lam"],
     *,
     mu: Tensor | float | None = None,
-    mu_dim: int | None = None,
-    threshold: Threshold = "lambda_mu",
+    mu_dim: int | None = RPC_OFFICIAL["mu_dim"],
+    threshold: Threshold = RPC_OFFICIAL["threshold"],
     q: Tensor | None = None,
     attn_mask: Tensor | None = None,
     is_causal: bool = False,

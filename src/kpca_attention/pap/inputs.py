@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Literal
+from types import MappingProxyType
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 __all__ = [
-    "THRESHOLDS", "Threshold", "check_options", "checks_values", "tracing", "visible",
+    "RPC_OFFICIAL", "THRESHOLDS", "Threshold", "check_options", "checks_values", "tracing", "visible",
 ]
 
 Threshold = Literal["lambda_mu", "lambda_over_mu"]
 THRESHOLDS: tuple[str, ...] = ("lambda_mu", "lambda_over_mu")
+
+#: the official code's settings (README: 4 iterations in the first layer, lambda 4; its threshold rule and
+#: mu over the full width): written here once - :func:`~kpca_attention.pap.pap`'s signature, RPCAttention's,
+#: the mechanism registry, the ViTs' ``rpc_*`` defaults and the LM's config read them
+RPC_OFFICIAL: MappingProxyType[str, Any] = MappingProxyType(
+    dict(n_iter=4, lam=4.0, threshold="lambda_mu", mu_dim=None))
 
 
 def tracing() -> bool:
