@@ -175,7 +175,8 @@ def test_evaluate_refuses_a_subset_larger_than_the_split(run, tmp_path) -> None:
                         "subset must be an integer in [1, ", f"the images of the {split} split of digits")
     res = _run("evaluate", run, "--subset", "5", "--json", tmp_path / "m.json")
     assert res.exit_code == 0, res.output
-    assert json.loads((tmp_path / "m.json").read_text())["n"] == 5
+    n = json.loads((tmp_path / "m.json").read_text())["n"]
+    assert n == 5 and isinstance(n, int)  # a count, not 5.0
 
 
 def test_paths_of_the_wrong_kind_say_so(run, tmp_path) -> None:

@@ -58,7 +58,7 @@ def evaluate_lm(
                            unit="tokens")
     n = sums[1].item()
     mean = sums[0].item() / n
-    return {"loss": mean, "ppl": math.exp(min(mean, 700.0)), "tokens": sums[1].item()}
+    return {"loss": mean, "ppl": math.exp(min(mean, 700.0)), "tokens": int(sums[1].item())}
 
 
 class CausalLanguageModelling(Task):
