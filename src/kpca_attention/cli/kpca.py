@@ -139,7 +139,7 @@ def analyze_cmd(
     null_draws: int = _NULL_DRAWS,
     control_samples: int = _CONTROL_SAMPLES,
     prefixes: int = _PREFIXES,
-    device: str = typer.Option("cpu", help="torch device"),
+    device: str = typer.Option("auto", help="cpu | cuda | auto."),
     threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
 ) -> None:
     """KPCA diagnostics of every attention layer and head of MODEL (paper Sec. 2 and its critique)."""
@@ -212,7 +212,7 @@ def claims_cmd(
     report: bool = typer.Option(
         True, "--report/--no-report", help="also write each model's report.md and plots into OUT/<model>/"
     ),
-    device: str = typer.Option("cpu", help="torch device"),
+    device: str = typer.Option("auto", help="cpu | cuda | auto."),
     threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
 ) -> None:
     """One table: each empirical claim of the paper and each measure of the critique, per model,
