@@ -77,7 +77,7 @@ def rpc_seeds_study(*, seeds: tuple[int, ...] = MAIN_SEEDS, corrupt_images: int 
         Variant("rpc_all2_l3", "RPC 2 it. all, lambda 3", rpc,
                 {**RPC_OFFICIAL, "rpc_iters": 2, "rpc_layers": "all", "rpc_lambda": PAPER_LAMBDA_ALL_LAYERS},
                 "PAP in every block, 2 iterations, lambda 3 (the paper's setting for all layers)", seeds=few),
-        Variant("rpc_paper_tau", "RPC paper tau", rpc,
+        Variant("rpc_paper_tau", "RPC paper tau, lambda 4", rpc,
                 {**RPC_OFFICIAL, "rpc_lambda": PAPER_LAMBDA, "rpc_threshold": "lambda_over_mu",
                  "rpc_mu_dim": _head_dim()},
                 "the paper's convention: tau = lambda / mu, lambda 4, mu = N D / (4 ||K||_1), D the head "

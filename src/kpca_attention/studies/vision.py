@@ -69,7 +69,7 @@ def vision_variants(seeds: tuple[int, ...], arch: dict | None = None) -> tuple[V
                 "PAP in every block, 2 iterations", seeds=first),
         Variant("rpc_no_sparse", "RPC S = 0", rpc, {**a, **RPC_OFFICIAL, "rpc_sparse": False},
                 "official setting with S forced to zero"),
-        Variant("rpc_paper", "RPC paper tau", rpc,
+        Variant("rpc_paper", "RPC paper tau, Candès lambda", rpc,
                 {**a, **RPC_OFFICIAL, "rpc_lambda": lam, "rpc_threshold": "lambda_over_mu",
                  "rpc_mu_dim": head_dim},
                 "the paper's threshold tau = lambda / mu, mu_dim = D, lambda = 1/sqrt(max(N, D))",
