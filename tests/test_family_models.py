@@ -107,7 +107,7 @@ def test_blocks_thread_one_state_as_by_hand() -> None:
     with torch.no_grad():
         torch.testing.assert_close(model.forward_features(x), model.norm(h))
         assert not torch.allclose(model.norm(alone), model.norm(h))
-    assert [b.attn.apply for b in mini("elliptical_vit_mini_patch4_28", attn_layers=[2]).blocks] == [
+    assert [b.attn.applied for b in mini("elliptical_vit_mini_patch4_28", attn_layers=[2]).blocks] == [
         False, False, True]
 
 
@@ -201,3 +201,18 @@ def test_segmenter_and_lm_variants() -> None:
 
     with pytest.raises(ValueError, match="unknown language model.*neutreno_symlm"):
         create_lm("neutreno_lmx", vocab_size=20)
+
+
+@pytest.mark.parametrize("mech", ["neutreno", "pid", "elliptical"])
+def test_module_apply_reaches_every_module_of_a_stateful_model(mech: str) -> None:
+    """The layers' on/off flag was an attribute named ``apply``, which hid ``nn.Module.apply``:
+    ``model.apply(init_fn)``, PyTorch's re-initialisation idiom, raised "'bool' object is not callable"."""
+    models = [mini(f"{mech}_vit_mini_patch4_28"),
+              create_model(f"{mech}_lm", vocab_size=20, preset="small", n_layer=2),
+              create_model(f"segmenter_{mech}_vit_mini_patch4_32", num_classes=3, img_size=32, in_chans=1)]
+    for model in models:
+        seen: list[torch.nn.Module] = []
+        assert model.apply(seen.append) is model
+        assert len(seen) == len(list(model.modules()))
+        assert all(isinstance(m.attn.applied, bool) for m in model.modules() if hasattr(m, "attn")
+                   and hasattr(m.attn, "applied"))

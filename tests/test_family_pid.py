@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def stack(n_layers=4, dim=12, heads_=3, symmetric=False, applied=None, **gains):
     torch.manual_seed(0)
     return [PIDAttention(dim, heads_, qkv_bias=True, symmetric=symmetric,
-                         apply=applied is None or i in applied, **gains).double()
+                         applied=applied is None or i in applied, **gains).double()
             for i in range(n_layers)]
 
 
@@ -39,7 +39,7 @@ def reference(layers, xs, attn_mask=None, causal=False):
         else:
             e = v0 - p["v"]
             errors.append(e)
-            if layer.apply:
+            if layer.applied:
                 o = o + layer.kp * e + layer.ki * sum(errors[1:]) + layer.kd * (e - errors[-2])
         outs.append(merge(layer, o))
     return outs

@@ -98,7 +98,7 @@ class EllipticalAttention(StatefulAttention):
         median: the median over tokens instead of the mean (official option; no masks).
         differentiable: False (official): m is computed without gradient; True: m is differentiated.
         symmetric: True: W_Q = W_K (the metric scales the keys on the query side: K diag(m) K^T).
-        apply: False: plain attention here (the layer's values are still recorded for the next one).
+        applied: False: plain attention here (the layer's values are still recorded for the next one).
     """
 
     #: an adaptive attack differentiates m (the values it gives are the same)
@@ -122,7 +122,7 @@ class EllipticalAttention(StatefulAttention):
         new_state = {**state, "v_prev": v}
         if self.delta is None:
             new_state["q_prev"] = q
-        if self.apply and "v_prev" in state:
+        if self.applied and "v_prev" in state:
             if self.delta is None and "q_prev" not in state:
                 raise ValueError("EllipticalAttention(delta=None) needs the previous layer's queries: the "
                                  "previous layer must be an EllipticalAttention with delta=None too")

@@ -39,7 +39,7 @@ class NeuTRENOAttention(StatefulAttention):
     Args (besides timm's):
         lam: the fidelity weight (official vision code 0.6; language models 0.4).
         symmetric: True: W_Q = W_K (a SymViT layer, softmax(K K^T / sqrt D)).
-        apply: False: plain attention in this layer (V^0 is still recorded if this is the first).
+        applied: False: plain attention in this layer (V^0 is still recorded if this is the first).
     """
 
     parameter_constraints = {**StatefulAttention.parameter_constraints, "lam": Real()}
@@ -56,7 +56,7 @@ class NeuTRENOAttention(StatefulAttention):
                                              dropout_p=self.dropout_p)
         if "v0" not in state:  # the first layer: record V^0, no fidelity term (it would be 0)
             return out, {**state, "v0": v}
-        if self.apply:
+        if self.applied:
             out = fresh_or_inplace_add(out, torch.sub(state["v0"], v), self.lam)
         return out, state
 

@@ -21,7 +21,7 @@ Defaults (ASSUMED, not verified against the paper): kp = NeuTRENO's lambda (0.6 
 
 The reference, the integral and the previous error travel in the cross-layer state (``state["v0"]``,
 ``state["pid_integral"]``, ``state["pid_error"]``; :mod:`.stateful`). All terms are token-wise, so a
-causal model sees nothing from the future. A layer with ``apply=False`` still updates the integral and
+causal model sees nothing from the future. A layer with ``applied=False`` still updates the integral and
 the previous error (the controller keeps measuring) but adds no feedback.
 """
 
@@ -46,7 +46,7 @@ class PIDAttention(StatefulAttention):
     Args (besides timm's):
         kp, ki, kd: the proportional, integral and derivative gains.
         symmetric: True: W_Q = W_K (a SymViT layer).
-        apply: False: plain attention in this layer (the controller's state is still updated).
+        applied: False: plain attention in this layer (the controller's state is still updated).
     """
 
     parameter_constraints = {**StatefulAttention.parameter_constraints,
@@ -67,7 +67,7 @@ class PIDAttention(StatefulAttention):
             return out, {**state, "v0": v}
         err = state["v0"] - v
         integral = err if "pid_integral" not in state else state["pid_integral"] + err
-        if self.apply:
+        if self.applied:
             # kp e + ki sum e + kd (e - e_prev) as (kp + kd) e + ki sum e - kd e_prev: three passes over the
             # values instead of seven (a new tensor first where SDPA's backward keeps its output)
             out = fresh_or_inplace_add(out, err, self.kp + self.kd).add_(integral, alpha=self.ki)

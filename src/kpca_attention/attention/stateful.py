@@ -49,20 +49,21 @@ def is_stateful(module: nn.Module) -> bool:
 class StatefulAttention(HeadsAttention):
     """Base of the mechanisms with cross-layer state (see the module docstring).
 
-    ``apply``: False keeps the layer's bookkeeping (it still records what later layers need, e.g. its
-    values) but computes plain softmax attention: the blocks outside a mechanism's ``layers``.
+    ``applied``: False keeps the layer's bookkeeping (it still records what later layers need, e.g. its
+    values) but computes plain softmax attention: the blocks outside a mechanism's ``layers``. (Not
+    ``apply``: an attribute of that name would hide ``nn.Module.apply``, so ``model.apply(init_fn)`` broke.)
     """
 
     stateful = True
     parameter_constraints = {**HeadsAttention.parameter_constraints, "symmetric": Bool(),
-                             "apply": Bool()}
+                             "applied": Bool()}
 
-    def __init__(self, dim: int, num_heads: int = 8, *args: Any, symmetric: bool = False, apply: bool = True,
-                 **kwargs: Any) -> None:
-        self.validate_options(symmetric=symmetric, apply=apply)
+    def __init__(self, dim: int, num_heads: int = 8, *args: Any, symmetric: bool = False,
+                 applied: bool = True, **kwargs: Any) -> None:
+        self.validate_options(symmetric=symmetric, applied=applied)
         self.projections = ("k", "v") if symmetric else ("q", "k", "v")
         super().__init__(dim, num_heads, *args, **kwargs)
-        self.symmetric, self.apply = symmetric, apply
+        self.symmetric, self.applied = symmetric, applied
 
     def attend_state(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool,
                      state: State) -> tuple[Tensor, State]:
@@ -86,7 +87,7 @@ class StatefulAttention(HeadsAttention):
         return out if state is None else (out, new_state)
 
     def extra_repr(self) -> str:
-        return f"symmetric={self.symmetric}, apply={self.apply}"
+        return f"symmetric={self.symmetric}, applied={self.applied}"
 
 
 class StatefulBlock(Block):

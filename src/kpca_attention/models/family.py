@@ -18,7 +18,7 @@ apply the mechanism: ``"all"``, ``"first"``, indices...; default the mechanism's
 ``attn_layers`` compute plain softmax attention (symmetric in a SymViT): stateless mechanisms get timm's
 ``Attention`` / :class:`~kpca_attention.attention.SymmetricAttention` there (the mechanism is swapped into
 the chosen blocks after timm's init, carrying the weights over, as the RPC models), stateful ones keep
-their layer with ``apply=False`` so that it still records what later layers read.
+their layer with ``applied=False`` so that it still records what later layers read.
 
 Mechanisms with cross-layer state (``Mechanism.stateful``) are built on :class:`StatefulVisionTransformer`:
 timm's ViT whose blocks are :class:`~kpca_attention.attention.StatefulBlocks` and whose
@@ -158,7 +158,7 @@ def _swap_in(model: VisionTransformer, layer: type, blocks: list[int], name: str
 
 def _mark_applied(model: VisionTransformer, blocks: list[int], name: str) -> VisionTransformer:
     for i, blk in enumerate(model.blocks):
-        blk.attn.apply = i in blocks
+        blk.attn.applied = i in blocks
     model.attn_mechanism, model.attn_blocks = name, blocks
     return model
 

@@ -135,8 +135,8 @@ def _attn_layer(family: str, cfg: LMConfig, layer: int, symmetric: bool = False)
         mech = get_mechanism(family)
         applied = layer in mech.applied_blocks("lm", cfg.n_layer, cfg.attn_layers)
         opts = dict(cfg.attn_kwargs or {})
-        if mech.stateful:  # outside attn_layers it still records its state (apply=False)
-            return mech.layer_class("lm", symmetric, **opts, apply=applied)
+        if mech.stateful:  # outside attn_layers it still records its state (applied=False)
+            return mech.layer_class("lm", symmetric, **opts, applied=applied)
         if applied:
             return mech.layer_class("lm", symmetric, **opts)
         return SymmetricAttention if symmetric else Attention
