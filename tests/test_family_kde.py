@@ -12,7 +12,7 @@ import torch
 from family_checks import assert_no_leak_from_the_future, case_mask, causal_lm, layer_gradcheck, timm_forward
 
 import kpca_attention  # noqa: F401  (registers the models)
-from kpca_attention.attention import KdeAttention, RobustAttention, get_mechanism
+from kpca_attention.attention import KdeAttention, RobustAttention, get_mechanism, run_with_cache
 from kpca_attention.models import create_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -43,20 +43,23 @@ def psi(r: float, a: float, loss: str) -> float:
     return a * (c - r) / ((c - b) * r) if r < c else 0.01
 
 
-def kirwls(x: torch.Tensor, a: float, loss: str, n_iter: int, official: bool, scale: float) -> torch.Tensor:
-    """Weights of the points x (M, E) by KIRWLS from uniform, written with explicit sums."""
+def kirwls(x: torch.Tensor, a: float, loss: str, n_iter: int, official: bool, scale: float,
+           distances: bool = False) -> torch.Tensor:
+    """Weights of the points x (M, E) by KIRWLS from uniform, written with explicit sums (``distances``:
+    the distances r of the last step instead)."""
     x, m = x.detach(), x.shape[0]
     kern = [[math.exp(-scale * float(((x[j] - x[l]) ** 2).sum())) for l in range(m)] for j in range(m)]
     w = [1.0 / m] * m
     for _ in range(n_iter):
         wkw = sum(w[l] * w[p] * kern[l][p] for l in range(m) for p in range(m))
-        psis = []
+        psis, rs = [], []
         for j in range(m):
             t = sum(w[l] * kern[j][l] for l in range(m))
             r2 = (1 + t + wkw) if official else (kern[j][j] - 2 * t + wkw)
-            psis.append(psi(math.sqrt(max(r2, 0.0)), a, loss))
+            rs.append(math.sqrt(max(r2, 0.0)))
+            psis.append(psi(rs[-1], a, loss))
         w = [p / sum(psis) for p in psis]
-    return torch.tensor(w, dtype=torch.float64)
+    return torch.tensor(rs if distances else w, dtype=torch.float64)
 
 
 def reference(layer, x, mask=None, causal=False, robust=True):
@@ -132,6 +135,31 @@ def test_huber_threshold_inert_with_the_official_norm_and_active_with_the_papers
     torch.testing.assert_close(rkde_out(100.0, False), kde)
     # the official Hampel weights are all 0.01 (r >= 1 >= c = 3a): plain KDE attention again
     torch.testing.assert_close(rkde_out(0.2, True, "hampel"), kde)
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(official_norm=True), dict(n_iter=3, a=0.25)])
+@pytest.mark.parametrize("case", ["plain", "causal"])
+def test_hook_points_give_the_distances_of_the_last_kirwls_step(opts: dict, case: str) -> None:
+    """hook_r_keys / hook_r_joint: r_j of every point to the robust estimate, as the explicit sums give it
+    (the measure of whether a trained model ever reaches the Huber threshold, r <= a)."""
+    layer = layers(RobustAttention, **opts)
+    x, _ = case_inputs(case)
+    _, cache = run_with_cache(layer, x, is_causal=case == "causal")
+    _, k, v = project(layer, x)
+    khat = k / k.norm(dim=-1, keepdim=True)
+    d = khat.shape[-1]
+    args = (layer.a, layer.loss, layer.n_iter, layer.official_norm, 1 / math.sqrt(d), True)
+    for name, points in (("hook_r_keys", khat), ("hook_r_joint", torch.cat([khat, v], -1))):
+        got = cache[name]
+        assert got.shape == (2, 2, 5 if case == "causal" else 1, 5)
+        for bi in range(2):
+            for hi in range(2):
+                for i in range(got.shape[2]):
+                    keys = i + 1 if case == "causal" else 5  # a causal query's own prefix
+                    want = kirwls(points[bi, hi, :keys], *args)
+                    torch.testing.assert_close(got[bi, hi, i, :keys], want, atol=1e-6, rtol=0)
+        if layer.official_norm:  # r >= 1 > a for every token: the threshold is never reached
+            assert got[..., :1].min() >= 1 > layer.a
 
 
 def test_norm_used_is_recorded() -> None:

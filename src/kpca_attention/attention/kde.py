@@ -32,7 +32,10 @@ paper has 2; the issue quotes it as ``1 + 2 sum w k + w^T K w``, the same error 
 for every token, every Huber weight is ``a / r_j`` and a cancels in the normalisation: the threshold is
 inert (a = 0.2 / 0.4 / 1.0 give the same model), and every Hampel weight is 0.01, which is plain KDE
 attention. ``official_norm=True`` reproduces it; the default is the paper's norm. The layer records which
-it used in ``norm_used`` (also in ``extra_repr``, hence in printed models and reports).
+it used in ``norm_used`` (also in ``extra_repr``, hence in printed models and reports). With the paper's
+norm the threshold is active at initialisation, but in the trained mini models of the ``zoo`` study it is
+hardly ever reached either (r <= 0.2 for at most 0.04 % of the distances; median r 0.54-0.95): the hook
+points ``hook_r_keys`` / ``hook_r_joint`` give r, so that can be measured on any model.
 
 Other differences from the official code: for ``n_iter > 1`` the official code averages the weights over
 the batch and the heads between steps (``torch.mean(w_init, dim=(2, 3))``), coupling the samples of a
@@ -71,6 +74,7 @@ from ..checks import Bool, Choice, Int, Real
 from ..pap import kernels, tracing, visible
 from ..pap.inputs import cpu_float
 from .base import QueryOptionalAttention
+from .hooks import HookPoint
 from .registry import register_mechanism
 
 __all__ = ["KdeAttention", "RobustAttention", "kirwls_weights", "robust_kernels", "robust_weight"]
@@ -153,30 +157,34 @@ torch.fx.wrap("robust_kernels")
 
 
 def _kirwls_step(w: Tensor, t: Tensor, visf: Tensor | None, a: float, loss: str,
-                 official_norm: bool) -> Tensor:
-    """One KIRWLS step: the new weights from weights ``w`` and ``t = w K`` (t_qj = sum_l w_ql K_lj)."""
+                 official_norm: bool) -> tuple[Tensor, Tensor]:
+    """One KIRWLS step: ``(the new weights, the distances r)`` from weights ``w`` and ``t = w K``
+    (t_qj = sum_l w_ql K_lj)."""
     c = (w * t).sum(-1, keepdim=True)  # w_q^T K w_q
     r2 = 1 + t + c if official_norm else 1 - 2 * t + c
-    psi = robust_weight(torch.sqrt(r2.clamp_min(1e-12)), a, loss)
+    r = torch.sqrt(r2.clamp_min(1e-12))
+    psi = robust_weight(r, a, loss)
     if visf is not None:
         psi = psi * visf
-    return psi / psi.sum(-1, keepdim=True)
+    return psi / psi.sum(-1, keepdim=True), r
 
 
 def kirwls_weights(kern: Tensor, vis: Tensor | None, a: float, loss: str, n_iter: int,
-                   official_norm: bool) -> Tensor:
-    """Robust KDE weights of points with Gram kernel ``kern (B, H, N, N)`` (symmetric, K_jj = 1):
-    ``(B, H, Q, N)``, Q = 1 without a mask (all queries share them) or N (``vis (B|1, H|1, N, N)`` bool: the
-    keys query i sees; zero weight elsewhere). Each row sums to 1 over its visible keys."""
+                   official_norm: bool) -> tuple[Tensor, Tensor]:
+    """Robust KDE weights of points with Gram kernel ``kern (B, H, N, N)`` (symmetric, K_jj = 1) and the
+    distances r of the last step they came from, both ``(B, H, Q, N)``: Q = 1 without a mask (all queries
+    share them) or N (``vis (B|1, H|1, N, N)`` bool: the keys query i sees; zero weight elsewhere). Each
+    row of weights sums to 1 over its visible keys."""
     n = kern.shape[-1]
     visf = None if vis is None else vis.to(kern.dtype)
     if visf is None:
         w = torch.full((*kern.shape[:-2], 1, n), 1.0 / n, dtype=kern.dtype, device=kern.device)
     else:
         w = visf / visf.sum(-1, keepdim=True)  # uniform over the visible keys (NaN for a row with none)
+    r = w
     for _ in range(n_iter):
-        w = _kirwls_step(w, w @ kern, visf, a, loss, official_norm)
-    return w
+        w, r = _kirwls_step(w, w @ kern, visf, a, loss, official_norm)
+    return w, r
 
 
 # FX: the weights branch on the mask (an input of a traced ViT); one leaf call.
@@ -205,11 +213,11 @@ class _KernelColumnSums(torch.autograd.Function):
 
 
 def _one_step_weights_compiled(khat: Tensor, v: Tensor, scale: float, a: float, loss: str,
-                               official_norm: bool) -> tuple[Tensor, Tensor] | None:
-    """``(wM, wJ)`` of one KIRWLS step without a mask from the kernels' column sums
-    (:class:`_KernelColumnSums`): from uniform weights 1/N, t = w K is the column sums / N. None where the
-    compiled kernels do not apply (not built, tracing, not float32 / float64 on the CPU): then the kernels
-    are formed."""
+                               official_norm: bool) -> tuple[tuple[Tensor, Tensor], ...] | None:
+    """``((wM, rM), (wJ, rJ))`` (weights, distances) of one KIRWLS step without a mask from the kernels'
+    column sums (:class:`_KernelColumnSums`): from uniform weights 1/N, t = w K is the column sums / N.
+    None where the compiled kernels do not apply (not built, tracing, not float32 / float64 on the CPU):
+    then the kernels are formed."""
     ops = kernels.active()
     if ops is None or not hasattr(ops, "rkde_colsums_backward") or tracing() or not cpu_float(khat):
         return None
@@ -217,8 +225,8 @@ def _one_step_weights_compiled(khat: Tensor, v: Tensor, scale: float, a: float, 
     flat_k, flat_v = khat.reshape(-1, n, khat.shape[-1]), v.reshape(-1, n, v.shape[-1])
     s_k, s_kv = _KernelColumnSums.apply(flat_k, flat_v, scale)
     w = torch.full((*lead, 1, n), 1.0 / n, dtype=khat.dtype)
-    w_m, w_j = (_kirwls_step(w, (s / n).view(*lead, 1, n), None, a, loss, official_norm) for s in (s_k, s_kv))
-    return w_m, w_j
+    return tuple(_kirwls_step(w, (s / n).view(*lead, 1, n), None, a, loss, official_norm)
+                 for s in (s_k, s_kv))
 
 
 def _visible_keys(attn_mask: Tensor | None, is_causal: bool, n: int, device: Any) -> Tensor | None:
@@ -265,6 +273,13 @@ class RobustAttention(QueryOptionalAttention):
         official_norm: True reproduces the official code's norm ``1 + sum w K + w^T K w`` (the threshold
             is then inert); False (default) the paper's ``1 - 2 sum w K + w^T K w``. ``norm_used`` says which.
         symmetric: True: W_Q = W_K.
+
+    Hook points (:class:`~.hooks.HookPoint`, read by :func:`~.hooks.run_with_cache`): ``hook_r_keys`` and
+    ``hook_r_joint``, the distances r_j of each point to the robust estimate in the last KIRWLS step, of
+    the key KDE and of the joint (k, v) KDE, ``(B, H, Q, N)`` (Q = 1 without a mask); a token is inside
+    the Huber threshold (weight 1) where r_j <= a (with a mask, entries of keys a query does not see are
+    not used). Whether the threshold is ever reached in a trained model
+    is a measurement: ``(r <= a).float().mean()``.
     """
 
     parameter_constraints = {**QueryOptionalAttention.parameter_constraints,
@@ -279,6 +294,7 @@ class RobustAttention(QueryOptionalAttention):
             raise ValueError(f"RobustAttention: a must be > 0, got {a!r}")
         super().__init__(dim, num_heads, *args, **kwargs)
         self.loss, self.a, self.n_iter, self.official_norm = loss, float(a), n_iter, official_norm
+        self.hook_r_keys, self.hook_r_joint = HookPoint(), HookPoint()
 
     @property
     def norm_used(self) -> str:
@@ -299,13 +315,15 @@ class RobustAttention(QueryOptionalAttention):
         fast = None if vis is not None or self.n_iter != 1 else _one_step_weights_compiled(
             khat, v, scale, self.a, self.loss, self.official_norm)
         if fast is not None:  # the kernels' column sums without the kernels in memory (one KIRWLS step)
-            w_m, w_j = fast
+            (w_m, r_m), (w_j, r_j) = fast
         else:
             # the kernel of [khat, v]: the squared distances add (no product of two kernels); both exps in
             # place, so the two GEMMs' outputs are the only N x N buffers; a hand-written backward
             kern_k, kern_kv = robust_kernels(khat, v, scale)
-            w_m = kirwls_weights(kern_k, vis, *opts)
-            w_j = kirwls_weights(kern_kv, vis, *opts)
+            w_m, r_m = kirwls_weights(kern_k, vis, *opts)
+            w_j, r_j = kirwls_weights(kern_kv, vis, *opts)
+        self.hook_r_keys(r_m)
+        self.hook_r_joint(r_j)
         # out_i = sum_j wM_ij e^{s_ij} (wJ_ij / wM_ij) v_j / sum_j wM_ij e^{s_ij}: one softmax with the log
         # marginal weights added to the logits (2 q.khat / sqrt D, the rest of s_ij cancels)
         if vis is None:  # shared weights: a fused call on the re-weighted values
