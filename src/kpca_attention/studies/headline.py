@@ -50,6 +50,7 @@ class Claim:
 _RPC = "RPC-SymViT (4 it., block 1) vs SymViT"
 _MECH = "more robust than the ViT (its paper: DeiT-tiny on ImageNet)"
 _LOGS = "more robust than the ViT (its repository's logs: DeiT-tiny on ImageNet, one run)"
+_MORE = "more robust than the ViT"
 CLAIMS: tuple[Claim, ...] = (
     Claim(f"{_RPC}: clean top-1", "paper Table 1, +0.50", "rpc-seeds", "rpc_official", "clean"),
     Claim(f"{_RPC}: corrupted top-1", "paper Table 1, ImageNet-C, +0.90", "rpc-seeds", "rpc_official",
@@ -94,13 +95,19 @@ CLAIMS: tuple[Claim, ...] = (
     *(Claim(f"{label} {mech}: {what}", source, "zoo", slug, key) for label, mech, slug, source, what, key in (
         ("Twicing", _MECH, "twicing", "ICLR 2025", "PGD 4/255", "pgd@4"),
         ("NeuTRENO", _MECH, "neutreno", "NeurIPS 2023", "PGD 4/255", "pgd@4"),
-        ("PIDformer", _MECH, "pid", "ICML 2024", "PGD 4/255", "pgd@4"),
+        # the PID discretisation and gains are assumed (attention/pid.py): the paper could not be read
+        ("PID feedback (PIDformer-style: assumed discretisation and gains)",
+         f"{_MORE} (its paper's PIDformer: DeiT-tiny on ImageNet)", "pid", "ICML 2024", "PGD 4/255", "pgd@4"),
         ("Elliptical", _MECH, "elliptical", "NeurIPS 2024", "PGD 4/255", "pgd@4"),
         ("KDE", _LOGS, "kde", "robust_transformer logs, +0.13", "PGD 4/255", "pgd@4"),
-        ("RKDE-Huber", _LOGS, "rkde", "robust_transformer logs, +0.85", "PGD 4/255", "pgd@4"),
-        ("RVT's position-aware scaling", _MECH, "rvt", "CVPR 2022", "corrupted top-1", "corrupted"),
-        ("FAN", _MECH, "fan", "ICML 2022", "corrupted top-1", "corrupted"),
-        ("FAN", _MECH, "fan", "ICML 2022", "mCE (lower is better)", "mce"))),
+        ("RKDE-Huber (the paper's norm)", f"{_MORE} (its repository's logs: DeiT-tiny on ImageNet, one run, "
+         "with the official code's norm)", "rkde", "robust_transformer logs, +0.85", "PGD 4/255", "pgd@4"),
+        ("RVT's position-aware scaling", f"{_MORE} (its paper: an ablation inside RVT on ImageNet)", "rvt",
+         "CVPR 2022", "corrupted top-1", "corrupted"),
+        ("FAN", f"{_MORE} (its paper: FAN against DeiT and others on ImageNet-C)", "fan", "ICML 2022",
+         "corrupted top-1", "corrupted"),
+        ("FAN", f"{_MORE} (its paper: FAN against DeiT and others on ImageNet-C)", "fan", "ICML 2022",
+         "mCE (lower is better)", "mce"))),
 )
 
 
