@@ -340,3 +340,23 @@ def test_a_key_that_looks_like_a_shared_marker_is_stored_whole(tmp_path) -> None
     store.put("b", {"data": [1, 2]}, {"loss": 2.0})
     assert "shared" not in json.loads(f.read_text())
     assert ResultStore(f).get("a", odd) == {"loss": 1.0}
+
+
+def test_a_report_leaves_out_an_item_stored_under_another_runs_key(tmp_path) -> None:
+    """An item left under another run's key (the weights or the protocol changed and a re-evaluation was
+    killed half way) was counted by name: one row mixed two trainings. The engine recomputes such an item;
+    the report now reads the run as missing it, and the other runs as before."""
+    study = _copy_vision(tmp_path)
+    f = study / "results" / "rpc_official-s0.json"
+    store = ResultStore(f)
+    assert set(store.run_items()) == set(store.items())  # a committed run: every item of its run
+    rec = store.records()["clean"]
+    key = json.loads(json.dumps(rec["key"]))
+    key["train"]["lr"] *= 2  # the same item, computed from weights trained otherwise
+    store.put("clean", key, rec["result"])
+    assert "clean" in ResultStore(f).items() and "clean" not in ResultStore(f).run_items()
+    res = CliRunner().invoke(app, ["report", str(study)])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads((study / "summary.json").read_text())["metrics"]
+    assert "0" not in metrics["rpc_official"] and {"1", "2"} <= set(metrics["rpc_official"])
+    assert {"0", "1", "2"} <= set(metrics["symvit"])

@@ -65,7 +65,8 @@ def read_settings(out: str | os.PathLike) -> dict[str, Any]:
 def load_runs(out: str | os.PathLike, settings: Mapping[str, Any],
               keep: Callable[[dict[str, Any]], dict[str, Any] | None]) -> Runs:
     """``{slug: {seed: results}}`` of every ``results/<slug>-s<seed>.json`` of the settings' variants
-    (``results/<slug>.json`` as seed 0 for an existing model, ``source``), structured by
+    (``results/<slug>.json`` as seed 0 for an existing model, ``source``): the items of the run its ``run``
+    item describes (:meth:`~kpca_attention.robustness.store.ResultStore.run_items`), structured by
     :func:`~kpca_attention.tasks.classification.suites.structure_items`; ``keep(results)`` filters what a
     report reads, or drops the run (returns ``None``)."""
     out = Path(out)
@@ -73,7 +74,7 @@ def load_runs(out: str | os.PathLike, settings: Mapping[str, Any],
     for v in settings["variants"]:
         if v.get("source"):  # an existing model, evaluated once (no training seed)
             f = out / "results" / f"{v['slug']}.json"
-            r = keep(structure_items(ResultStore(f).items())) if f.exists() else None
+            r = keep(structure_items(ResultStore(f).run_items())) if f.exists() else None
             if r is not None:
                 res.setdefault(v["slug"], {})[0] = r
             continue
@@ -81,7 +82,7 @@ def load_runs(out: str | os.PathLike, settings: Mapping[str, Any],
             seed_txt = f.stem[len(v["slug"]) + 2:]
             if not seed_txt.isdigit():
                 continue
-            r = keep(structure_items(ResultStore(f).items()))
+            r = keep(structure_items(ResultStore(f).run_items()))
             if r is not None:
                 res.setdefault(v["slug"], {})[int(seed_txt)] = r
     return res

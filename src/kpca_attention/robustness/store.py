@@ -560,6 +560,21 @@ class ResultStore:
         """``{item: result}`` of everything stored (whatever its key)."""
         return {k: v["result"] for k, v in self._items.items() if isinstance(v, dict) and "result" in v}
 
+    def run_items(self) -> dict[str, Any]:
+        """``{item: result}`` of the items computed from the run the ``run`` item describes: those whose key
+        holds every field of the ``run`` item's key with the same value (the training settings, or an
+        existing model's weights hash, and the results version). An item stored under another run's key - a
+        re-evaluation killed half way after the weights or the protocol changed - is left out, so a report
+        never mixes two trainings in one row (it reads the run as missing that item). Everything when there
+        is no ``run`` item yet."""
+        records = self.records()
+        run = records.get("run")
+        if run is None or not isinstance(run.get("key"), dict):
+            return self.items()
+        base = run["key"]
+        return {k: r["result"] for k, r in records.items()
+                if isinstance(r.get("key"), dict) and all(r["key"].get(f) == v for f, v in base.items())}
+
     def records(self) -> dict[str, dict[str, Any]]:
         """``{item: {"key": ..., "result": ...}}`` of everything stored (verified when the file was read)."""
         return {k: {"key": v["key"], "result": v["result"]} for k, v in self._items.items()}

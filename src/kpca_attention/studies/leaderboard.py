@@ -201,7 +201,7 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
                     continue  # the same run, taken from another study: one row, under the study that ran it
                 listed.add(digest)
                 raw = store.records()
-                items = {k: x["result"] for k, x in raw.items() if isinstance(x, dict) and "result" in x}
+                items = store.run_items()  # not an item left under another run's key
                 keys = [x.get("key", {}) for x in raw.values() if isinstance(x, dict)]
                 dataset = dataset or next((k["train"]["dataset"] for k in keys if "train" in k), None)
                 if _missing(settings, items, int(m.group(1))):
