@@ -74,3 +74,43 @@ def test_weights_without_recorded_settings_still_load(tmp_path) -> None:
     f = tmp_path / "w.safetensors"
     save_model(net, str(f))
     assert resolve_model(f"rpc_vit_mini_patch4_32@{f}", pretrained=False).model is not None
+
+
+def _rewrite_settings(f, edit) -> None:
+    """Rewrite the recorded attention settings of weights file ``f`` with ``edit(list of layer dicts)``."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    with safetensors.safe_open(str(f), "pt") as h:
+        meta = dict(h.metadata())
+    settings = json.loads(meta[SETTINGS_KEY])
+    edit(settings)
+    meta[SETTINGS_KEY] = json.dumps(settings, sort_keys=True)
+    save_file(load_file(str(f)), str(f), metadata=meta)
+
+
+def test_weights_recorded_before_an_option_was_renamed_or_added_still_load(tmp_path) -> None:
+    """NeuTRENO's weights recorded ``apply`` (now ``applied``: it hid nn.Module.apply), and weights written
+    before an option existed do not record it: both load into a model holding the option's default, which
+    is what they were trained with. A value other than the default is still refused."""
+    net = timm.create_model("neutreno_vit_mini_patch4_28")
+    f = tmp_path / "w.safetensors"
+    save_weights(net, f)
+
+    def old_names(settings):
+        for layer in settings:
+            layer["apply"] = layer.pop("applied")
+            layer.pop("symmetric")  # as if the option had been added since
+
+    _rewrite_settings(f, old_names)
+    resolve_model(f"neutreno_vit_mini_patch4_28@{f}", pretrained=False)  # loads
+    with pytest.raises(ValueError, match="symmetric"):  # the default is False: True is another model
+        resolve_model(f"neutreno_symvit_mini_patch4_28@{f}", pretrained=False)
+
+    def turned_off(settings):
+        settings[1]["apply"] = False
+
+    _rewrite_settings(f, turned_off)
+    with pytest.raises(ValueError, match=r"blocks\.1\.attn\.applied: False \(weights\) vs True"):
+        resolve_model(f"neutreno_vit_mini_patch4_28@{f}", pretrained=False)

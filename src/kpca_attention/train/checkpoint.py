@@ -39,6 +39,7 @@ settings; :func:`load_weights` refuses them, naming the fields that differ, unle
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import random
@@ -127,6 +128,48 @@ def attention_settings(model: nn.Module) -> list[dict[str, Any]]:
     return out
 
 
+#: attention options renamed since weights recorded them: old name -> new name (``apply`` hid
+#: ``nn.Module.apply``)
+RENAMED_OPTIONS: dict[str, str] = {"apply": "applied"}
+
+
+def _option_defaults(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """``{layer name: {option: its constructor default}}`` of the model's attention layers (JSON-normalised
+    as :func:`attention_settings` records values)."""
+    from ..attention.base import HeadsAttention
+
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, HeadsAttention):
+            found: dict[str, Any] = {}
+            for cls in type(m).__mro__:  # a subclass passes options on to its bases through **kwargs
+                if "__init__" in vars(cls):
+                    for k, p in inspect.signature(cls.__init__).parameters.items():
+                        if p.default is not inspect.Parameter.empty:
+                            found.setdefault(k, p.default)
+            out[name] = json.loads(json.dumps(found, default=str))
+    return out
+
+
+def _settings_differ(saved: list[dict[str, Any]], now: list[dict[str, Any]],
+                     defaults: dict[str, dict[str, Any]]) -> list[str]:
+    """What differs between the recorded and the model's attention settings. An option renamed since is read
+    under its new name; an option the weights do not record (added to the layer after they were written)
+    passes when the model holds its default, the value the weights were trained with."""
+    differ: list[str] = []
+    if len(saved) != len(now):
+        differ.append(f"attention layers: {len(saved)} (weights) vs {len(now)} (model)")
+    for old, new in zip(saved, now, strict=False):  # a count mismatch is reported above
+        old = {RENAMED_OPTIONS.get(k, k): v for k, v in old.items()}
+        layer_defaults = defaults.get(new["layer"], {})
+        for k in sorted((set(old) | set(new)) - {"layer"}):
+            if k not in old and k in layer_defaults and new.get(k) == layer_defaults[k]:
+                continue
+            if old.get(k) != new.get(k):
+                differ.append(f"{new['layer']}.{k}: {old.get(k)!r} (weights) vs {new.get(k)!r} (model)")
+    return differ
+
+
 def save_weights(model: nn.Module, file: str | os.PathLike) -> None:
     """``safetensors.torch.save_model`` with :func:`attention_settings` in the file's metadata."""
     meta = {SETTINGS_KEY: json.dumps(attention_settings(model), sort_keys=True)}
@@ -148,14 +191,7 @@ def check_settings(model: nn.Module, file: str | os.PathLike, *, override_settin
         saved = json.loads(meta[SETTINGS_KEY])
     except json.JSONDecodeError as e:
         raise CheckpointError(f"weights {file}: the recorded settings are not valid JSON ({e})") from e
-    now = attention_settings(model)
-    differ: list[str] = []
-    if len(saved) != len(now):
-        differ.append(f"attention layers: {len(saved)} (weights) vs {len(now)} (model)")
-    for old, new in zip(saved, now, strict=False):  # a count mismatch is reported above
-        for k in sorted((set(old) | set(new)) - {"layer"}):
-            if old.get(k) != new.get(k):
-                differ.append(f"{new['layer']}.{k}: {old.get(k)!r} (weights) vs {new.get(k)!r} (model)")
+    differ = _settings_differ(saved, attention_settings(model), _option_defaults(model))
     if differ:
         more = f" (+{len(differ) - 4} more)" if len(differ) > 4 else ""
         raise CheckpointError(f"weights {file} belong to a model with other attention settings: "
