@@ -445,6 +445,26 @@ def test_runs_with_other_trajectory_settings_are_retrained(tmp_path, capsys) -> 
     assert any("trained with other settings (lr differ)" in m for m in logs)
 
 
+def test_a_finished_run_that_no_longer_loads_is_refused_not_deleted(tmp_path, monkeypatch) -> None:
+    """It used to be deleted and trained again under the same key, beside the items computed from the old
+    weights: one row of two trainings. Now the engine stops and says what to do; nothing is deleted."""
+    from kpca_attention.studies import engine
+    from kpca_attention.train import CheckpointError
+
+    study = quick_demo_study().replace(recipe={**quick_demo_study().recipe, "train_subset": 128})
+    v = study.variants[0]
+    run_dir = ensure_trained(study, v, 0, tmp_path, progress=False, log=lambda _m: None)
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+
+    def broken(*_a, **_k):
+        raise CheckpointError("weights x belong to a model with other attention settings")
+
+    monkeypatch.setattr(engine, "load_model", broken)
+    with pytest.raises(ValueError, match="does not load .*move the run folder and its result file aside"):
+        ensure_trained(study, v, 0, tmp_path, progress=False, log=lambda _m: None)
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+
+
 def test_result_store_recomputes_on_a_new_key(tmp_path) -> None:
     store = ResultStore(tmp_path / "r.json")
     calls = []

@@ -112,6 +112,15 @@ def check_machine_kind(out: Path, any_machine: bool = False) -> None:
                          "--any-machine to mix them")
 
 
+def _unreadable_run(run_dir: Path, err: Exception) -> ValueError:
+    """The error for a run whose checkpoint the engine cannot read: its stored results were computed from
+    those weights under the same key, so training again in their place would mix two trainings in one
+    row - it is left to the user (the checkpoint module never falls back to a fresh start either)."""
+    return ValueError(f"the checkpoint in {run_dir} does not load ({err}); the study's results of this run "
+                      "were computed from it: repair it, or move the run folder and its result file aside "
+                      "to train it again")
+
+
 def ensure_trained(study: Study, variant: Variant, seed: int, runs: Path, *, progress: bool,
                    log: Callable[[str], None], before_training: Callable[[], None] | None = None,
                    loader_workers: int | None = None) -> Path:
@@ -128,8 +137,8 @@ def ensure_trained(study: Study, variant: Variant, seed: int, runs: Path, *, pro
         try:
             changed = rd.changed_fields(cfg)
         except (CheckpointError, FileNotFoundError) as e:
-            changed = {"checkpoint": (str(e), None)}
-        if changed:
+            raise _unreadable_run(run_dir, e) from e
+        if changed:  # another run's weights (its items have another key: each is computed again)
             log(f"{run_dir} was trained with other settings ({', '.join(sorted(changed))} differ): "
                 "training again")
             shutil.rmtree(run_dir)
@@ -137,11 +146,9 @@ def ensure_trained(study: Study, variant: Variant, seed: int, runs: Path, *, pro
             try:
                 load_model(run_dir)
             except CheckpointError as e:
-                log(f"the checkpoint in {run_dir} no longer loads ({e}): training again")
-                shutil.rmtree(run_dir)
-            else:
-                log(f"finished checkpoint in {run_dir}: not retrained")
-                return run_dir
+                raise _unreadable_run(run_dir, e) from e
+            log(f"finished checkpoint in {run_dir}: not retrained")
+            return run_dir
     if before_training is not None:
         before_training()
     resume = rd.has_checkpoint()
