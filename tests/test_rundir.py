@@ -64,7 +64,7 @@ def test_train_refuses_a_busy_run_directory(tmp_path) -> None:
 
 def test_orphaned_temporary_checkpoints_are_removed(tmp_path) -> None:
     out = tmp_path / "run"
-    train(tiny(out))
+    train(tiny(out, epochs=2, max_steps=2))
     orphan = out / "checkpoints" / ".e0001-s00000002.tmp-999999"
     orphan.mkdir()
     (orphan / "model.safetensors").write_bytes(b"partial")
@@ -90,7 +90,7 @@ def test_overwrite_leaves_exactly_the_new_run(tmp_path) -> None:
 
 def test_a_failed_checkpoint_write_is_one_clear_line(tmp_path, monkeypatch) -> None:
     out = tmp_path / "run"
-    train(tiny(out))
+    train(tiny(out, epochs=2, max_steps=2))
     before = RunDir(out).checkpoint()
 
     def full_disk(*a, **k):

@@ -110,6 +110,15 @@ def test_resume_refuses_changed_recipe_and_fresh_start_over_existing_run(tmp_pat
         train(tiny(tmp_path))
 
 
+def test_resume_refuses_other_epochs(tmp_path):
+    """timm's scheduler state holds the schedule's length: a run resumed with more epochs kept the old
+    schedule (the new epochs at the minimum lr) while its config said it was a run of the new length."""
+    train(tiny(tmp_path, max_steps=1))
+    cfg = tiny(tmp_path)
+    with pytest.raises(ValueError, match="epochs: checkpoint .* the lr schedule spans the epochs"):
+        train(tiny(tmp_path, epochs=cfg.epochs + 1), resume=True)
+
+
 # --- schedule, callbacks, evaluation ----------------------------------------------------------
 
 def test_scheduler_is_stepped_warmup_then_cosine(tmp_path):

@@ -62,7 +62,7 @@ def train_cmd(
         "--set", help="Any config field, key=value (repeatable): --set model_kwargs.rpc_iters=6.")] = None,
     resume: Annotated[bool, typer.Option(
         help="Continue the run in the output directory exactly, from its saved config (options given now "
-             "change only themselves, e.g. --epochs).")] = False,
+             "change only themselves, e.g. --max-steps).")] = False,
     resume_from: Annotated[str | None, typer.Option(
         help="Continue from this run or checkpoint directory.")] = None,
     overwrite: Annotated[bool, typer.Option(
@@ -90,7 +90,7 @@ def train_cmd(
     if saved is not None:  # the run's own settings, and only what is given now on top
         if preset is not None and preset != saved.preset:
             raise ValueError(f"--resume continues the run with its saved config (preset {saved.preset!r}): drop "
-                             f"--preset {preset} (give only what may change, e.g. --epochs or --max-steps)")
+                             f"--preset {preset} (give only what may change, e.g. --max-steps)")
         cfg = apply_overrides(saved, given)
         preset = cfg.preset or "the run's"
     else:

@@ -64,8 +64,10 @@ def _check_resume_config(saved: TrainConfig, cfg: TrainConfig, where: Path) -> N
     diff = {k: (a[k], b[k]) for k in a if k not in RESUMABLE_CHANGES and a[k] != b.get(k)}
     if diff:
         lines = ", ".join(f"{k}: checkpoint {v[0]!r} vs now {v[1]!r}" for k, v in sorted(diff.items()))
+        why = ("; the lr schedule spans the epochs, so an extended run would not be a run of that length: "
+               "stop a run early with max_steps and resume it, or train a new one") * ("epochs" in diff)
         raise ValueError(f"cannot resume from {where}: the config differs in {lines} "
-                         f"(only {', '.join(sorted(RESUMABLE_CHANGES))} may change)")
+                         f"(only {', '.join(sorted(RESUMABLE_CHANGES))} may change){why}")
 
 
 class _Trainer:

@@ -44,8 +44,9 @@ TRAJECTORY_FREE = frozenset({
     "eval_every_epochs", "eval_batch_size", "eval_subset", "device", "preset",
 })
 #: fields that may differ between a checkpoint and the run resuming it: the trajectory-free ones, and
-#: ``epochs`` / ``max_steps``, which extend (or cut) a run deliberately
-RESUMABLE_CHANGES = TRAJECTORY_FREE | {"epochs", "max_steps"}
+#: ``max_steps``, which stops a run early (resumed without it, the run ends where one never stopped does).
+#: Not ``epochs``: the lr schedule spans them, so a run extended from 1 to 2 epochs is not a 2-epoch run
+RESUMABLE_CHANGES = TRAJECTORY_FREE | {"max_steps"}
 #: config fields added after runs were committed, with the value an older ``config.json`` (which lacks
 #: them) means: at that value a field is left out of :func:`trajectory_settings`, so older runs keep the
 #: key their stored results were made under (and still count as reusable)
