@@ -51,3 +51,18 @@ def test_ddp_two_processes_match_one_process_with_the_global_batch(tmp_path):
     ddp_rows, one_rows = read_csv(out / "epochs.csv"), read_csv(tmp_path / "one" / "epochs.csv")
     assert ddp_rows[-1]["eval_top1"] == one_rows[-1]["eval_top1"]
     assert abs(ddp_rows[-1]["train_loss"] - one_rows[-1]["train_loss"]) < 1e-4
+
+
+def test_ddp_with_fewer_evaluation_images_than_processes_finishes(tmp_path):
+    """Evaluation ran through the DDP wrapper, whose forward waits on every rank: with one evaluation image
+    and two processes, the rank with none never joined and training hung (gloo's 30-minute timeout)."""
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "kpca_attention.cli", "train", "--preset", "digits-cpu", "-o", str(out), "--no-progress",
+           "--device", "cpu", "--batch-size", "8", "--set", "epochs=1", "--set", "train_subset=32",
+           "--set", "eval_subset=1", "--set", "model_kwargs={'depth': 1, 'embed_dim': 48}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    row = read_csv(out / "epochs.csv")[-1]
+    assert row["eval_top1"] in (0.0, 1.0)  # one image, counted once over the two ranks

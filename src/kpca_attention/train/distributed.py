@@ -19,6 +19,7 @@ from ..tasks.base import all_reduce_sum
 
 __all__ = [
     "DistInfo", "init_distributed", "cleanup_distributed", "barrier", "all_reduce_sum", "gather_objects",
+    "broadcast_buffers",
 ]
 
 
@@ -81,6 +82,15 @@ def cleanup_distributed() -> None:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def broadcast_buffers(model: torch.nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm statistics, ...) on every rank, as DDP's forward broadcasts them - so the
+    unwrapped model evaluates alike on every rank without a DDP forward, whose collective a rank with no
+    evaluation batch would never join (a hang). Nothing when not distributed."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        for b in model.buffers():
+            dist.broadcast(b, src=0)
 
 
 def gather_objects(obj: Any) -> list[Any]:

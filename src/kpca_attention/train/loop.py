@@ -27,6 +27,7 @@ from .distributed import (
     DistInfo,
     all_reduce_sum,
     barrier,
+    broadcast_buffers,
     cleanup_distributed,
     gather_objects,
     init_distributed,
@@ -178,7 +179,7 @@ class _Trainer:
         net: nn.Module = model
         if dist.distributed:
             net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
-        # the training steps' module: compiled (cfg.compile) or the same; evaluation and checkpoints use net
+        # the training steps' module: compiled (cfg.compile) or the same; evaluation uses the unwrapped model
         step_net: nn.Module = torch.compile(net) if cfg.compile else net
 
         logger = MetricLogger(self.run_dir, enabled=dist.is_main,
@@ -295,7 +296,10 @@ class _Trainer:
             last_round = done or epoch + 1 >= cfg.epochs
             if loaders.eval is not None and ((epoch + 1) % cfg.eval_every_epochs == 0 or last_round):
                 with preserved_rngs():
-                    metrics.update(self._evaluate(net, loaders.eval, amp, prefix=""))
+                    # the unwrapped model with rank 0's buffers: a DDP forward would wait on every rank,
+                    # and a rank whose evaluation shard is empty never calls one
+                    broadcast_buffers(model)
+                    metrics.update(self._evaluate(model, loaders.eval, amp, prefix=""))
                     if ema is not None:
                         metrics.update(self._evaluate(ema.module, loaders.eval, amp, prefix="ema_"))
             if self.callbacks and dist.is_main:
