@@ -102,6 +102,24 @@ def test_resume_mid_epoch_equals_uninterrupted_run(tmp_path):
     assert [r["step"] for r in steps] == list(range(1, 13))
 
 
+def test_a_torn_last_row_of_the_step_log_leaves_the_run_resumable(tmp_path):
+    """steps.csv is appended in place: a full disk or a power cut leaves a short last row, and resuming then
+    failed in read_csv (float(None)). The cut row is left out; a short row inside the file is an error."""
+    train(tiny(tmp_path, "run", max_steps=3))
+    steps = tmp_path / "run" / "steps.csv"
+    text = steps.read_text()
+    steps.write_text(text[:-12])  # the last row cut off mid-way
+    assert len(read_csv(steps)) == 2
+    resumed = train(tiny(tmp_path, "run"), resume=True)
+    assert resumed.global_step == 12
+    # the cut row's step came before the checkpoint: its log line is the one thing lost
+    assert [r["step"] for r in read_csv(steps)] == [1, 2, *range(4, 13)]
+    lines = steps.read_text().splitlines()
+    steps.write_text("\n".join([*lines[:2], lines[2][:5], *lines[3:]]) + "\n")
+    with pytest.raises(ValueError, match="row 3 has fewer cells than the header"):
+        read_csv(steps)
+
+
 def test_resume_refuses_changed_recipe_and_fresh_start_over_existing_run(tmp_path):
     train(tiny(tmp_path, max_steps=1))
     with pytest.raises(ValueError, match="lr"):

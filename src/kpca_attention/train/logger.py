@@ -9,6 +9,7 @@ checkpoint are dropped so the files read as one uninterrupted run.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,17 +21,25 @@ __all__ = ["MetricLogger", "read_csv"]
 
 
 def read_csv(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a metrics CSV with numbers parsed (empty cells -> NaN)."""
+    """Rows of a metrics CSV with numbers parsed (empty cells -> NaN). A last row without its line end is
+    a row whose append was cut off (a full disk, a power cut: rows are appended in place) and is left out,
+    so a run stays resumable; a row with fewer cells than the header elsewhere is a ValueError."""
     rows = []
     with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            parsed: dict[str, Any] = {}
-            for k, v in row.items():
-                try:
-                    parsed[k] = float(v) if v != "" else math.nan
-                except ValueError:
-                    parsed[k] = v
-            rows.append(parsed)
+        text = f.read()
+    raw = list(csv.DictReader(io.StringIO(text, newline="")))
+    if raw and not text.endswith(("\n", "\r")):
+        raw = raw[:-1]
+    for i, row in enumerate(raw):
+        if None in row.values():  # csv's filler for the cells a short row lacks
+            raise ValueError(f"{path}: row {i + 2} has fewer cells than the header (the file is damaged)")
+        parsed: dict[str, Any] = {}
+        for k, v in row.items():
+            try:
+                parsed[k] = float(v) if v != "" else math.nan
+            except ValueError:
+                parsed[k] = v
+        rows.append(parsed)
     return rows
 
 
