@@ -609,3 +609,28 @@ def test_study_help_names_every_registered_study() -> None:
     out = CliRunner().invoke(app, ["study", "--help"], terminal_width=200).output
     for name in STUDIES:
         assert f" {name} " in " ".join(out.replace("|", " | ").split()) + " ", name
+
+
+def test_an_existing_run_is_loaded_from_the_checkpoint_its_fingerprint_names(tmp_path) -> None:
+    """The fingerprint (in every item's key) was read from the checkpoint latest.json named first, the
+    weights loaded by latest.json again later: a run still training in another lane moved on in between,
+    and items were keyed by one checkpoint and computed on another."""
+    import json
+
+    from kpca_attention.studies.sources import LoadedSource
+    from kpca_attention.studies.spec import Source
+    from kpca_attention.train import get_preset, load_model, train
+
+    run = tmp_path / "run"
+    train(get_preset("digits-cpu", output_dir=str(run), epochs=2, train_subset=32, eval_subset=16,
+                     batch_size=16, progress=False, model_kwargs={"depth": 1, "embed_dim": 32}))
+    first, last = sorted(p for p in (run / "checkpoints").iterdir() if p.is_dir())
+    latest = run / "checkpoints" / "latest.json"
+    latest.write_text(json.dumps({"finished": False, "name": first.name}))
+    src = LoadedSource(Source(str(run)))
+    assert src.fingerprint == json.loads((first / "COMPLETE").read_text())["files"]["model.safetensors"][
+        "sha256"]
+    latest.write_text(json.dumps({"finished": True, "name": last.name}))  # the run moved on
+    got, want, other = (m.state_dict() for m in (src.load(), load_model(first)[0], load_model(last)[0]))
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert not all(torch.equal(got[k], other[k]) for k in other)

@@ -98,7 +98,8 @@ class LoadedSource:
             if self.is_project:
                 from ..train.checkpoint import load_model
 
-                model, _ = load_model(self.path, self.device, ema=self.source.ema)
+                # the checkpoint the fingerprint names (latest.json may have moved on: a run still training)
+                model, _ = load_model(self.ckpt_dir, self.device, ema=self.source.ema)
                 self._loaded = (model, None)
             else:
                 from ..models.normalize import NormalizedModel
