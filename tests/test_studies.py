@@ -634,3 +634,32 @@ def test_an_existing_run_is_loaded_from_the_checkpoint_its_fingerprint_names(tmp
     got, want, other = (m.state_dict() for m in (src.load(), load_model(first)[0], load_model(last)[0]))
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert not all(torch.equal(got[k], other[k]) for k in other)
+
+
+def test_two_lanes_starting_together_keep_each_others_seeds(tmp_path, monkeypatch) -> None:
+    """settings.json is read, merged and written by every lane: unlocked, two lanes started together could
+    each drop the other's seeds (and the planned seeds decide whether a verdict reads as final)."""
+    import multiprocessing
+    import time
+
+    from kpca_attention.studies import engine
+
+    read = engine.read_json
+
+    def slow_read(path):  # widen the window between the read and the write
+        data = read(path)
+        time.sleep(0.5)
+        return data
+
+    monkeypatch.setattr(engine, "read_json", slow_read)
+    out = tmp_path / "study"
+    out.mkdir()
+    ctx = multiprocessing.get_context("fork")
+    lanes = [ctx.Process(target=engine._check_settings,
+                         args=(quick_demo_study().replace(seeds=(s,)), out, False)) for s in (3, 4)]
+    for p in lanes:
+        p.start()
+    for p in lanes:
+        p.join(30)
+        assert p.exitcode == 0
+    assert json.loads((out / "settings.json").read_text())["seeds"] == [3, 4]

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["atomic_path", "write_json_atomic", "write_text_atomic", "read_json", "json_ready", "fsync_dir",
-           "sha256_file", "output_path", "pack_bytes", "unpack_bytes", "new_file_mode", "check_output"]
+           "sha256_file", "output_path", "pack_bytes", "unpack_bytes", "new_file_mode", "check_output",
+           "folder_lock"]
 
 
 def check_output(path: str | os.PathLike | None, what: str, *, folder: bool) -> None:
@@ -129,6 +130,21 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike) -> Iterator[None]:
+    """An exclusive ``flock`` on the folder itself (no lock file left beside the files it guards); waits.
+    For read-modify-write of files that several processes update (a result store, a study's settings);
+    the kernel releases it when its holder dies, so it never goes stale."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

@@ -44,14 +44,13 @@ substitute. Items the study computes itself are stored in its own file beside th
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import json
 import math
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +58,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..io import json_ready, write_json_atomic
+from ..io import folder_lock, json_ready, write_json_atomic
 from .common import accuracy_of_hits, topk_hits
 
 __all__ = ["ResultStore", "ResultIntegrityError", "encode_bits", "decode_bits", "example_result",
@@ -475,19 +474,6 @@ def write_reference(path: str | os.PathLike, theirs: str | os.PathLike) -> int:
     return len(hashes)
 
 
-@contextlib.contextmanager
-def _folder_lock(folder: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on the folder itself (no lock file left among the results); waits."""
-    import fcntl
-
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
-
-
 class ResultStore:
     """The items of one model in one JSON file (see the module docstring)."""
 
@@ -530,7 +516,7 @@ class ResultStore:
         nkey = normalise_key(key)
         mine = {"key": nkey, "result": result, "sha256": item_hash(nkey, result)}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with _folder_lock(self.path.parent):
+        with folder_lock(self.path.parent):
             on_disk = _read_store(self.path)
             if on_disk is not None:
                 # verify what this store does not already hold as read (and verified): another writer's

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..io import read_json, write_json_atomic
+from ..io import folder_lock, read_json, write_json_atomic
 from ..machine import machine_info, machine_kind
 from ..robustness.store import ResultStore, normalise_key, write_reference
 from ..tasks import Task
@@ -387,7 +387,13 @@ def _worker(args: tuple[Study, str, int, str, str, str | None, bool, bool, int |
 
 def _check_settings(study: Study, out: Path, force: bool, command: str | None = None) -> None:
     """Refuse to mix studies in one folder: ``settings.json`` must describe the same variants'
-    models and the same recipe and evaluation (seeds may grow)."""
+    models and the same recipe and evaluation (seeds may grow). Under a lock on the folder: two lanes
+    starting together each keep the other's seeds (the planned seeds say whether a verdict is final)."""
+    with folder_lock(out):
+        _check_settings_locked(study, out, force, command)
+
+
+def _check_settings_locked(study: Study, out: Path, force: bool, command: str | None) -> None:
     f = out / "settings.json"
     saved = read_json(f)
     now = study.to_dict()
