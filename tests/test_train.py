@@ -268,3 +268,25 @@ def test_compiled_training_steps_follow_the_eager_run(tmp_path):
     assert_same_weights(eager, compiled, atol=1e-4)
     assert "compile" not in trajectory_settings(tiny(tmp_path, "x"))
     assert trajectory_settings(tiny(tmp_path, "x", compile=True))["compile"] is True
+
+
+def test_repeated_augmentation_shuffles_by_seed_and_epoch():
+    """timm's RepeatAugSampler (DeiT's repeated augmentation under DDP) seeds its shuffle with the epoch
+    alone: every training seed saw the same data order, and the seed-to-seed spread was underestimated."""
+    from kpca_attention.train.data import _base_sampler
+    from kpca_attention.train.distributed import DistInfo
+
+    data = list(range(60))
+    two = DistInfo(rank=0, world_size=2)
+
+    def order(seed, epoch):
+        s = _base_sampler(data, get_preset("digits-cpu", output_dir="x", seed=seed, repeated_aug=3), two)
+        s.set_epoch(epoch)
+        return list(s)
+
+    from timm.data.distributed_sampler import RepeatAugSampler
+
+    assert isinstance(_base_sampler(data, get_preset("digits-cpu", output_dir="x", repeated_aug=3), two),
+                      RepeatAugSampler)
+    assert order(0, 0) == order(0, 0) and order(0, 0) != order(0, 1)
+    assert order(0, 0) != order(1, 0) and order(0, 1) != order(1, 1)

@@ -207,12 +207,24 @@ class Loaders:
         return len(self.sampler.base) // self.train.batch_size  # type: ignore[arg-type, operator]
 
 
+def _repeat_aug_sampler(train_set: Dataset, cfg: TrainConfig, dist: DistInfo) -> Sampler:
+    """timm's ``RepeatAugSampler`` (DeiT's repeated augmentation), its shuffle seeded by (seed, epoch): timm
+    seeds it with the epoch alone, which gave every training seed the same data order."""
+    from timm.data.distributed_sampler import RepeatAugSampler
+
+    class SeededRepeatAugSampler(RepeatAugSampler):
+        def set_epoch(self, epoch: int) -> None:
+            super().set_epoch(mix_seed(cfg.seed, epoch))  # timm reads the epoch only as the shuffle's seed
+
+    sampler = SeededRepeatAugSampler(train_set, num_replicas=dist.world_size, rank=dist.rank, shuffle=True,
+                                     num_repeats=cfg.repeated_aug)
+    sampler.set_epoch(0)
+    return sampler
+
+
 def _base_sampler(train_set: Dataset, cfg: TrainConfig, dist: DistInfo) -> Sampler:
     if dist.distributed and cfg.repeated_aug > 1:
-        from timm.data.distributed_sampler import RepeatAugSampler
-
-        return RepeatAugSampler(train_set, num_replicas=dist.world_size, rank=dist.rank,
-                                shuffle=True, num_repeats=cfg.repeated_aug)
+        return _repeat_aug_sampler(train_set, cfg, dist)
     # DistributedSampler also in one process: epoch-seeded shuffling with our seed.
     return DistributedSampler(train_set, num_replicas=dist.world_size, rank=dist.rank,
                               shuffle=True, seed=cfg.seed, drop_last=True)
