@@ -35,6 +35,7 @@ weights or parameters are computed anew.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -92,6 +93,8 @@ def trained_on(out: Path) -> dict[str, list[str]]:
     from another study (references) included."""
     kinds: dict[str, list[str]] = {}
     for path in sorted((out / "results").glob("*-s*.json")):
+        if not re.fullmatch(r".+-s\d+", path.stem):
+            continue  # an existing model's file (<slug>.json) whose slug holds "-s"
         try:
             machine = ResultStore(path).items()["run"]["machine"]
         except (KeyError, TypeError):
