@@ -23,7 +23,7 @@ from kpca_attention.robustness.attacks import evaluate_attack
 from kpca_attention.robustness.corruptions import CorruptedDataset
 from kpca_attention.robustness.store import ResultStore, decode_bits, encode_bits
 from kpca_attention.stats import bootstrap_diff_ci, mcnemar, seed_test
-from kpca_attention.studies import ablation_study, get_study, quick_demo_study, run_study
+from kpca_attention.studies import ablation_study, get_study, machines, quick_demo_study, run_study
 from kpca_attention.studies.ablations import ablation_variants, candes_lambda
 from kpca_attention.studies.engine import ensure_trained
 from kpca_attention.studies.rpc_seeds import MIN_SEEDS, SEED_CAP
@@ -240,14 +240,13 @@ def test_no_checks_leaves_the_throughput_check_out(tmp_path) -> None:
 def test_a_run_taken_from_another_study_is_not_refused_on_another_machine(tmp_path, monkeypatch) -> None:
     """The up-front machine check refuses only where a run will train: a run another study holds in full
     (``Study.reuse``) is referred to, not trained, so it is not refused on another kind of machine."""
-    engine = importlib.import_module("kpca_attention.studies.engine")
     base = ablation_study(seeds=(0,), variants=("rpc_no_dual",), quick=True, train_subset=64)
     a = base.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)
     b = a.replace(name="b", reuse=(a.name,))
     run_study(a, tmp_path / a.name, progress=False, checks=False, only=("symvit",))
     run_study(b, tmp_path / "b", progress=False, checks=False, only=("rpc_no_dual",))  # trained here
-    real = engine.machine_kind
-    monkeypatch.setattr(engine, "machine_kind", lambda info=None: real(info) if info else "Another CPU")
+    real = machines.machine_kind
+    monkeypatch.setattr(machines, "machine_kind", lambda info=None: real(info) if info else "Another CPU")
     run_study(b, tmp_path / "b", progress=False, checks=False, only=("symvit",))  # taken from a: no refusal
     assert ResultStore(tmp_path / "b" / "results" / "symvit-s0.json").taken_from is not None
     b2 = b.replace(seeds=(0, 1))
@@ -259,13 +258,12 @@ def test_a_study_trains_on_one_kind_of_machine(tmp_path, monkeypatch) -> None:
     # runs of one study trained on two kinds of machine differ by more than their seeds (an AMD EPYC and
     # an Intel Xeon take other floating-point paths): training a run on another kind is refused with one
     # line unless asked for; finished runs are still reused there, and the report says which kinds
-    engine = importlib.import_module("kpca_attention.studies.engine")
     study = ablation_study(seeds=(0,), variants=("rpc_no_dual",), quick=True, train_subset=64)
     study = study.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)
     run_study(study, tmp_path, progress=False, checks=False, seeds=(0,), only=("symvit",))
-    real = engine.machine_kind
+    real = machines.machine_kind
     here = real()
-    monkeypatch.setattr(engine, "machine_kind", lambda info=None: real(info) if info else "Another CPU")
+    monkeypatch.setattr(machines, "machine_kind", lambda info=None: real(info) if info else "Another CPU")
     run_study(study, tmp_path, progress=False, checks=False, seeds=(0,), only=("symvit",))  # reused
     settings = (tmp_path / "settings.json").read_text()
     study = study.replace(seeds=(0, 1))  # as `--seeds 1` adds a seed to the study
@@ -275,14 +273,41 @@ def test_a_study_trains_on_one_kind_of_machine(tmp_path, monkeypatch) -> None:
     assert not (tmp_path / "results" / "symvit-s1.json").exists()
     assert (tmp_path / "settings.json").read_text() == settings  # refused before it declared seed 1
     assert "Trained on one kind of machine: " + here in (tmp_path / "report.md").read_text()
-    monkeypatch.setattr(engine, "machine_info", lambda: {"cpu": "Another CPU"})
+    from kpca_attention.train import checkpoint as ckpt_mod
+
+    monkeypatch.setattr(ckpt_mod, "machine_info", lambda: {"cpu": "Another CPU"})  # what checkpoints record
     run_study(study, tmp_path, progress=False, checks=False, seeds=(1,), only=("symvit",), any_machine=True)
-    assert engine.trained_on(tmp_path) == {here: ["symvit-s0"], "Another CPU": ["symvit-s1"]}
+    assert machines.trained_on(tmp_path) == {here: ["symvit-s0"], "Another CPU": ["symvit-s1"]}
     report = (tmp_path / "report.md").read_text()
     assert "**Trained on 2 kinds of machine**" in report
     # the vector instructions each run's torch used are recorded and counted within each kind (runs recorded
     # before: "not recorded"), beside the kind, which is the CPU model only
     assert f"{here}: {torch.backends.cpu.get_cpu_capability()} (1); Another CPU: not recorded (1)." in report
+
+
+def test_checkpoints_record_the_machines_that_trained_them(tmp_path, monkeypatch) -> None:
+    """The run item's machine was the evaluating one; a run resumed on another kind passed unnoticed. Each
+    checkpoint now records the machines that trained its run, the study refuses to resume a run on another
+    kind, and a run that was (--any-machine) lists every kind."""
+    from kpca_attention.train import checkpoint as ckpt_mod
+    from kpca_attention.train import get_preset, train
+
+    engine = importlib.import_module("kpca_attention.studies.engine")
+    run = tmp_path / "run"
+    cfg = dict(output_dir=str(run), epochs=2, train_subset=32, eval_subset=16, batch_size=16, progress=False,
+               model_kwargs={"depth": 1, "embed_dim": 32})
+    train(get_preset("digits-cpu", max_steps=2, **cfg))
+    here = ckpt_mod.training_machines(run)
+    assert len(here) == 1 and here[0]["device"] == "cpu" and here[0]["cpu"] == engine.machine_info()["cpu"]
+    monkeypatch.setattr(ckpt_mod, "machine_info", lambda: {"cpu": "Another CPU"})
+    other = {"cpu": "Another CPU"}
+    monkeypatch.setattr(machines, "machine_kind", lambda info=None: ckpt_mod.machine_kind(info or other))
+    with pytest.raises(ValueError, match="was trained so far on .*this machine is Another CPU"):
+        engine.check_machine_kind(tmp_path / "study", run_dir=run)
+    engine.check_machine_kind(tmp_path / "study", any_machine=True, run_dir=run)
+    train(get_preset("digits-cpu", **cfg), resume=True)
+    assert [m["cpu"] for m in ckpt_mod.training_machines(run)] == [here[0]["cpu"], "Another CPU"]
+    assert machines.run_machine(run)["machines"][1] == {"cpu": "Another CPU", "device": "cpu"}
 
 
 def test_runs_are_evaluated_where_their_recipe_trains(tmp_path, monkeypatch) -> None:

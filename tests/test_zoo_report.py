@@ -21,9 +21,9 @@ from kpca_attention.studies.engine import (
     _holds_everything,
     result_path,
     run_study,
-    trained_on,
 )
 from kpca_attention.studies.language import quick_language_study
+from kpca_attention.studies.machines import trained_on
 from kpca_attention.studies.margins import ZOO_MARGINS, ZOO_NOT_FOUND
 from kpca_attention.studies.spec import Leaderboard, Margin
 from kpca_attention.tasks.language.suites import LMSuites, encode_f16

@@ -41,7 +41,8 @@ def machine_info() -> dict[str, Any]:
 
 def machine_kind(info: dict[str, Any] | None = None) -> str:
     """The kind of machine of :func:`machine_info` (default: this one): the GPU's name where one was
-    present, else the CPU model. A study trains on one kind: the same run on an AMD EPYC and on an
+    present (and the run's recorded ``device``, where there is one, was not the CPU), else the CPU model.
+    A study trains on one kind: the same run on an AMD EPYC and on an
     Intel Xeon takes other floating-point paths (seen: epoch-1 loss 0.98994 against 0.98986 for the same
     seed, and held-out accuracy a point apart by epoch 2), so runs of two kinds differ by more than their
     seeds.
@@ -53,7 +54,7 @@ def machine_kind(info: dict[str, Any] | None = None) -> str:
     gave 1.024820 too on that VM). ``cpu_capability`` is recorded since, and reports count the runs per
     capability (report/study.py); the kind does not include it, so runs recorded before it stay comparable."""
     info = machine_info() if info is None else info
-    if info.get("gpu"):
+    if info.get("gpu") and info.get("device") != "cpu":  # a CPU-pinned run on a GPU host ran on its CPU
         return str(info["gpu"])
     # the clock a hypervisor appends to the model name ("... @ 2.80GHz") is not a floating-point path: the
     # language study's Symlm seed 0 trained on "Intel(R) Xeon(R) Processor @ 2.80GHz" (2026-11-26) gave

@@ -127,7 +127,8 @@ def _status(study: Any, out: Path, runs: Path, only: list[str] | None, seeds: tu
     """``study NAME --status``: one line per (variant, seed) of the study (``--variants`` / ``--seeds``
     narrow it), then the kinds of machine its finished runs were trained on and this one's."""
     from ..machine import machine_kind
-    from ..studies.engine import run_state, trained_on
+    from ..studies.engine import run_state
+    from ..studies.machines import trained_on
 
     for slug in only or ():
         study.variant(slug)  # an unknown slug: one line naming the valid ones

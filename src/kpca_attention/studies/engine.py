@@ -35,7 +35,6 @@ weights or parameters are computed anew.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 import time
@@ -47,13 +46,14 @@ import torch
 from torch import nn
 
 from ..io import folder_lock, read_json, write_json_atomic
-from ..machine import machine_info, machine_kind
+from ..machine import machine_info
 from ..robustness.store import ResultStore, normalise_key, write_reference
 from ..tasks import Task
 from ..tasks import get as get_task
 from ..train import CheckpointError, load_model, train
 from ..train.distributed import resolve_device
 from ..train.rundir import RunDir, trajectory_settings
+from .machines import check_machine_kind, run_machine
 from .sources import LoadedSource
 from .spec import Study, Variant
 
@@ -86,33 +86,6 @@ def _run_key(study: Study, variant: Variant, seed: int, runs: Path) -> dict[str,
     """What identifies a run's weights: the training settings that change the trajectory."""
     cfg = study.train_config(variant, seed, str(run_dir_of(runs, variant, seed)))
     return normalise_key({"train": trajectory_settings(cfg), "version": RESULTS_VERSION})
-
-
-def trained_on(out: Path) -> dict[str, list[str]]:
-    """``{machine kind: [run, ...]}`` of the finished runs in a study's results folder (``out``), runs taken
-    from another study (references) included."""
-    kinds: dict[str, list[str]] = {}
-    for path in sorted((out / "results").glob("*-s*.json")):
-        if not re.fullmatch(r".+-s\d+", path.stem):
-            continue  # an existing model's file (<slug>.json) whose slug holds "-s"
-        try:
-            machine = ResultStore(path).items()["run"]["machine"]
-        except (KeyError, TypeError):
-            continue  # not finished, or an existing model (no training)
-        kinds.setdefault(machine_kind(machine), []).append(path.stem)
-    return kinds
-
-
-def check_machine_kind(out: Path, any_machine: bool = False) -> None:
-    """Refuse to train a study's run on another kind of machine than its finished runs' (one kind per
-    study: :func:`~kpca_attention.machine.machine_kind` says why), unless ``any_machine``."""
-    here = machine_kind()
-    others = {k: v for k, v in trained_on(out).items() if k != here}
-    if others and not any_machine:
-        where = "; ".join(f"{k} ({len(v)} run{'s' * (len(v) > 1)})" for k, v in others.items())
-        raise ValueError(f"{out}: its runs were trained on {where}, this machine is {here}; a study trains "
-                         "on one kind of machine (other floating-point paths): train it there, or pass "
-                         "--any-machine to mix them")
 
 
 def _unreadable_run(run_dir: Path, err: Exception) -> ValueError:
@@ -174,7 +147,7 @@ def _training_summary(task: Task, run_dir: Path, model: nn.Module) -> dict[str, 
         "final_train_loss": rows[-1]["train_loss"],
         "epochs": [{k: v for k, v in r.items() if isinstance(v, (int, float))} for r in rows],
         "params": sum(p.numel() for p in model.parameters()),
-        "machine": machine_info(),
+        **run_machine(run_dir),
     }
 
 
@@ -204,7 +177,8 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
     def run_dir() -> Path:
         if "dir" not in state:
             state["dir"] = ensure_trained(study, variant, seed, runs, progress=progress, log=log,
-                                          before_training=lambda: check_machine_kind(out, any_machine),
+                                          before_training=lambda: check_machine_kind(
+                                              out, any_machine, run_dir_of(runs, variant, seed)),
                                           loader_workers=loader_workers)
         return state["dir"]
 

@@ -54,7 +54,8 @@ import torch
 from torch import nn
 
 from ..io import fsync_dir as _fsync_dir
-from ..io import new_file_mode, sha256_file, write_json_atomic
+from ..io import new_file_mode, read_json, sha256_file, write_json_atomic
+from ..machine import machine_info, machine_kind
 from ..tasks import get as get_task
 from .config import TrainConfig
 from .hf import force_offline
@@ -62,6 +63,7 @@ from .rundir import LATEST_FILE, CheckpointError, entry_in, read_config
 
 __all__ = [
     "CheckpointError",
+    "training_machines",
     "save_checkpoint",
     "load_checkpoint",
     "resolve_checkpoint",
@@ -230,7 +232,8 @@ def _write_error(where: Path, e: Exception) -> str:
 
 def _write_checkpoint_files(tmp: Path, *, model: nn.Module, config: TrainConfig, state: dict[str, Any],
                             ema: nn.Module | None, finished: bool,
-                            extra_files: dict[str, Callable[[Path], None]] | None) -> None:
+                            extra_files: dict[str, Callable[[Path], None]] | None,
+                            machines: list[dict[str, Any]]) -> None:
     """Every file of one checkpoint into the temporary folder ``tmp``, ``COMPLETE`` last."""
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -252,6 +255,7 @@ def _write_checkpoint_files(tmp: Path, *, model: nn.Module, config: TrainConfig,
         "files": {f: {"size": (tmp / f).stat().st_size, "sha256": sha256_file(tmp / f)} for f in files},
         "progress": {k: progress[k] for k in ("epoch", "step_in_epoch", "global_step")},
         "finished": finished,
+        "machines": machines,
     }
     write_json_atomic(tmp / MARKER_FILE, marker)
     _fsync_dir(tmp)
@@ -287,9 +291,13 @@ def save_checkpoint(
     name = checkpoint_name(int(progress["epoch"]), int(progress["global_step"]))
     final = ckpt_root / name
     tmp = ckpt_root / f".{name}.tmp-{os.getpid()}"
+    machines = training_machines(run_dir)
+    here = {**machine_info(), "device": _device_of(model)}
+    if not machines or machine_kind(machines[-1]) != machine_kind(here):
+        machines.append(here)  # the machines that trained it, in order: one, unless resumed elsewhere
     try:
         _write_checkpoint_files(tmp, model=model, config=config, state=state, ema=ema, finished=finished,
-                                extra_files=extra_files)
+                                extra_files=extra_files, machines=machines)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # never leave half a checkpoint behind
         if isinstance(e, Exception):
@@ -312,6 +320,26 @@ def save_checkpoint(
 
 
 # --- reading ----------------------------------------------------------------------------------
+
+
+def _device_of(model: nn.Module) -> str:
+    p = next(iter(model.parameters()), None)
+    return "cpu" if p is None else p.device.type
+
+
+def training_machines(path: str | Path) -> list[dict[str, Any]]:
+    """The machines that trained a run up to its latest checkpoint (``path``: the run or one checkpoint),
+    in order, as :func:`~kpca_attention.machine.machine_info` recorded them with the device: one entry,
+    or one per change of machine kind where it was resumed elsewhere. Empty for checkpoints written before
+    this was recorded, or for a run without a checkpoint."""
+    try:
+        ckpt = resolve_checkpoint(path)
+    except (CheckpointError, FileNotFoundError):
+        return []
+    marker = read_json(ckpt / MARKER_FILE)
+    found = marker.get("machines") if isinstance(marker, dict) else None
+    return [dict(m) for m in found if isinstance(m, dict)] if isinstance(found, list) else []
+
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
