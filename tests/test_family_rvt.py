@@ -120,6 +120,18 @@ def test_causal_lm_has_no_leak_from_the_future() -> None:
     assert_no_leak_from_the_future(lm, n=10, t=4, shift=True)
 
 
+@pytest.mark.parametrize("context", [64, 300])
+def test_the_lms_position_scale_spans_its_context(context: int) -> None:
+    """W_p was built at 256 positions whatever the context: 94 % of it unused at context 64 (the parameter
+    counts of zoo-language inflated), and a context over 256 failed in the forward."""
+    lm = causal_lm("rvt_lm", n_layer=2, context=context)
+    assert lm.blocks[0].attn.position_scale.shape == (4, context, context)
+    with torch.no_grad():
+        logits, _ = lm(torch.randint(0, 30, (1, context)))
+    assert logits.shape == (1, context, 30)
+    assert causal_lm("rvt_lm", n_layer=2, attn_kwargs={"num_tokens": 100}).blocks[0].attn.num_tokens == 100
+
+
 def test_timm_model_forward() -> None:
     model, _ = timm_forward("rvt_vit_mini_patch4_28")
     assert model.blocks[0].attn.position_scale.shape == (4, 50, 50)

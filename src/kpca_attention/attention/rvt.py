@@ -148,7 +148,8 @@ class PositionAwareAttention(HeadsAttention):
 
 register_mechanism(
     "rvt", PositionAwareAttention, dict(num_prefix_tokens=1, resize="interpolate", init=0.0),
-    task_defaults={"lm": dict(num_tokens=256, num_prefix_tokens=0, resize="crop")},
+    # the LM builds W_p at its context length (models/lm.py passes num_tokens)
+    task_defaults={"lm": dict(num_prefix_tokens=0, resize="crop")},
     layers={"vision": first_five_twelfths, "lm": first_five_twelfths},
     description="RVT position-aware attention scaling softmax((Q K^T / sqrt D) * sigmoid(W_p)) V, W_p per "
                 "head N x N (first 5 of 12 blocks)",

@@ -135,6 +135,8 @@ def _attn_layer(family: str, cfg: LMConfig, layer: int, symmetric: bool = False)
         mech = get_mechanism(family)
         applied = layer in mech.applied_blocks("lm", cfg.n_layer, cfg.attn_layers)
         opts = dict(cfg.attn_kwargs or {})
+        if "num_tokens" in getattr(mech.cls, "parameter_constraints", {}):
+            opts.setdefault("num_tokens", cfg.context)  # a per-position parameter (RVT's W_p): the context
         if mech.stateful:  # outside attn_layers it still records its state (applied=False)
             return mech.layer_class("lm", symmetric, **opts, applied=applied)
         if applied:
