@@ -132,6 +132,23 @@ def test_the_lms_position_scale_spans_its_context(context: int) -> None:
     assert causal_lm("rvt_lm", n_layer=2, attn_kwargs={"num_tokens": 100}).blocks[0].attn.num_tokens == 100
 
 
+def test_a_classifiers_position_scales_load_into_a_segmenter_of_another_window() -> None:
+    """load_encoder_weights resampled only pos_embed: a trained RVT classifier's W_p (H, 50, 50) did not fit a
+    Segmenter's (H, 65, 65) and loading failed with a shape error."""
+    from kpca_attention.attention.rvt import resize_position_scale
+    from kpca_attention.models.segmenter import load_encoder_weights
+
+    torch.manual_seed(0)
+    clf = timm.create_model("rvt_vit_mini_patch4_28")
+    with torch.no_grad():
+        clf.blocks[0].attn.position_scale.normal_()
+    seg = create_model("segmenter_rvt_vit_mini_patch4_32", num_classes=3, in_chans=1)
+    assert seg.encoder.blocks[0].attn.position_scale.shape == (4, 65, 65)
+    load_encoder_weights(seg, clf.state_dict())
+    want = resize_position_scale(clf.blocks[0].attn.position_scale.detach(), 65, 1, "interpolate")
+    torch.testing.assert_close(seg.encoder.blocks[0].attn.position_scale.detach(), want)
+
+
 def test_timm_model_forward() -> None:
     model, _ = timm_forward("rvt_vit_mini_patch4_28")
     assert model.blocks[0].attn.position_scale.shape == (4, 50, 50)

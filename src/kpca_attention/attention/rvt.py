@@ -13,10 +13,12 @@ init does not touch it; a fresh large CPU allocation reads as zeros); here it st
 0: sigmoid 0.5). The official model has no class token (global average pooling); here W_p covers every
 token of the sequence, prefix tokens included.
 
-Other token counts (another image size, a Segmenter's window): W_p is resized as position embeddings are
-(``resize="interpolate"``, bilinear): the patch-to-patch block as a function of the query's and the key's
-grid positions (interpolated over the key grid, then over the query grid), the prefix rows and columns over
-the grid, the prefix-to-prefix block kept. ``resize="crop"`` takes the top-left n x n block instead (the
+Other token counts (another image size, a Segmenter's window, whose encoder weights are loaded by
+``models.segmenter.load_encoder_weights``): W_p is resized over the patch grid like position embeddings,
+but bilinearly (``resize="interpolate"``; timm resamples position embeddings bicubically): the
+patch-to-patch block as a function of the query's and the key's grid positions (interpolated over the key
+grid, then over the query grid), the prefix rows and columns over the grid, the prefix-to-prefix block
+kept. ``resize="crop"`` takes the top-left n x n block instead (the
 language model: position t is position t at any length).
 
 The logits are formed (B, H, N, N) - a product with the scale cannot go through SDPA's additive mask.

@@ -41,6 +41,8 @@ from timm.models import register_model
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import Tensor, nn
 
+from ..attention import PositionAwareAttention
+from ..attention.rvt import resize_position_scale
 from .vit import FAMILIES
 
 __all__ = [
@@ -267,7 +269,8 @@ def load_encoder_weights(model: Segmenter, weights: Mapping[str, Tensor] | str |
     ``weights`` is a state dict (or a ``.safetensors`` file) of a timm ViT of the same family and width,
     optionally wrapped in ``NormalizedModel`` (keys ``model.*``; its ``mean``/``std`` are skipped). The
     classification head is dropped and the position embeddings are resampled (bicubic, timm's
-    ``resample_abs_pos_embed``) to the encoder's patch grid. The decoder is left as initialised.
+    ``resample_abs_pos_embed``) to the encoder's patch grid, RVT's position scales W_p (bilinear, as the
+    layer resizes them) to its sequence. The decoder is left as initialised.
 
     Returns:
         the encoder keys loaded (all of them).
@@ -292,6 +295,10 @@ def load_encoder_weights(model: Segmenter, weights: Mapping[str, Tensor] | str |
             n_prefix = model.encoder.num_prefix_tokens
             new_grid = model.encoder.patch_embed.grid_size
             w = resample_abs_pos_embed(w, new_size=list(new_grid), num_prefix_tokens=n_prefix)
+        layer = model.encoder.get_submodule(k.rpartition(".")[0]) if "." in k else None
+        if isinstance(layer, PositionAwareAttention) and k.endswith(".position_scale") and w.shape != v.shape:
+            # RVT's W_p, per pair of tokens: resized to the window's sequence as the layer resizes it
+            w = resize_position_scale(w, v.shape[-1], layer.num_prefix_tokens, layer.resize)
         if w.shape != v.shape:
             raise ValueError(f"encoder weight {k}: shape {tuple(w.shape)} in the checkpoint, "
                              f"{tuple(v.shape)} in the Segmenter (another width, patch size or channels?)")
