@@ -19,6 +19,14 @@ quotient ``(v^l - v^{l-1}) / (|q^l - q^{l-1}| + attenuation)`` with ``attenuatio
 when the values did not change); here the max is clamped to the smallest normal number, the only
 difference (m = 0 then, which is plain attention with zero queries).
 
+Which of mean and median the published numbers used is not settled here: the official training script
+(``Elliptical_ImageNet/run_elliptical.sh``) passes no ``--grad-median`` and so trains with the mean (this
+layer's default), while its attack scripts (``Elliptical_ImAttack/Scripts/run_*.sh``) pass ``--grad-median``;
+the WikiText attack script builds its model with that flag but then replaces it with the unpickled trained
+one, so there the flag never reaches the model; the ImageNet attack code that would tell was not readable
+here. The official WikiText model also leaves the Mahalanobis logits unscaled (no 1 / sqrt(D)); this layer
+follows the ImageNet code and the paper's 1 / sqrt(D) in every task.
+
 Masks: with a mask or a causal mask the mean over tokens becomes the mean over the tokens each query may
 see (``m`` per query), so a causal model sees nothing from the future (the official code has no mask and
 averages over all tokens, which would leak future values into position t). ``median`` is only defined
