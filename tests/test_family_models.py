@@ -216,3 +216,18 @@ def test_module_apply_reaches_every_module_of_a_stateful_model(mech: str) -> Non
         assert len(seen) == len(list(model.modules()))
         assert all(isinstance(m.attn.applied, bool) for m in model.modules() if hasattr(m, "attn")
                    and hasattr(m.attn, "applied"))
+
+
+def test_a_stateful_layer_in_timms_plain_vit_says_it_computes_plain_attention() -> None:
+    """In timm's own blocks a NeuTRENO / PID / Elliptical layer gets no cross-layer state and computes plain
+    attention in every block - an experiment that silently compared attention with itself. It says so once;
+    the registered models, which pass the state, say nothing."""
+    import warnings
+
+    plain = timm.create_model("vit_tiny_patch16_224", img_size=28, patch_size=4, in_chans=1, num_classes=10,
+                              depth=2, attn_layer=NeuTRENOAttention)
+    with pytest.warns(UserWarning, match="ran without the cross-layer state.*StatefulBlocks"):
+        plain(images())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mini("neutreno_vit_mini_patch4_28")(images())

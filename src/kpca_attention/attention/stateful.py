@@ -24,6 +24,7 @@ tracing) and hooks see an ordinary function of the input.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -79,6 +80,13 @@ class StatefulAttention(HeadsAttention):
             raise ValueError(
                 f"{type(self).__name__}: x must be (B, N, {self.attn_dim}), got {tuple(x.shape)}"
             )
+        if state is None and self.applied and not is_proxy(x):
+            warnings.warn(
+                f"{type(self).__name__} ran without the cross-layer state, so it computed what a first "
+                "layer computes (NeuTRENO, PIDformer, Elliptical: plain attention); inside a model use its "
+                "registered models (e.g. neutreno_vit_*) or StatefulBlocks, which pass the state "
+                "(attention/stateful.py)",
+                stacklevel=2)
         b, n, _ = x.shape
         out, new_state = self.attend_state(self.split_heads(x), attn_mask, is_causal,
                                            {} if state is None else state)
