@@ -688,3 +688,19 @@ def test_two_lanes_starting_together_keep_each_others_seeds(tmp_path, monkeypatc
         p.join(30)
         assert p.exitcode == 0
     assert json.loads((out / "settings.json").read_text())["seeds"] == [3, 4]
+
+
+def test_a_gpu_machine_records_what_decides_whether_its_kernels_repeat(monkeypatch) -> None:
+    """Nothing requests deterministic GPU kernels; what a GPU run used is recorded with its machine (cuDNN's
+    flags, TF32, torch's deterministic algorithms), and a CPU-pinned run there is of its CPU's kind."""
+    from kpca_attention import machine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    info = machine.machine_info()
+    assert info["gpu"] == "NVIDIA H200" and info["cudnn"]["benchmark"] is True
+    assert set(info["cudnn"]) == {"deterministic", "benchmark", "allow_tf32"}
+    assert isinstance(info["matmul_allow_tf32"], bool) and info["deterministic_algorithms"] is False
+    assert machine.machine_kind(info) == "NVIDIA H200"
+    assert machine.machine_kind({**info, "device": "cpu"}) == machine.machine_kind({"cpu": info["cpu"]})

@@ -28,7 +28,8 @@ def cpu_model() -> str:
 def machine_info() -> dict[str, Any]:
     """CPU model, the vector instructions torch's CPU kernels use (``cpu_capability``: hosts of one CPU
     model name differ here - see :func:`machine_kind`), logical CPUs, torch threads, torch version and the
-    GPU (if one is used)."""
+    GPU (if one is used) with the settings that decide whether its kernels repeat bit for bit (cuDNN's
+    deterministic / benchmark / TF32 flags, TF32 matmuls, torch's deterministic algorithms)."""
     import torch
 
     info: dict[str, Any] = {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -36,6 +37,12 @@ def machine_info() -> dict[str, Any]:
                             "torch": torch.__version__}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
+        # what decides whether a GPU run repeats bit for bit (nothing here requests determinism: recorded)
+        info["cudnn"] = {"deterministic": torch.backends.cudnn.deterministic,
+                         "benchmark": torch.backends.cudnn.benchmark,
+                         "allow_tf32": torch.backends.cudnn.allow_tf32}
+        info["matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
+        info["deterministic_algorithms"] = torch.are_deterministic_algorithms_enabled()
     return info
 
 
