@@ -5,6 +5,8 @@ masks (m per query over the keys it may see) and the causal LM's no-leak propert
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from family_checks import (
@@ -38,9 +40,13 @@ def official_metric(q, q_last, v, v_last, delta=5.0, attenuation=1e-3, median=Fa
     return (w / w.max(dim=-1, keepdim=True).values)[..., None, :]  # (B, H, 1, D)
 
 
-def masked_metric(v, v_last, vis, delta=5.0):
-    """Per query i: the mean over the keys j it may see of |v_j - v_last_j| / delta, max-scaled."""
-    d = (v - v_last).abs() / delta  # (B, H, N, D)
+def masked_metric(v, v_last, vis, delta=5.0, q=None, q_last=None, attenuation=1e-3):
+    """Per query i: the mean over the keys j it may see of |v_j - v_last_j| / delta (delta None: of the
+    quotient |v_j - v_last_j| / (|q_j - q_last_j| + attenuation)), max-scaled."""
+    if delta is None:
+        d = (v - v_last).abs() / ((q - q_last).abs() + attenuation)
+    else:
+        d = (v - v_last).abs() / delta  # (B, H, N, D)
     b, h, n, dd = d.shape
     m = torch.zeros(b, h, n, dd, dtype=d.dtype)
     for i in range(n):
@@ -59,7 +65,8 @@ def reference(layers, xs, attn_mask=None, causal=False, **opts):
             if attn_mask is None and not causal:
                 q = q * official_metric(p["q"], prev["q"], p["v"], prev["v"], **opts)
             else:
-                q = q * masked_metric(p["v"], prev["v"], vis)
+                q = q * masked_metric(p["v"], prev["v"], vis, opts.get("delta", 5.0), p["q"], prev["q"],
+                                      opts.get("attenuation", 1e-3))
         outs.append(merge(layer, softmax_attention(q, p["k"], p["v"], vis)))
         prev = p
     return outs
@@ -80,11 +87,13 @@ def test_matches_the_official_code(symmetric: bool, opts: dict) -> None:
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("opts", [{}, {"delta": None}], ids=["official", "quotient"])
 @pytest.mark.parametrize("case", ["causal", "padding"])
-def test_masks_average_over_the_visible_keys(case: str) -> None:
-    layers = stack(symmetric=False)
+def test_masks_average_over_the_visible_keys(case: str, opts: dict) -> None:
+    layers = stack(symmetric=False, **opts)
     xs = inputs(layers)
-    assert_stack_matches(layers, xs, reference, case_mask(case, 7, keep=4), case == "causal")
+    ref = functools.partial(reference, **opts)
+    assert_stack_matches(layers, xs, ref, case_mask(case, 7, keep=4), case == "causal")
     with pytest.raises(ValueError, match="median"):
         run_stack(stack(median=True), xs, is_causal=True)
 
