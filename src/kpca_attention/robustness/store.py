@@ -370,19 +370,22 @@ def seal_store(path: str | os.PathLike) -> tuple[int, int]:
     """Verify a store file (hashes present, summaries) and add the missing hashes; mark it sealed.
     Returns ``(items, newly hashed)``."""
     path = Path(path)
-    data = _read_store(path)
-    if data is None:
+    if not path.is_file():
         raise FileNotFoundError(f"no result file {path}")
-    _verify(path, data, require_hashes=bool(data.get("sealed")))
-    reuses = data.get("reuses")
-    taken = _reused_items(path, reuses) if reuses is not None else {}
-    items = data.get("items", {})
-    new = 0
-    for stored in items.values():
-        if "sha256" not in stored:
-            stored["sha256"] = item_hash(stored["key"], stored["result"])
-            new += 1
-    write_json_atomic(path, _file_data(items, reuses, sealed=True), indent=None)
+    with folder_lock(path.parent):  # the lock a put takes: an item stored meanwhile is not lost
+        data = _read_store(path)
+        if data is None:
+            raise FileNotFoundError(f"no result file {path}")
+        _verify(path, data, require_hashes=bool(data.get("sealed")))
+        reuses = data.get("reuses")
+        taken = _reused_items(path, reuses) if reuses is not None else {}
+        items = data.get("items", {})
+        new = 0
+        for stored in items.values():
+            if "sha256" not in stored:
+                stored["sha256"] = item_hash(stored["key"], stored["result"])
+                new += 1
+        write_json_atomic(path, _file_data(items, reuses, sealed=True), indent=None)
     return len(taken.keys() | items.keys()), new
 
 
@@ -470,7 +473,8 @@ def write_reference(path: str | os.PathLike, theirs: str | os.PathLike) -> int:
     reuses = {"study": theirs.parent.parent.name, "file": theirs.name, "sha256": hashes}
     _reused_items(path, reuses)  # the reference resolves from where it is written
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, _file_data({}, reuses, sealed=True), indent=None)
+    with folder_lock(path.parent):  # not between another writer's read and write of this file
+        write_json_atomic(path, _file_data({}, reuses, sealed=True), indent=None)
     return len(hashes)
 
 
