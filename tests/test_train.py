@@ -290,3 +290,16 @@ def test_repeated_augmentation_shuffles_by_seed_and_epoch():
                       RepeatAugSampler)
     assert order(0, 0) == order(0, 0) and order(0, 0) != order(0, 1)
     assert order(0, 0) != order(1, 0) and order(0, 1) != order(1, 1)
+
+
+def test_resume_from_another_run_needs_an_empty_output_directory(tmp_path):
+    """resume=OTHER into a directory holding a run continued that directory's metric files with the other
+    run's history (its rows up to the resume step stayed); now refused. An empty directory, or a checkpoint
+    of the run itself, resumes."""
+    train(tiny(tmp_path, "a", max_steps=3))
+    copy = train(tiny(tmp_path, "b"), resume=tmp_path / "a")  # the run continued in a new directory
+    assert copy.global_step == 12
+    with pytest.raises(FileExistsError, match="already holds a training run: resume .* into an empty"):
+        train(tiny(tmp_path, "b"), resume=tmp_path / "a")
+    own = sorted(p for p in (tmp_path / "b" / "checkpoints").iterdir() if p.is_dir())[0]
+    assert train(tiny(tmp_path, "b"), resume=own).global_step == 12  # a checkpoint of its own run

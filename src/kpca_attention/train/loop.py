@@ -87,11 +87,22 @@ class _Trainer:
             raise NotADirectoryError(f"output directory {self.run_dir} is a file")
         if resume:
             self.resume_from = self.run_dir if resume is True else Path(resume)
+            if resume is not True and self.rundir.has_checkpoint() and not self._same_run(self.resume_from):
+                raise FileExistsError(  # its metric files would be continued with another run's rows
+                    f"{self.run_dir} already holds a training run: resume {resume} into an empty output "
+                    "directory, or continue this one with --resume alone")
         elif self.rundir.has_checkpoint() and not overwrite:
             raise FileExistsError(
                 f"{self.run_dir} already holds a training run; pass resume=True (--resume) to continue it "
                 "or overwrite=True (--overwrite) to start again"
             )
+
+    def _same_run(self, path: Path) -> bool:
+        """Whether ``path`` (a run or one of its checkpoints) lies in this run's directory."""
+        try:
+            return path.resolve().is_relative_to(self.run_dir.resolve())
+        except OSError:
+            return False
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
