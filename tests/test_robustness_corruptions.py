@@ -115,6 +115,9 @@ def test_cache_is_written_once_and_read_back(tmp_path, monkeypatch):
     # another base data set gets another cache file
     other = _Base(5)
     assert C.CorruptedDataset(other, "glass_blur", 2, seed=3, cache_dir=tmp_path).cache_path != path
+    # and other images of corrupt() (a fix, its version bumped) another file
+    monkeypatch.setattr(C, "IMAGES_VERSION", C.IMAGES_VERSION + 1)
+    assert C.CorruptedDataset(base, "glass_blur", 2, seed=3, cache_dir=tmp_path).cache_path != path
 
 
 def test_partial_cache_is_repaired(tmp_path, monkeypatch):

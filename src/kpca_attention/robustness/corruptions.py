@@ -54,6 +54,10 @@ ALL_CORRUPTIONS: tuple[str, ...] = COMMON_CORRUPTIONS + EXTRA_CORRUPTIONS
 CORRUPTION_SUBSETS: dict[str, tuple[str, ...]] = {"common": COMMON_CORRUPTIONS, "extra": EXTRA_CORRUPTIONS,
                                                   "all": ALL_CORRUPTIONS}
 SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
+#: the version of the corrupted images :func:`corrupt` makes, in every cache file's name: bump it with any
+#: change of what it returns, so images cached before are not read as the new ones (the studies' results
+#: version, which keys the results, does not reach the image cache)
+IMAGES_VERSION = 1
 
 # Corruptions whose implementation accepts its own ``seed`` (they do not use numpy's global RNG).
 _SEEDED_BY_ARGUMENT = frozenset({"glass_blur", "impulse_noise"})
@@ -218,7 +222,8 @@ class CorruptedDataset(Dataset):
     def cache_path(self) -> Path | None:
         if self.cache_dir is None:
             return None
-        return self.cache_dir / f"{self.name}-s{self.severity}-seed{self.seed}-{self.fingerprint()}.npy"
+        return self.cache_dir / (f"{self.name}-s{self.severity}-seed{self.seed}-{self.fingerprint()}"
+                                 f"-v{IMAGES_VERSION}.npy")
 
     def _corrupt_item(self, index: int) -> tuple[np.ndarray, int]:
         img, label = self.base[index]
