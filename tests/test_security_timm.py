@@ -94,3 +94,22 @@ def test_real_weights_load_and_pap_trace_takes_an_absolute_path(tmp_path) -> Non
     assert loaded.info["weights"] == str(f)
     res = CliRunner().invoke(app, ["pap-trace", f"rpc_vit_mini_patch4_32@{f}", "--out", str(tmp_path / "p")])
     assert "no such checkpoint" not in res.output and "takes 3x32x32 images" in res.output, res.output
+
+
+def test_a_pickled_pth_given_as_timm_weights_never_runs(tmp_path) -> None:
+    """NAME@FILE.pth goes through timm's loader with weights_only asked for explicitly (timm>=1.0.16 is
+    allowed, and what its default was in every release is not checked): a pickle that runs code is refused."""
+    import pickle
+    from pathlib import Path
+
+    marker = tmp_path / "MARKER"
+
+    class Evil:
+        def __reduce__(self):
+            return (Path.write_text, (marker, "ran"))
+
+    f = tmp_path / "w.pth"
+    torch.save({"state_dict": {"x": Evil()}}, f, pickle_module=pickle)
+    with pytest.raises(ValueError, match="not a weights file of vit_tiny_patch16_224"):
+        resolve_model(f"vit_tiny_patch16_224@{f}", pretrained=False)
+    assert not marker.exists(), "the pickle ran"

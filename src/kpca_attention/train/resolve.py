@@ -207,8 +207,9 @@ def _load_timm(name: str, pretrained: bool, weights: str | None = None, *,
             check_settings(model, f, override_settings=override_settings)
         except CheckpointError as e:
             raise ValueError(str(e)) from e
-        try:  # timm's own loader: safetensors or torch files (weights_only), EMA / state_dict keys, strict
-            timm.models.load_checkpoint(model, str(f), strict=True)
+        try:  # timm's own loader: safetensors or torch files, EMA / state_dict keys, strict; weights_only
+            # asked for explicitly: not left to the installed timm's default (a .pth is never unpickled)
+            timm.models.load_checkpoint(model, str(f), strict=True, weights_only=True)
         except (RuntimeError, ValueError, KeyError, EOFError, OSError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ValueError(f"not a weights file of {name}: {f} ({type(e).__name__}: {first[:200]})") from e
