@@ -20,6 +20,7 @@ from kpca_attention.kpca.chance import (
     share_of_change,
     unit_means,
 )
+from kpca_attention.kpca.diagnostics import top_eigenvalues
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -184,5 +185,15 @@ def test_analyzer_reports_nulls_control_and_tests():
     assert res["positive_control"]["plain"]["linear_cka"][-1] == pytest.approx(1.0)
     assert s["gamma_chance"]["n"] == 4
     assert set(s["j_proj_share_h"]) == {"share", "ci", "n", "n_clusters"}
+    # the eigenvalue statistics of raw and of standardised keys, and the spectrum: the mean over every
+    # input of the mean over heads (two lines in the wrong loop once kept one input, and no raw keys)
+    assert set(res["eigen_stats"]) == {"raw", "standardized"}
+    for li, rec in enumerate(cap.records):
+        k = rec["k"].double()
+        want = top_eigenvalues(k, k.shape[-1]).mean(1).mean(0)  # (d,): heads, then inputs
+        np.testing.assert_allclose(res["spectrum"][str(li)], want.numpy(), rtol=1e-6)
+    raw = top_eigenvalues(torch.stack([r["k"].double() for r in cap.records], 1), 12)  # (S, L, H, d)
+    assert res["eigen_stats"]["raw"]["max"]["mean"] == pytest.approx(
+        raw.flatten(1, 2).mean(1).amax(-1).mean().item(), rel=1e-6)  # heads averaged, max over ranks
     with pytest.raises(ValueError, match="null_draws"):
         AnalysisConfig(null_draws=0)

@@ -360,11 +360,11 @@ class Analyzer:
                 self.records["tokens"].append(length)
                 for key, val in res.items():
                     self.records[key].append(float(val[si, hi]))
+            self.eig_raw[seq].append(eig_abs[si])
+            self.spectrum[li].append(_pad(eig_abs[si].mean(0), d_v))
         for col in self.records.values():  # columns this group lacks stay aligned (NaN)
             if len(col) < len(self.records["sequence"]):
                 col.extend([float("nan")] * (len(self.records["sequence"]) - len(col)))
-            self.eig_raw[seq].append(eig_abs[si])
-            self.spectrum[li].append(_pad(eig_abs[si].mean(0), d_v))
         detail = [i for i, s in enumerate(seq_ids) if s < cfg.detail_samples]
         if detail:
             sel = torch.tensor(detail)
