@@ -153,6 +153,10 @@ def _option_defaults(model: nn.Module) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _base_class(name: Any) -> Any:
+    return name.partition("[")[0] if isinstance(name, str) else name
+
+
 def _settings_differ(saved: list[dict[str, Any]], now: list[dict[str, Any]],
                      defaults: dict[str, dict[str, Any]]) -> list[str]:
     """What differs between the recorded and the model's attention settings. An option renamed since is read
@@ -163,6 +167,9 @@ def _settings_differ(saved: list[dict[str, Any]], now: list[dict[str, Any]],
         differ.append(f"attention layers: {len(saved)} (weights) vs {len(now)} (model)")
     for old, new in zip(saved, now, strict=False):  # a count mismatch is reported above
         old = {RENAMED_OPTIONS.get(k, k): v for k, v in old.items()}
+        # a configured class's name lists its options ("NeuTRENOAttention[lam=0.4, applied=True]"); each of
+        # them is also recorded on its own and compared below, under the rename and default rules
+        old["class"], new = _base_class(old.get("class")), {**new, "class": _base_class(new.get("class"))}
         layer_defaults = defaults.get(new["layer"], {})
         for k in sorted((set(old) | set(new)) - {"layer"}):
             if k not in old and k in layer_defaults and new.get(k) == layer_defaults[k]:
