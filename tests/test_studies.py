@@ -245,8 +245,7 @@ def test_a_run_taken_from_another_study_is_not_refused_on_another_machine(tmp_pa
     b = a.replace(name="b", reuse=(a.name,))
     run_study(a, tmp_path / a.name, progress=False, checks=False, only=("symvit",))
     run_study(b, tmp_path / "b", progress=False, checks=False, only=("rpc_no_dual",))  # trained here
-    real = machines.machine_kind
-    monkeypatch.setattr(machines, "machine_kind", lambda info=None: real(info) if info else "Another CPU")
+    monkeypatch.setattr(machines, "kind_here", lambda device=None: "Another CPU")
     run_study(b, tmp_path / "b", progress=False, checks=False, only=("symvit",))  # taken from a: no refusal
     assert ResultStore(tmp_path / "b" / "results" / "symvit-s0.json").taken_from is not None
     b2 = b.replace(seeds=(0, 1))
@@ -261,9 +260,8 @@ def test_a_study_trains_on_one_kind_of_machine(tmp_path, monkeypatch) -> None:
     study = ablation_study(seeds=(0,), variants=("rpc_no_dual",), quick=True, train_subset=64)
     study = study.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)
     run_study(study, tmp_path, progress=False, checks=False, seeds=(0,), only=("symvit",))
-    real = machines.machine_kind
-    here = real()
-    monkeypatch.setattr(machines, "machine_kind", lambda info=None: real(info) if info else "Another CPU")
+    here = machines.kind_here()
+    monkeypatch.setattr(machines, "kind_here", lambda device=None: "Another CPU")
     run_study(study, tmp_path, progress=False, checks=False, seeds=(0,), only=("symvit",))  # reused
     settings = (tmp_path / "settings.json").read_text()
     study = study.replace(seeds=(0, 1))  # as `--seeds 1` adds a seed to the study
@@ -275,7 +273,7 @@ def test_a_study_trains_on_one_kind_of_machine(tmp_path, monkeypatch) -> None:
     assert "Trained on one kind of machine: " + here in (tmp_path / "report.md").read_text()
     from kpca_attention.train import checkpoint as ckpt_mod
 
-    monkeypatch.setattr(ckpt_mod, "machine_info", lambda: {"cpu": "Another CPU"})  # what checkpoints record
+    monkeypatch.setattr(ckpt_mod, "machine_info", lambda gpu=True: {"cpu": "Another CPU"})  # as recorded
     run_study(study, tmp_path, progress=False, checks=False, seeds=(1,), only=("symvit",), any_machine=True)
     assert machines.trained_on(tmp_path) == {here: ["symvit-s0"], "Another CPU": ["symvit-s1"]}
     report = (tmp_path / "report.md").read_text()
@@ -299,9 +297,8 @@ def test_checkpoints_record_the_machines_that_trained_them(tmp_path, monkeypatch
     train(get_preset("digits-cpu", max_steps=2, **cfg))
     here = ckpt_mod.training_machines(run)
     assert len(here) == 1 and here[0]["device"] == "cpu" and here[0]["cpu"] == engine.machine_info()["cpu"]
-    monkeypatch.setattr(ckpt_mod, "machine_info", lambda: {"cpu": "Another CPU"})
-    other = {"cpu": "Another CPU"}
-    monkeypatch.setattr(machines, "machine_kind", lambda info=None: ckpt_mod.machine_kind(info or other))
+    monkeypatch.setattr(ckpt_mod, "machine_info", lambda gpu=True: {"cpu": "Another CPU"})
+    monkeypatch.setattr(machines, "kind_here", lambda device=None: "Another CPU")
     with pytest.raises(ValueError, match="was trained so far on .*this machine is Another CPU"):
         engine.check_machine_kind(tmp_path / "study", run_dir=run)
     engine.check_machine_kind(tmp_path / "study", any_machine=True, run_dir=run)
@@ -704,3 +701,28 @@ def test_a_gpu_machine_records_what_decides_whether_its_kernels_repeat(monkeypat
     assert isinstance(info["matmul_allow_tf32"], bool) and info["deterministic_algorithms"] is False
     assert machine.machine_kind(info) == "NVIDIA H200"
     assert machine.machine_kind({**info, "device": "cpu"}) == machine.machine_kind({"cpu": info["cpu"]})
+
+
+def test_a_cpu_pinned_study_on_a_gpu_host_is_of_its_cpus_kind(tmp_path, monkeypatch) -> None:
+    """Checkpoints of a run pinned to the CPU record the CPU's kind; "this machine" was the GPU's name, so
+    on a GPU host such a study refused its own runs and the resume of its first (review of the day's diff)."""
+    from kpca_attention import machine
+    from kpca_attention.tasks import get as get_task
+    from kpca_attention.train import get_preset
+    from kpca_attention.train.checkpoint import save_checkpoint
+
+    run = tmp_path / "run"
+    cfg = get_preset("digits-cpu", output_dir=str(run), device="cpu", progress=False,
+                     model_kwargs={"depth": 1, "embed_dim": 32})
+    model = get_task(cfg.task).build_model(cfg)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU host (only its name is asked)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    save_checkpoint(run, model=model, config=cfg, state={"progress": {"epoch": 0, "step_in_epoch": 1,
+                                                                      "global_step": 1}})
+    recorded = machines.run_machine(run)["machine"]
+    assert "gpu" not in recorded and recorded["device"] == "cpu"
+    assert machine.machine_kind(recorded) == machines.kind_here("cpu") != machines.kind_here("cuda")
+    ResultStore(tmp_path / "study" / "results" / "symvit-s0.json").put("run", {"train": {}}, recorded)
+    machines.check_machine_kind(tmp_path / "study", run_dir=run, device="cpu")  # its own CPU: no refusal
+    with pytest.raises(ValueError, match="this machine is NVIDIA H200"):
+        machines.check_machine_kind(tmp_path / "study", run_dir=run, device="cuda")

@@ -25,7 +25,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(gpu: bool = True) -> dict[str, Any]:
     """CPU model, the vector instructions torch's CPU kernels use (``cpu_capability``: hosts of one CPU
     model name differ here - see :func:`machine_kind`), logical CPUs, torch threads, torch version and the
     GPU (if one is used) with the settings that decide whether its kernels repeat bit for bit (cuDNN's
@@ -35,7 +35,7 @@ def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                             "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                             "torch": torch.__version__}
-    if torch.cuda.is_available():
+    if gpu and torch.cuda.is_available():  # gpu=False: a CPU run's record (asking would start CUDA)
         info["gpu"] = torch.cuda.get_device_name(0)
         # what decides whether a GPU run repeats bit for bit (nothing here requests determinism: recorded)
         info["cudnn"] = {"deterministic": torch.backends.cudnn.deterministic,

@@ -126,9 +126,8 @@ def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progr
 def _status(study: Any, out: Path, runs: Path, only: list[str] | None, seeds: tuple[int, ...] | None) -> None:
     """``study NAME --status``: one line per (variant, seed) of the study (``--variants`` / ``--seeds``
     narrow it), then the kinds of machine its finished runs were trained on and this one's."""
-    from ..machine import machine_kind
-    from ..studies.engine import run_state
-    from ..studies.machines import trained_on
+    from ..studies.engine import run_state, training_device
+    from ..studies.machines import kind_here, trained_on
 
     for slug in only or ():
         study.variant(slug)  # an unknown slug: one line naming the valid ones
@@ -140,8 +139,9 @@ def _status(study: Any, out: Path, runs: Path, only: list[str] | None, seeds: tu
         typer.echo(f"  {label:<{width[0]}}  {seed:>{width[1]}}  {state}")
     done = sum(r[2].startswith("finished") for r in rows)
     kinds = "; ".join(f"{k} ({len(v)})" for k, v in trained_on(out).items()) if out.is_dir() else ""
-    typer.echo(f"{done} of {len(rows)} finished. Trained on: {kinds or 'nothing yet'}; this machine: "
-               f"{machine_kind()}.")
+    first = next(iter(study.runs()), None)
+    here = kind_here(training_device(study, *first, runs) if first and first[0].source is None else None)
+    typer.echo(f"{done} of {len(rows)} finished. Trained on: {kinds or 'nothing yet'}; this machine: {here}.")
 
 
 def demo_cmd(

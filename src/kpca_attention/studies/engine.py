@@ -58,7 +58,7 @@ from .sources import LoadedSource
 from .spec import Study, Variant
 
 __all__ = ["run_study", "run_one", "run_state", "result_path", "run_dir_of", "evaluation_device",
-           "RESULTS_VERSION"]
+           "training_device", "RESULTS_VERSION"]
 
 #: bump when the per-run results change meaning (older stored items are then recomputed)
 RESULTS_VERSION = 3
@@ -178,7 +178,8 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
         if "dir" not in state:
             state["dir"] = ensure_trained(study, variant, seed, runs, progress=progress, log=log,
                                           before_training=lambda: check_machine_kind(
-                                              out, any_machine, run_dir_of(runs, variant, seed)),
+                                              out, any_machine, run_dir_of(runs, variant, seed),
+                                              training_device(study, variant, seed, runs)),
                                           loader_workers=loader_workers)
         return state["dir"]
 
@@ -194,12 +195,16 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
     return store.path
 
 
-def evaluation_device(study: Study, variant: Variant, seed: int, runs: Path) -> str:
-    """Where a trained run of ``study`` is evaluated by default: the device its recipe trains it on
-    (``TrainConfig.device``; "auto" is the GPU when there is one), so a study run on a GPU machine is
-    evaluated there too, and one on a CPU machine on its CPU."""
+def training_device(study: Study, variant: Variant, seed: int, runs: Path) -> str:
+    """The device the recipe trains a run of ``study`` on (``TrainConfig.device``; "auto" is the GPU when
+    there is one). A trained run is evaluated there too by default, so a study run on a GPU machine is
+    evaluated on its GPU, and one on a CPU machine on its CPU."""
     cfg = study.train_config(variant, seed, str(run_dir_of(runs, variant, seed)))
     return str(resolve_device(cfg.device))
+
+
+#: where a trained run is evaluated by default: where it trains
+evaluation_device = training_device
 
 
 def _evaluate_run(study: Study, variant: Variant, seed: int, runs: Path, store: Any, key: dict[str, Any],
@@ -508,9 +513,10 @@ def run_study(
             result_path(out, v, s).unlink(missing_ok=True)
             shutil.rmtree(run_dir_of(runs, v, s), ignore_errors=True)
         shutil.rmtree(out / "checks", ignore_errors=True)
-    if not any_machine and any(v.source is None and not RunDir(run_dir_of(runs, v, s)).finished()
-                               and not _nothing_to_train(study, v, s, out, runs) for v, s in todo):
-        check_machine_kind(out)  # a run will train: refuse before settings.json changes, not in the middle
+    to_train = [(v, s) for v, s in todo if v.source is None and not RunDir(run_dir_of(runs, v, s)).finished()
+                and not _nothing_to_train(study, v, s, out, runs)]
+    if not any_machine and to_train:  # a run will train: refuse before settings.json changes, not midway
+        check_machine_kind(out, device=training_device(study, *to_train[0], runs))
     out.mkdir(parents=True, exist_ok=True)
     _check_settings(study, out, force, command)
     print(f"[{study.name}] {len(todo)} run(s) of {len(study.variants)} variant(s) x seeds "

@@ -12,7 +12,7 @@ from ..machine import machine_info, machine_kind
 from ..robustness.store import ResultStore
 from ..train.checkpoint import training_machines
 
-__all__ = ["trained_on", "check_machine_kind", "run_machine"]
+__all__ = ["trained_on", "check_machine_kind", "run_machine", "kind_here"]
 
 
 def trained_on(out: Path) -> dict[str, list[str]]:
@@ -30,11 +30,20 @@ def trained_on(out: Path) -> dict[str, list[str]]:
     return kinds
 
 
-def check_machine_kind(out: Path, any_machine: bool = False, run_dir: Path | None = None) -> None:
+def kind_here(device: str | None = None) -> str:
+    """This machine's kind for a run on ``device`` ("cpu", "cuda", "cuda:0"; None: the GPU where there is
+    one): a run pinned to the CPU of a GPU host is of its CPU's kind, as its checkpoints record it."""
+    if device is None:
+        return machine_kind()
+    return machine_kind({**machine_info(gpu=not str(device).startswith("cpu")), "device": str(device)})
+
+
+def check_machine_kind(out: Path, any_machine: bool = False, run_dir: Path | None = None,
+                       device: str | None = None) -> None:
     """Refuse to train a study's run on another kind of machine than its finished runs' (one kind per
     study: :func:`~kpca_attention.machine.machine_kind` says why), or to resume ``run_dir`` on another kind
-    than the one that trained it so far, unless ``any_machine``."""
-    here = machine_kind()
+    than the one that trained it so far, unless ``any_machine``. ``device``: where the run trains."""
+    here = kind_here(device)
     before = training_machines(run_dir) if run_dir is not None else []
     if before and machine_kind(before[-1]) != here and not any_machine:
         raise ValueError(f"{run_dir} was trained so far on {machine_kind(before[-1])}, this machine is "

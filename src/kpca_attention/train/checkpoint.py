@@ -299,7 +299,8 @@ def save_checkpoint(
     final = ckpt_root / name
     tmp = ckpt_root / f".{name}.tmp-{os.getpid()}"
     machines = training_machines(run_dir)
-    here = {**machine_info(), "device": _device_of(model)}
+    device = _device_of(model)
+    here = {**machine_info(gpu=device != "cpu"), "device": device}
     if not machines or machine_kind(machines[-1]) != machine_kind(here):
         machines.append(here)  # the machines that trained it, in order: one, unless resumed elsewhere
     try:
