@@ -109,14 +109,19 @@ def test_a_torn_last_row_of_the_step_log_leaves_the_run_resumable(tmp_path):
     steps = tmp_path / "run" / "steps.csv"
     text = steps.read_text()
     steps.write_text(text[:-12])  # the last row cut off mid-way
-    assert len(read_csv(steps)) == 2
-    resumed = train(tiny(tmp_path, "run"), resume=True)
+    with pytest.warns(UserWarning, match="no line end"):
+        assert len(read_csv(steps)) == 2
+    with pytest.warns(UserWarning, match="no line end"):
+        resumed = train(tiny(tmp_path, "run"), resume=True)
     assert resumed.global_step == 12
     # the cut row's step came before the checkpoint: its log line is the one thing lost
     assert [r["step"] for r in read_csv(steps)] == [1, 2, *range(4, 13)]
     lines = steps.read_text().splitlines()
     steps.write_text("\n".join([*lines[:2], lines[2][:5], *lines[3:]]) + "\n")
-    with pytest.raises(ValueError, match="row 3 has fewer cells than the header"):
+    with pytest.raises(ValueError, match="row 3 has another number of cells than the header"):
+        read_csv(steps)
+    steps.write_text("\n".join([*lines[:2], lines[2] + ",7", *lines[3:]]) + "\n")
+    with pytest.raises(ValueError, match="row 3 has another number of cells"):  # a row too long
         read_csv(steps)
 
 
@@ -292,14 +297,19 @@ def test_repeated_augmentation_shuffles_by_seed_and_epoch():
     assert order(0, 0) != order(1, 0) and order(0, 1) != order(1, 1)
 
 
-def test_resume_from_another_run_needs_an_empty_output_directory(tmp_path):
+def test_resume_from_another_run_needs_an_empty_output_directory(tmp_path, monkeypatch):
     """resume=OTHER into a directory holding a run continued that directory's metric files with the other
     run's history (its rows up to the resume step stayed); now refused. An empty directory, or a checkpoint
     of the run itself, resumes."""
+    from kpca_attention.train import checkpoint as ckpt_mod
+
     train(tiny(tmp_path, "a", max_steps=3))
+    monkeypatch.setattr(ckpt_mod, "machine_info", lambda gpu=True: {"cpu": "Another CPU"})  # b's machine
     copy = train(tiny(tmp_path, "b"), resume=tmp_path / "a")  # the run continued in a new directory
     assert copy.global_step == 12
     with pytest.raises(FileExistsError, match="already holds a training run: resume .* into an empty"):
         train(tiny(tmp_path, "b"), resume=tmp_path / "a")
+    first = ckpt_mod.training_machines(tmp_path / "a")
+    assert ckpt_mod.training_machines(tmp_path / "b") == [*first, {"cpu": "Another CPU", "device": "cpu"}]
     own = sorted(p for p in (tmp_path / "b" / "checkpoints").iterdir() if p.is_dir())[0]
     assert train(tiny(tmp_path, "b"), resume=own).global_step == 12  # a checkpoint of its own run

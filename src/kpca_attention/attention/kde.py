@@ -174,7 +174,8 @@ def kirwls_weights(kern: Tensor, vis: Tensor | None, a: float, loss: str, n_iter
     """Robust KDE weights of points with Gram kernel ``kern (B, H, N, N)`` (symmetric, K_jj = 1) and the
     distances r of the last step they came from, both ``(B, H, Q, N)``: Q = 1 without a mask (all queries
     share them) or N (``vis (B|1, H|1, N, N)`` bool: the keys query i sees; zero weight elsewhere). Each
-    row of weights sums to 1 over its visible keys."""
+    row of weights sums to 1 over its visible keys. (Since 2026-11-29 the distances too: the weights
+    alone were returned before; take ``[0]``.)"""
     n = kern.shape[-1]
     visf = None if vis is None else vis.to(kern.dtype)
     if visf is None:

@@ -86,7 +86,7 @@ class StatefulAttention(HeadsAttention):
                 "layer computes (NeuTRENO, PIDformer, Elliptical: plain attention); inside a model use its "
                 "registered models (e.g. neutreno_vit_*) or StatefulBlocks, which pass the state "
                 "(attention/stateful.py)",
-                stacklevel=2)
+                stacklevel=4)  # past torch's module call: at the block that called the layer
         b, n, _ = x.shape
         out, new_state = self.attend_state(self.split_heads(x), attn_mask, is_causal,
                                            {} if state is None else state)

@@ -51,6 +51,7 @@ _RPC = "RPC-SymViT (4 it., block 1) vs SymViT"
 _MECH = "more robust than the ViT (its paper: DeiT-tiny on ImageNet)"
 _LOGS = "more robust than the ViT (its repository's logs: DeiT-tiny on ImageNet, one run)"
 _MORE = "more robust than the ViT"
+_FAN = f"{_MORE} (its paper: FAN against DeiT and others on ImageNet-C)"
 CLAIMS: tuple[Claim, ...] = (
     Claim(f"{_RPC}: clean top-1", "paper Table 1, +0.50", "rpc-seeds", "rpc_official", "clean"),
     Claim(f"{_RPC}: corrupted top-1", "paper Table 1, ImageNet-C, +0.90", "rpc-seeds", "rpc_official",
@@ -104,10 +105,8 @@ CLAIMS: tuple[Claim, ...] = (
          "with the official code's norm)", "rkde", "robust_transformer logs, +0.85", "PGD 4/255", "pgd@4"),
         ("RVT's position-aware scaling", f"{_MORE} (its paper: an ablation inside RVT on ImageNet)", "rvt",
          "CVPR 2022", "corrupted top-1", "corrupted"),
-        ("FAN", f"{_MORE} (its paper: FAN against DeiT and others on ImageNet-C)", "fan", "ICML 2022",
-         "corrupted top-1", "corrupted"),
-        ("FAN", f"{_MORE} (its paper: FAN against DeiT and others on ImageNet-C)", "fan", "ICML 2022",
-         "mCE (lower is better)", "mce"))),
+        ("FAN", _FAN, "fan", "ICML 2022", "corrupted top-1", "corrupted"),
+        ("FAN", _FAN, "fan", "ICML 2022", "mCE (lower is better)", "mce"))),
 )
 
 

@@ -44,7 +44,7 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +278,7 @@ def save_checkpoint(
     finished: bool = False,
     keep: int = 2,
     extra_files: dict[str, Callable[[Path], None]] | None = None,
+    machines_before: Sequence[dict[str, Any]] = (),
 ) -> Path:
     """Write one checkpoint of ``run_dir`` atomically and point ``latest.json`` at it.
 
@@ -289,6 +290,8 @@ def save_checkpoint(
         keep: how many checkpoints to keep (older ones are deleted after the new one is in place).
         extra_files: ``{file name: writer(path)}`` for more files (an LM's ``vocab.json``); they are
             hashed into ``COMPLETE`` like the rest.
+        machines_before: the machines that trained the run this one resumes from another directory
+            (:func:`training_machines` of it), the start of this run's list while it has none.
     Returns:
         The checkpoint directory.
     """
@@ -298,7 +301,7 @@ def save_checkpoint(
     name = checkpoint_name(int(progress["epoch"]), int(progress["global_step"]))
     final = ckpt_root / name
     tmp = ckpt_root / f".{name}.tmp-{os.getpid()}"
-    machines = training_machines(run_dir)
+    machines = training_machines(run_dir) or list(machines_before)
     device = _device_of(model)
     here = {**machine_info(gpu=device != "cpu"), "device": device}
     if not machines or machine_kind(machines[-1]) != machine_kind(here):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,12 @@ def read_csv(path: str | Path) -> list[dict[str, Any]]:
         text = f.read()
     raw = list(csv.DictReader(io.StringIO(text, newline="")))
     if raw and not text.endswith(("\n", "\r")):
+        warnings.warn(f"{path}: its last row has no line end (an append cut off): left out", stacklevel=2)
         raw = raw[:-1]
     for i, row in enumerate(raw):
-        if None in row.values():  # csv's filler for the cells a short row lacks
-            raise ValueError(f"{path}: row {i + 2} has fewer cells than the header (the file is damaged)")
+        if None in row.values() or None in row:  # csv's filler for a short row, its key for a long one's rest
+            raise ValueError(f"{path}: row {i + 2} has another number of cells than the header (the file is "
+                             "damaged)")
         parsed: dict[str, Any] = {}
         for k, v in row.items():
             try:

@@ -201,6 +201,8 @@ class _Trainer:
             write_text_atomic(self.run_dir / "config.json", cfg.to_json())
         last_ckpt: Path | None = ckpt_dir
         extra_files = task.checkpoint_files(loaders.info) or None  # e.g. the LM's vocabulary
+        # resumed from another directory: its machines start this run's list (its own checkpoint has none)
+        machines_before = ckpt_mod.training_machines(ckpt_dir) if ckpt_dir is not None else []
 
         def save(finished: bool) -> None:
             nonlocal last_ckpt
@@ -218,7 +220,8 @@ class _Trainer:
                 }
                 last_ckpt = ckpt_mod.save_checkpoint(self.run_dir, model=model, config=cfg, state=st,
                                                      ema=ema.module if ema is not None else None,
-                                                     finished=finished, extra_files=extra_files)
+                                                     finished=finished, extra_files=extra_files,
+                                                     machines_before=machines_before)
             barrier()
 
         tput_key = task.throughput_key  # throughput over all ranks: images/s, tokens/s
@@ -312,6 +315,7 @@ class _Trainer:
                     broadcast_buffers(model)
                     metrics.update(self._evaluate(model, loaders.eval, amp, prefix=""))
                     if ema is not None:
+                        broadcast_buffers(ema.module)  # its BatchNorm statistics are each rank's own
                         metrics.update(self._evaluate(ema.module, loaders.eval, amp, prefix="ema_"))
             if self.callbacks and dist.is_main:
                 with preserved_rngs():

@@ -50,7 +50,7 @@ def evaluate_vision(
         sums[3] += y.numel()
 
     sums = sum_over_loader(model, loader, device, 4, step, progress=progress, desc=desc, counted=3)
-    n = int(sums[3].item())  # a count: an int in JSON and in the training history
+    n = int(sums[3].item())  # a count: an int in evaluate's JSON
     return {"top1": sums[0].item() / n, "top5": sums[1].item() / n, "loss": sums[2].item() / n, "n": n}
 
 
