@@ -14,6 +14,7 @@ from kpca_attention.kpca.capture import QKVCapture
 from kpca_attention.kpca.chance import (
     alignment_chance,
     chance_test,
+    chance_word,
     null_alignment,
     null_values,
     positive_control,
@@ -83,7 +84,7 @@ def test_random_values_are_at_chance_and_noisy_prediction_is_above():
     nulls = null_alignment(v, v_hat, draws=10, generator=gen, optimal=False)
     for key in ("linear_cka", "kernel_cka", "direct_cosine"):
         test = chance_test(meas[key].numpy(), nulls[f"{key}_null_perm"].numpy())
-        assert test["verdict"] == "at chance", (key, test)
+        assert test["verdict"] == "not distinguished from chance", (key, test)
     # V = V_hat (rescaled) plus noise at SNR 1: every measure is above its permutation null
     rms = v_hat.pow(2).mean((-2, -1), keepdim=True).sqrt()
     v = v_hat / rms + _randn(40, 30, 8, seed=8)
@@ -107,7 +108,13 @@ def test_chance_test_directions_and_effect_size():
     # for a lower-is-better measure the same numbers mean better than chance
     assert chance_test(below, null, higher_is_better=False)["verdict"] == "above chance"
     same = chance_test(null, null)
-    assert same["verdict"] == "at chance" and same["p_above"] == 1.0
+    assert same["verdict"] == "not distinguished from chance" and same["p_above"] == 1.0
+    # 5 units: the exact one-sided test cannot go below 2^-5 = 0.031 > 0.025, whatever the values
+    five = chance_test(null[:5] + 1.0, null[:5])
+    assert five["p_above"] == pytest.approx(1 / 32) and five["verdict"] == "too few units to test"
+    assert chance_test(null[:6] + 1.0, null[:6])["verdict"] == "above chance"  # 2^-6 = 0.016
+    # a result stored with the old wording reads as the new
+    assert chance_word({**chance_test(below, null), "verdict": "at chance"}) == "below chance"
     assert chance_test([np.nan], [0.1])["verdict"] == "n/a"
     with pytest.raises(ValueError, match="pair up"):
         chance_test([1.0, 2.0], [1.0])

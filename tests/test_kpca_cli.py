@@ -123,10 +123,11 @@ def test_claims_table(tmp_path):
         assert claim in table, claim
     data = json.loads((tmp_path / "c" / "claims.json").read_text())
     rows = data["models"][0]["rows"]
-    chance_words = ("below chance", "at chance", "above chance")
+    chance_words = ("below chance", "not distinguished from chance", "above chance", "too few units to test")
     plain = {"holds", "fails", "weak", "n/a", "reproduced", "not reproduced", "confirmed", "not confirmed",
              "undecided", "active", "never active", "holds (control passes too: uninformative)",
-             "fails (control passes too: uninformative)", *chance_words}
+             "fails (control passes too: uninformative)",
+             "not comparable (the paper's max exceeds N, the bound on Kc's eigenvalues)", *chance_words}
     for row in rows:
         v = row["verdict"]
         assert v in plain or any(v.endswith(w) or v.endswith(f"({w})") for w in chance_words), v
@@ -158,3 +159,31 @@ def test_records_pack_and_unpack_exactly() -> None:
     packed["n"] = 5
     with pytest.raises(ValueError, match="the file says 5"):
         unpack_records(packed)
+
+
+def test_claim_verdicts_from_known_summaries():
+    """The verdict rules on summaries with known values: a share of J_proj's variation must lie near 1 (a
+    share of 5 is not "confirmed"); the paper's eigenvalues above N cannot be eigenvalues of Kc; a measure
+    no test told from chance is "not shown", not "fails"."""
+    from kpca_attention.kpca.claims import judge
+
+    stats = {k: {"mean": 1e-3, "std": 0.0} for k in ("max", "min", "mean", "median")}
+
+    def rows(**summary):
+        res = {"model": {"name": "m"}, "summary": summary, "eigen_stats": {"standardized": stats}}
+        return {r["claim"]: r["verdict"] for r in judge(res)["rows"]}
+
+    def share(ci):
+        got = rows(j_proj_share_h={"share": sum(ci) / 2, "ci": ci, "n": 10})
+        return next(v for k, v in got.items() if "variation of ||h||^2, paper" in k)
+
+    assert share([0.95, 1.05]) == "confirmed"
+    assert share([5.0, 5.0]) == "not confirmed" and share([0.2, 0.5]) == "not confirmed"
+    assert share([0.85, 1.2]) == "undecided"
+    p5 = next(v for k, v in rows(mean_tokens=197.0).items() if k.startswith("P5/C3"))
+    assert p5.startswith("not comparable")  # 648.46 > 197 tokens
+    undecided = {"n": 16, "alpha": 0.05, "p_above": 0.3, "p_below": 0.7, "null": 0.1, "diff": 0.01,
+                 "d_z": 0.1, "verdict": "at chance"}
+    got = rows(linear_cka=0.12, chance={"linear_cka": {"perm": undecided}})
+    assert got["P4: learned V aligns with Theorem 1's G H A (linear cka)"] == \
+        "not shown (not distinguished from chance)"

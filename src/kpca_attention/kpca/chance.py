@@ -53,6 +53,7 @@ __all__ = [
     "unit_means",
     "share_of_change",
     "CHANCE_WORDS",
+    "chance_word",
     "alignment_chance",
 ]
 
@@ -70,7 +71,27 @@ HIGHER_IS_BETTER: dict[str, bool] = {
 }
 #: signal-to-noise ratios (signal power / noise power per entry) of the positive control
 DEFAULT_SNRS: tuple[float, ...] = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0, math.inf)
-CHANCE_WORDS = ("below chance", "at chance", "above chance")
+#: what a chance test can say: better or worse than its null, not told apart from it by the test (not "at
+#: chance": the test has no equivalence margin), or too few units for any outcome to reach alpha / 2
+CHANCE_WORDS = ("below chance", "not distinguished from chance", "above chance", "too few units to test")
+
+
+def chance_word(test: Mapping[str, Any]) -> str:
+    """The verdict of a stored :func:`chance_test` result, from its p-values and unit count (so results
+    stored with an older wording read the same as new ones). With n units the exact one-sided Wilcoxon
+    test cannot give p below 2^-n: at 5 units or fewer no outcome reaches 0.025, and the test says
+    nothing."""
+    n, alpha = test.get("n") or 0, float(test.get("alpha", 0.05))
+    if n == 0 or (test.get("p_above") is None and test.get("p_below") is None):
+        return "n/a"
+    if 0.5 ** n >= alpha / 2:
+        return "too few units to test"
+    p_above, p_below = test.get("p_above"), test.get("p_below")
+    if p_above is not None and p_above < alpha / 2:
+        return "above chance"
+    if p_below is not None and p_below < alpha / 2:
+        return "below chance"
+    return "not distinguished from chance"
 
 
 def _rms(x: Tensor) -> Tensor:
@@ -246,21 +267,16 @@ def chance_test(
         "share_above_null": float((better > 0).mean()) if d.size else None,
         "p_above": None,
         "p_below": None,
-        "verdict": "at chance",
+        "verdict": "n/a",
     }
     if d.size == 0:
-        out["verdict"] = "n/a"
         return out
     if not np.any(better != 0):  # identical to its null (e.g. the optimal cosine's permutation null)
         out["p_above"] = out["p_below"] = 1.0
-        return out
-    p_above = float(stats.wilcoxon(better, alternative="greater").pvalue)
-    p_below = float(stats.wilcoxon(better, alternative="less").pvalue)
-    out["p_above"], out["p_below"] = p_above, p_below
-    if p_above < alpha / 2:
-        out["verdict"] = "above chance"
-    elif p_below < alpha / 2:
-        out["verdict"] = "below chance"
+    else:
+        out["p_above"] = float(stats.wilcoxon(better, alternative="greater").pvalue)
+        out["p_below"] = float(stats.wilcoxon(better, alternative="less").pvalue)
+    out["verdict"] = chance_word(out)
     return out
 
 

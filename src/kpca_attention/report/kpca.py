@@ -17,6 +17,7 @@ import numpy as np
 
 from ..io import write_json_atomic, write_text_atomic
 from ..kpca.analysis import CHANCE_MEASURES
+from ..kpca.chance import chance_word
 from ..kpca.claims import PAPER_EIGENVALUES, THRESHOLDS, fmt
 from ..plotting import new_figure, panel_grid, save_figure
 from ..tables import markdown_table
@@ -280,7 +281,7 @@ def chance_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             "d_z": t.get("d_z"),
             "p": f"{_p(t.get('p_above'))} / {_p(t.get('p_below'))}",
             "n": t.get("n"),
-            "verdict": t.get("verdict", "n/a"),
+            "verdict": chance_word(t) if t else "n/a",
         })
     return rows
 
@@ -297,7 +298,11 @@ def _chance_section(res: dict[str, Any]) -> list[str]:
         f"{res['config'].get('null_samples')} inputs), {res['config'].get('null_draws')} draws each: "
         "V with its tokens permuted, and i.i.d. Gaussian V of the same shape and RMS. The test compares "
         "the per-(layer, head) means of measured and null (one-sided Wilcoxon signed-rank tests, each at "
-        "alpha/2 = 0.025); 'above chance' means better alignment than the null. The optimal cosine is "
+        "alpha/2 = 0.025); 'above chance' means better alignment than the null, 'not distinguished from "
+        "chance' that neither side rejected (no margin: not 'at chance'), 'too few units to test' that with "
+        "n heads no outcome can reach 0.025 (the exact test's smallest p is 2^-n: 5 heads or fewer). Above "
+        "the token-permutation null is not evidence of kernel PCA by itself: V and K are maps of the same "
+        "tokens, so any network's values depend on its keys (docs/kpca.md). The optimal cosine is "
         "blind to token order, so its permutation null equals the measured value; it is tested against "
         "the Gaussian null. `diff` = measured - null, `d_z` = diff / sd of the per-head differences.",
         "",
@@ -325,7 +330,7 @@ def _chance_section(res: dict[str, Any]) -> list[str]:
             layer_rows.append({
                 "layer": e["layer"], "measure": _label(key), "measured": e.get(key),
                 "perm": e.get(f"{key}_null_perm"), "gauss": e.get(f"{key}_null_gauss"),
-                "d_z": t.get("d_z"), "verdict": t.get("verdict", "n/a"),
+                "d_z": t.get("d_z"), "verdict": chance_word(t) if t else "n/a",
             })
     lines.append(markdown_table(
         layer_rows,
@@ -376,7 +381,7 @@ def _other_tests_section(res: dict[str, Any]) -> list[str]:
             "",
             f"Mean relative gamma difference per (layer, head): values {fmt(g['measured'])}, random control "
             f"{fmt(g['null'])}; diff {fmt(g['diff'])}, d_z {fmt(g['d_z'])}, p above / below "
-            f"{_p(g['p_above'])} / {_p(g['p_below'])} over {g['n']} heads: **{g['verdict']}** "
+            f"{_p(g['p_above'])} / {_p(g['p_below'])} over {g['n']} heads: **{chance_word(g)}** "
             "(above chance = more eigenvector-like than the control; exact eigenvectors give ~0).",
             "",
         ]
