@@ -143,6 +143,18 @@ def test_claims_table(tmp_path):
     assert "Alignment against chance" in report and "Positive control" in report
     for png in ("alignment_vs_chance.png", "positive_control.png"):
         assert (tmp_path / "c" / "all-MiniLM-L6-v2" / png).stat().st_size > 1000
+    # judged again from the stored analysis, no model loaded: the same table under the same rules
+    import kpca_attention.kpca.load as load_mod
+
+    before = table
+    (tmp_path / "c" / "claims.md").unlink()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(load_mod, "load_for_analysis", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+        again = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c")])
+    assert again.exit_code == 0, again.output
+    assert (tmp_path / "c" / "claims.md").read_text() == before
+    both = CliRunner().invoke(app, ["claims", "all-MiniLM-L6-v2", "--from-analysis", str(tmp_path / "c")])
+    assert both.exit_code == 2 and "not both" in both.output
 
 
 def test_records_pack_and_unpack_exactly() -> None:

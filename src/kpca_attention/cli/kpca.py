@@ -9,7 +9,7 @@ import torch
 import typer
 
 from ..checks import Choice, Int, check_parameters
-from ..io import check_output, output_path, write_json_atomic
+from ..io import check_output, output_path, read_json, write_json_atomic
 
 __all__ = ["analyze_cmd", "claims_cmd", "pap_trace_cmd"]
 
@@ -194,9 +194,63 @@ def analyze_cmd(
         typer.echo(f"report: {write_report(res, report)}")
 
 
+def _training_row(row: dict[str, Any]) -> bool:
+    return row["claim"].startswith(("P2:", "C2: the change of J_proj"))
+
+
+def _nan_for_null(obj: Any) -> Any:
+    """An analysis as it was before JSON wrote its NaNs (undefined ranks, short inputs) as null: a list of
+    numbers gets them back as NaN."""
+    if isinstance(obj, dict):
+        return {k: _nan_for_null(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        if any(isinstance(x, (int, float)) for x in obj) and all(x is None or isinstance(x, (int, float))
+                                                                  for x in obj):
+            return [float("nan") if x is None else x for x in obj]
+        return [_nan_for_null(x) for x in obj]
+    return obj
+
+
+def _rejudge(folder: Path, report: bool) -> None:
+    """``claims --from-analysis FOLDER``: the verdicts again from the analyses a ``claims`` run stored there
+    (``analysis_<model>.json``), with the current rules - no model is loaded. A model whose run folder is
+    not here keeps the training-log rows (P2, C2 over epochs) the folder's claims.json holds."""
+    from ..kpca.analysis import unpack_records
+    from ..kpca.claims import judge
+    from ..report.kpca import write_claims, write_report
+    from ..studies.sources import model_label
+
+    files = sorted(folder.glob("analysis_*.json")) if folder.is_dir() else []
+    if not files:
+        raise ValueError(f"{folder}: no analysis_<model>.json to judge again (claims writes them into its --out)")
+    before = {m["model"]: m for m in (read_json(folder / "claims.json") or {}).get("models", [])}
+    order = list(before)
+    results = [_nan_for_null(read_json(f)) for f in files]
+    results.sort(key=lambda r: order.index(r["model"]["name"]) if r["model"]["name"] in order else len(order))
+    verdicts = []
+    for res in results:
+        if isinstance(res.get("records"), dict):
+            res["records"] = unpack_records(res["records"])
+        name = res["model"]["name"]
+        run_dir = Path(name) if Path(name).exists() else None
+        verdict = judge(res, run_dir=run_dir)
+        old = before.get(name)
+        if run_dir is None and old is not None:  # the logs are not here: the rows judged from them stay
+            rows = [r for r in verdict["rows"] if not _training_row(r)]
+            kept = [r for r in old["rows"] if _training_row(r)]
+            verdict["rows"] = rows[:1] + kept + rows[1:]
+        verdicts.append(verdict)
+        if report:
+            typer.echo(f"report: {write_report(res, output_path(folder, model_label(name)))}")
+    typer.echo(write_claims(verdicts, folder).read_text())
+
+
 def claims_cmd(
-    models: list[str] = typer.Argument(..., help="models to judge (names or checkpoint paths)"),
+    models: list[str] = typer.Argument(None, help="models to judge (names or checkpoint paths)"),
     out: Path = typer.Option(Path("kpca_claims"), "--out", "-o", help="folder for claims.md and claims.json"),
+    from_analysis: Path = typer.Option(
+        None, "--from-analysis", help="judge the analyses a claims run stored in this folder again (no model "
+        "is loaded): the verdicts with the current rules"),
     texts: Path = typer.Option(None, "--texts", help="texts for text models (default: King James Bible)"),
     images: Path = typer.Option(None, "--images", help="image folder for image models"),
     dataset: str = typer.Option(None, "--dataset", help="image dataset for image models"),
@@ -222,6 +276,11 @@ def claims_cmd(
     from ..kpca.run import analyze_model
     from ..report.kpca import write_claims, write_report
 
+    if (from_analysis is None) == (not models):
+        raise ValueError("give the models to judge, or --from-analysis FOLDER to judge stored analyses again "
+                         "(not both)")
+    if from_analysis is not None:
+        return _rejudge(from_analysis, report)
     _check_options(max_samples=max_samples, prefixes=prefixes, detail_samples=detail_samples,
                    null_samples=null_samples, null_draws=null_draws, control_samples=control_samples,
                    threads=threads, split=split, texts=texts, images=images, dataset=dataset)

@@ -356,7 +356,7 @@ def judge(res: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
                  else "reproduced" if ok else "not reproduced"),
                 value=m,
                 note="paper: 648.46 / 4.65 / 40.07 / 17.73 (ViT-tiny, ImageNet, N = 197)"
-                     + (f"; every eigenvalue of Kc is <= N = {fmt(n_tok)} here" if n_tok is not None else ""),
+                     + (f"; every eigenvalue of Kc is <= N = {n_tok:.4g} here" if n_tok is not None else ""),
             )
         )
 
