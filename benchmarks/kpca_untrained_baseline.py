@@ -5,7 +5,8 @@ The token-permutation null asks whether V depends on the keys token by token. In
 and K = X W_K are maps of the same token inputs, so it does, trained or not: if an untrained copy beats
 the null by as much as (or more than) the trained model, "above chance" says nothing about kernel PCA.
 The optimal cosine's Gaussian null keeps no structure of V's rows, so a V with other row geometry can come
-out "below chance" whatever its relation to the keys. docs/kpca.md ("What the chance tests can say") reads
+out "below chance" whatever its relation to the keys; the rotated null (V R, R random orthogonal) keeps
+that geometry. docs/kpca.md ("What the chance tests can say") reads
 this script's output.
 
     .venv/bin/python benchmarks/kpca_untrained_baseline.py [--texts 8] [--json out.json]
@@ -35,7 +36,8 @@ def measure(model: torch.nn.Module, enc: dict, n: int) -> dict[str, dict]:
         an.add(cap.records, enc["attention_mask"].bool())
     s = an.result()["summary"]
     out = {m: s["chance"][m]["perm"] for m in ("linear_cka", "kernel_cka")}
-    out["optimal_cosine"] = s["chance"]["optimal_cosine"]["gauss"]
+    out["optimal_cosine (Gaussian null)"] = s["chance"]["optimal_cosine"]["gauss"]
+    out["optimal_cosine (rotated null)"] = s["chance"]["optimal_cosine"]["rot"]
     out["gamma"] = s["gamma_chance"]
     return out
 
@@ -57,8 +59,8 @@ def main() -> None:
     for name, model in (("trained", loaded.model.eval()), ("random weights", untrained)):
         results[name] = measure(model, enc, args.texts)
         for key, t in results[name].items():
-            null = {"gamma": "control", "optimal_cosine": "Gaussian null"}.get(key, "perm. null")
-            print(f"{name:15s} {key:15s} {t['measured']:.3f} vs {null} {t['null']:.3f} "
+            null = "control" if key == "gamma" else "null" if "null" in key else "perm. null"
+            print(f"{name:15s} {key:30s} {t['measured']:.3f} vs {null} {t['null']:.3f} "
                   f"(diff {t['diff']:+.3f}, d_z {t['d_z']:.2f}, {t['n']} heads): {chance_word(t)}")
     if args.json:
         write_json_atomic(args.json, {"cpu": cpu_model(), "texts": args.texts, "seed": args.seed,

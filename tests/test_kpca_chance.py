@@ -204,3 +204,32 @@ def test_analyzer_reports_nulls_control_and_tests():
         raw.flatten(1, 2).mean(1).amax(-1).mean().item(), rel=1e-6)  # heads averaged, max over ranks
     with pytest.raises(ValueError, match="null_draws"):
         AnalysisConfig(null_draws=0)
+
+
+def test_the_rotated_null_keeps_the_rows_and_calibrates_the_optimal_cosine():
+    """The optimal cosine is blind to token order, and against Gaussian V any V whose rows have structure
+    (here: anisotropic, one axis 10x the others) came out "below chance" though it is unrelated to the keys.
+    V R (R random orthogonal) keeps every row norm and angle; against it the same V is not told apart from
+    chance, while V = V_hat plus noise is still above it."""
+    v_hat = predicted_values(_randn(40, 30, 8, seed=5))
+    gen = torch.Generator().manual_seed(0)
+    rot = null_values(_randn(2, 30, 8, seed=1), "rot", 3, gen)
+    base = _randn(2, 30, 8, seed=1)
+    gram = base @ base.transpose(-1, -2)
+    torch.testing.assert_close(rot @ rot.transpose(-1, -2), gram.expand(3, -1, -1, -1))
+    scale = torch.tensor([10.0, 1, 1, 1, 1, 1, 1, 1], dtype=torch.float64)
+    v = _randn(40, 30, 8, seed=6) * scale + 3.0  # unrelated to the keys, structured rows
+    meas = optimal_cosine(v, v_hat).numpy()
+    nulls = null_alignment(v, v_hat, draws=10, generator=gen, kinds=("gauss", "rot"))
+    assert chance_test(meas, nulls["optimal_cosine_null_gauss"].numpy())["verdict"] == "below chance"
+    assert chance_test(meas, nulls["optimal_cosine_null_rot"].numpy())["verdict"] == \
+        "not distinguished from chance"
+    rms = v_hat.pow(2).mean((-2, -1), keepdim=True).sqrt()
+    aligned = v_hat / rms + 0.3 * _randn(40, 30, 8, seed=8)
+    nulls = null_alignment(aligned, v_hat, draws=10, generator=gen, kinds=("rot",))
+    test = chance_test(optimal_cosine(aligned, v_hat).numpy(), nulls["optimal_cosine_null_rot"].numpy())
+    assert test["verdict"] == "above chance"
+    # CKA cannot see a rotation of V's axes: its rotated null is the measured value
+    got = alignment(v, v_hat, optimal=False)["linear_cka"]
+    torch.testing.assert_close(null_alignment(v, v_hat, draws=2, kinds=("rot",), generator=gen,
+                                              optimal=False)["linear_cka_null_rot"], got)

@@ -54,10 +54,15 @@ __all__ = [
     "share_of_change",
     "CHANCE_WORDS",
     "chance_word",
+    "verdict_null",
+    "NULL_LABELS",
     "alignment_chance",
 ]
 
-NULL_KINDS: tuple[str, ...] = ("perm", "gauss")
+#: the nulls: V's tokens permuted; i.i.d. Gaussian V; V's feature axes rotated (V R, R random orthogonal:
+#: the rows keep their norms and the angles between them - the null of the optimal cosine, which is blind to
+#: token order and which the Gaussian null's isotropy put "below chance" for any V with structured rows)
+NULL_KINDS: tuple[str, ...] = ("perm", "gauss", "rot")
 #: direction of "better alignment" for each measure of :func:`~.alignment.alignment`
 HIGHER_IS_BETTER: dict[str, bool] = {
     "direct_cosine": True,
@@ -74,6 +79,19 @@ DEFAULT_SNRS: tuple[float, ...] = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 10
 #: what a chance test can say: better or worse than its null, not told apart from it by the test (not "at
 #: chance": the test has no equivalence margin), or too few units for any outcome to reach alpha / 2
 CHANCE_WORDS = ("below chance", "not distinguished from chance", "above chance", "too few units to test")
+
+
+#: the null each measure's verdict uses, by what the measure is blind to: the token-permutation null, but
+#: for the optimal cosine (its matching undoes any permutation) the rotated null - or, in analyses stored
+#: before it existed, the Gaussian one
+NULL_LABELS = {"perm": "tokens permuted", "gauss": "Gaussian V", "rot": "V rotated"}
+
+
+def verdict_null(measure: str, tests: Mapping[str, Any] | None) -> str:
+    """The null kind whose test gives ``measure``'s verdict, among the kinds ``tests`` holds."""
+    if measure != "optimal_cosine":
+        return "perm"
+    return "rot" if tests and tests.get("rot") else "gauss"
 
 
 def chance_word(test: Mapping[str, Any]) -> str:
@@ -103,7 +121,8 @@ def null_values(v: Tensor, kind: str, draws: int, generator: torch.Generator | N
     """``draws`` null replacements of ``v`` ``(..., N, d)`` -> ``(draws, ..., N, d)`` float64.
 
     ``"perm"``: rows permuted, an independent uniform permutation per draw and matrix; ``"gauss"``:
-    i.i.d. normal entries with the RMS of each matrix of ``v`` as standard deviation.
+    i.i.d. normal entries with the RMS of each matrix of ``v`` as standard deviation; ``"rot"``: ``v R`` with
+    a Haar-random orthogonal ``R`` ``(d, d)`` per draw and matrix (row norms and inter-row angles kept).
     """
     if kind not in NULL_KINDS:
         raise ValueError(f"unknown null {kind!r}; valid: {', '.join(NULL_KINDS)}")
@@ -114,6 +133,9 @@ def null_values(v: Tensor, kind: str, draws: int, generator: torch.Generator | N
         keys = torch.rand((draws, *v.shape[:-1]), generator=generator, dtype=torch.float64)
         idx = torch.argsort(keys, dim=-1).to(v.device)  # (draws, ..., N): uniform permutations
         return torch.gather(v.expand(draws, *v.shape), -2, idx.unsqueeze(-1).expand(draws, *v.shape))
+    if kind == "rot":
+        rot = _random_orthogonal((draws, *v.shape[:-2]), v.shape[-1], generator).to(v.device)
+        return v @ rot
     z = torch.randn((draws, *v.shape), generator=generator, dtype=torch.float64).to(v.device)
     return z * _rms(v)
 
@@ -141,7 +163,7 @@ def null_alignment(
         v, v_hat: ``(..., N, d)`` learned and predicted values.
         draws: null draws per matrix, averaged (all draws of a group run as one batched
             :func:`~.alignment.alignment` call).
-        kinds: ``"perm"`` and/or ``"gauss"`` (see :func:`null_values`).
+        kinds: any of ``"perm"``, ``"gauss"``, ``"rot"`` (see :func:`null_values`).
         generator: torch RNG for the draws (None: the global one).
         measured_optimal_cosine: ``(...,)`` the measured optimal cosine; its permutation null equals
             it exactly and is copied from here (computed once when None and ``optimal`` is on).

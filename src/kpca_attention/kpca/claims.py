@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .analysis import CHANCE_MEASURES, SUMMARY_KEYS
-from .chance import chance_word, share_of_change
+from .chance import NULL_LABELS, chance_word, share_of_change, verdict_null
 
 __all__ = ["judge", "fmt", "THRESHOLDS", "PAPER_EIGENVALUES"]
 
@@ -82,8 +82,8 @@ def _test_text(t: dict[str, Any], null_label: str) -> str:
     )
 
 
-CHANCE_RULE = ("above the permutation null (Gaussian for optimal cosine): one-sided Wilcoxon over heads, "
-               "each side at 0.025")
+CHANCE_RULE = ("above the permutation null (for the optimal cosine V rotated, or Gaussian V in older "
+               "analyses): one-sided Wilcoxon over heads, each side at 0.025")
 
 
 def _row(
@@ -259,13 +259,13 @@ def judge(res: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
 
     def vs_chance(key: str) -> tuple[str, str, dict[str, Any] | None]:
         """(text, chance word, test) of ``key`` against the null its verdict uses."""
-        kind = "gauss" if key == "optimal_cosine" else "perm"  # the matching undoes any permutation
+        kind = verdict_null(key, chance.get(key))  # the matching undoes any permutation
         test = (chance.get(key) or {}).get(kind)
         if not test or chance_word(test) == "n/a":
             return "no chance level (null_samples = 0)", "", None
-        other = (chance.get(key) or {}).get("gauss" if kind == "perm" else "perm")
-        label = "Gaussian V" if kind == "gauss" else "tokens permuted"
-        extra = f"; Gaussian-V null {fmt(other['null'])}" if other and kind == "perm" else ""
+        other = (chance.get(key) or {}).get("gauss")
+        label = NULL_LABELS[kind]
+        extra = f"; Gaussian-V null {fmt(other['null'])}" if other and kind != "gauss" else ""
         return _test_text(test, label) + extra, chance_word(test), test
 
     for key in CHANCE_MEASURES:

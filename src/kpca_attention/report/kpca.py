@@ -17,7 +17,7 @@ import numpy as np
 
 from ..io import write_json_atomic, write_text_atomic
 from ..kpca.analysis import CHANCE_MEASURES
-from ..kpca.chance import chance_word
+from ..kpca.chance import NULL_LABELS, chance_word, verdict_null
 from ..kpca.claims import PAPER_EIGENVALUES, THRESHOLDS, fmt
 from ..plotting import new_figure, panel_grid, save_figure
 from ..tables import markdown_table
@@ -40,7 +40,7 @@ _LABELS = {
 
 
 def _label(key: str) -> str:
-    for kind, what in (("perm", "tokens permuted"), ("gauss", "Gaussian V")):
+    for kind, what in NULL_LABELS.items():
         if key.endswith(f"_null_{kind}"):
             return f"{_label(key.removesuffix(f'_null_{kind}'))}: chance, {what}"
     return _LABELS.get(key, key.replace("_", " "))
@@ -269,14 +269,15 @@ def chance_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
         ch = (s.get("chance") or {}).get(key)
         if not ch:
             continue
-        kind = "gauss" if key == "optimal_cosine" else "perm"
+        kind = verdict_null(key, ch)
         t = ch.get(kind, {})
         rows.append({
             "measure": _label(key),
             "measured": s.get(key),
             "perm": s.get(f"{key}_null_perm"),
             "gauss": s.get(f"{key}_null_gauss"),
-            "test_null": "Gaussian" if kind == "gauss" else "permuted",
+            "rot": s.get(f"{key}_null_rot"),
+            "test_null": {"perm": "permuted", "gauss": "Gaussian", "rot": "rotated"}[kind],
             "diff": t.get("diff"),
             "d_z": t.get("d_z"),
             "p": f"{_p(t.get('p_above'))} / {_p(t.get('p_below'))}",
@@ -291,12 +292,17 @@ def _chance_section(res: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     s = res["summary"]
+    rotated = any(r.get("rot") is not None for r in rows)  # analyses stored before the rotated null: none
+    opt_null = "V rotated" if rotated else "Gaussian"
     lines = [
         "## Alignment against chance",
         "",
         f"Nulls on {s.get('null_units')} (input, layer, head) units (the first "
         f"{res['config'].get('null_samples')} inputs), {res['config'].get('null_draws')} draws each: "
-        "V with its tokens permuted, and i.i.d. Gaussian V of the same shape and RMS. The test compares "
+        "V with its tokens permuted, i.i.d. Gaussian V of the same shape and RMS"
+        + (", and V rotated (V R, R random orthogonal: its rows keep their norms and angles)"
+           if rotated else "")
+        + ". The test compares "
         "the per-(layer, head) means of measured and null (one-sided Wilcoxon signed-rank tests, each at "
         "alpha/2 = 0.025); 'above chance' means better alignment than the null, 'not distinguished from "
         "chance' that neither side rejected (no margin: not 'at chance'), 'too few units to test' that with "
@@ -304,20 +310,24 @@ def _chance_section(res: dict[str, Any]) -> list[str]:
         "the token-permutation null is not evidence of kernel PCA by itself: V and K are maps of the same "
         "tokens, so any network's values depend on its keys (docs/kpca.md). The optimal cosine is "
         "blind to token order, so its permutation null equals the measured value; it is tested against "
-        "the Gaussian null. `diff` = measured - null, `d_z` = diff / sd of the per-head differences.",
+        + ("V rotated (the Gaussian null keeps no structure of V's rows, so any structured V fell below "
+           "it)" if rotated else "the Gaussian null (this analysis predates the rotated null, which keeps "
+           "V's row geometry: below the Gaussian null says little, docs/kpca.md)")
+        + ". `diff` = measured - null, `d_z` = diff / sd of the per-head differences.",
         "",
         markdown_table(
             rows,
             {
                 "measure": "measure", "measured": "measured", "perm": "null: permuted",
-                "gauss": "null: Gaussian", "test_null": "tested against", "diff": "diff", "d_z": "d_z",
+                "gauss": "null: Gaussian", **({"rot": "null: rotated"} if rotated else {}),
+                "test_null": "tested against", "diff": "diff", "d_z": "d_z",
                 "p": "p above / below", "n": "heads", "verdict": "verdict",
             },
-            formats=_fmts("measured", "perm", "gauss", "diff", "d_z", "n"),
+            formats=_fmts("measured", "perm", "gauss", "rot", "diff", "d_z", "n"),
         ),
         "",
         "Per layer (mean over heads and inputs; verdict over the layer's heads, permutation null; "
-        "optimal cosine: Gaussian null):",
+        f"optimal cosine: {opt_null} null):",
         "",
     ]
     layer_rows = []
@@ -325,18 +335,20 @@ def _chance_section(res: dict[str, Any]) -> list[str]:
         for key in ("linear_cka", "kernel_cka", "optimal_cosine"):
             if e.get(f"{key}_null_perm") is None:
                 continue
-            kind = "gauss" if key == "optimal_cosine" else "perm"
-            t = (e.get("chance") or {}).get(key, {}).get(kind, {})
+            tests = (e.get("chance") or {}).get(key, {})
+            t = tests.get(verdict_null(key, tests), {})
             layer_rows.append({
                 "layer": e["layer"], "measure": _label(key), "measured": e.get(key),
                 "perm": e.get(f"{key}_null_perm"), "gauss": e.get(f"{key}_null_gauss"),
-                "d_z": t.get("d_z"), "verdict": chance_word(t) if t else "n/a",
+                "rot": e.get(f"{key}_null_rot"), "d_z": t.get("d_z"),
+                "verdict": chance_word(t) if t else "n/a",
             })
+    rot = {"rot": "null: rotated"} if any(r.get("rot") is not None for r in layer_rows) else {}
     lines.append(markdown_table(
         layer_rows,
         {"layer": "layer", "measure": "measure", "measured": "measured", "perm": "null: permuted",
-         "gauss": "null: Gaussian", "d_z": "d_z", "verdict": "verdict"},
-        formats=_fmts("layer", "measured", "perm", "gauss", "d_z"),
+         "gauss": "null: Gaussian", **rot, "d_z": "d_z", "verdict": "verdict"},
+        formats=_fmts("layer", "measured", "perm", "gauss", "rot", "d_z"),
     ))
     return lines + [""]
 
