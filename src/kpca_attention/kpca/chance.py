@@ -81,14 +81,14 @@ DEFAULT_SNRS: tuple[float, ...] = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 10
 CHANCE_WORDS = ("below chance", "not distinguished from chance", "above chance", "too few units to test")
 
 
-#: the null each measure's verdict uses, by what the measure is blind to: the token-permutation null, but
-#: for the optimal cosine (its matching undoes any permutation) the rotated null - or, in analyses stored
-#: before it existed, the Gaussian one
+#: each null kind in words (tables, claims)
 NULL_LABELS = {"perm": "tokens permuted", "gauss": "Gaussian V", "rot": "V rotated"}
 
 
 def verdict_null(measure: str, tests: Mapping[str, Any] | None) -> str:
-    """The null kind whose test gives ``measure``'s verdict, among the kinds ``tests`` holds."""
+    """The null kind whose test gives ``measure``'s verdict, among the kinds ``tests`` holds: the
+    token-permutation null, but for the optimal cosine (its matching undoes any permutation) the rotated
+    null - or, in analyses stored before it existed, the Gaussian one."""
     if measure != "optimal_cosine":
         return "perm"
     return "rot" if tests and tests.get("rot") else "gauss"
