@@ -38,7 +38,8 @@ def measure(model: torch.nn.Module, enc: dict, n: int) -> dict[str, dict]:
     out = {m: s["chance"][m]["perm"] for m in ("linear_cka", "kernel_cka")}
     out["optimal_cosine (Gaussian null)"] = s["chance"]["optimal_cosine"]["gauss"]
     out["optimal_cosine (rotated null)"] = s["chance"]["optimal_cosine"]["rot"]
-    out["gamma"] = s["gamma_chance"]
+    out["gamma (tokens permuted)"] = s["gamma_chance"]
+    out["gamma (random control)"] = s["gamma_vs_control"]
     return out
 
 
@@ -59,7 +60,7 @@ def main() -> None:
     for name, model in (("trained", loaded.model.eval()), ("random weights", untrained)):
         results[name] = measure(model, enc, args.texts)
         for key, t in results[name].items():
-            null = "control" if key == "gamma" else "null" if "null" in key else "perm. null"
+            null = "null" if "(" in key else "perm. null"
             print(f"{name:15s} {key:30s} {t['measured']:.3f} vs {null} {t['null']:.3f} "
                   f"(diff {t['diff']:+.3f}, d_z {t['d_z']:.2f}, {t['n']} heads): {chance_word(t)}")
     if args.json:

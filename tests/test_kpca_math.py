@@ -356,3 +356,17 @@ def test_kernel_cka_matches_numpy_for_an_even_token_count(n):
     x, y = _keys(n, 6, seed=4), _keys(n, 4, seed=5)
     y = y + 0.5 * x[:, :4]
     assert kernel_cka(x, y).item() == pytest.approx(_np_cka_rbf(x.numpy(), y.numpy()), rel=1e-8)
+
+
+def test_the_gamma_tests_null_keeps_the_weighting_by_g():
+    """With keys of realistic scale, values unrelated to the keys come out far more eigenvector-like than
+    the random-orthogonal control (the weighting by g sets the relative differences), so against that
+    control they "pass"; V with its tokens permuted keeps the weighting and scores alike: the null."""
+    gen = torch.Generator().manual_seed(3)
+    k = 3.0 * torch.randn(16, 65, 16, generator=gen, dtype=torch.float64)
+    v = torch.randn(16, 65, 16, generator=gen, dtype=torch.float64)  # unrelated to the keys
+    g = gamma_test(k, v)
+    values, permuted = g["values"]["mean_rel"].mean().item(), g["values_permuted"]["mean_rel"].mean().item()
+    control = g["random"]["mean_rel"].mean().item()
+    assert values < 0.5 * control  # "beats" the control
+    assert abs(values - permuted) < 0.1 * abs(control - values)  # but not its null

@@ -18,7 +18,8 @@ gets its two null baselines (``<measure>_null_perm``: V with its tokens permuted
 i.i.d. Gaussian V), ``null_draws`` seeded draws each; ``summary["chance"]`` tests measure against null
 over (layer, head) units. On the first ``control_samples`` sequences, the positive control (V_hat plus
 noise at known SNRs, with and without a random rotation) gives each measure's response curve. The gamma
-test is tested against its random-orthogonal control the same way (``summary["gamma_chance"]``), and
+test is tested the same way against the values with their tokens permuted (``summary["gamma_chance"]``) and
+against the critique's random-orthogonal control (``summary["gamma_vs_control"]``), and
 ``summary["j_proj_share_h"]`` says how much of J_proj's variation over units is ``||h||^2``'s.
 
 Scaled Attention layers (``A (I - S) V``): the paper's author holds that there the eigenvectors are
@@ -88,7 +89,7 @@ CHANCE_MEASURES = (
     "signfix_cosine",
     "relative_frobenius",
 )
-GAMMA_VARIANTS = ("values", "eigenvectors", "random")
+GAMMA_VARIANTS = ("values", "values_permuted", "eigenvectors", "random")
 GAMMA_STATS = ("mean_abs", "std_abs", "mean_rel", "std_rel")
 
 
@@ -481,7 +482,12 @@ class Analyzer:
                 )
         if self.gamma_records:
             g_units = unit_means(self.gamma_records, [v + "_rel" for v in GAMMA_VARIANTS])
-            summary["gamma_chance"] = chance_test(
+            # the null: V's tokens permuted (it keeps the g-weighting); the critique's random control beside
+            summary["gamma_chance"] = {
+                **chance_test(g_units["values_rel"], g_units["values_permuted_rel"], higher_is_better=False),
+                "null_label": "values with their tokens permuted",
+            }
+            summary["gamma_vs_control"] = chance_test(
                 g_units["values_rel"], g_units["random_rel"], higher_is_better=False
             )
         control: dict[str, Any] = {}

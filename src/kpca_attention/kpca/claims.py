@@ -226,12 +226,15 @@ def judge(res: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
         )
         gc = s.get("gamma_chance")
         if gc and chance_word(gc) != "n/a":
+            null = gc.get("null_label", "random-orthogonal control")  # analyses stored before: the control
+            vc = s.get("gamma_vs_control")
             rows.append(
                 _row(
-                    "P3 against chance: values' relative gamma differences below the random control's",
+                    f"P3 against chance: values' relative gamma differences below those of the {null}",
                     "paper vs critique",
-                    f"values {fmt(gc['measured'])} "
-                    + _test_text(gc, "random-orthogonal control").replace("vs chance", "vs control"),
+                    f"values {fmt(gc['measured'])} " + _test_text(gc, null)
+                    + (f"; random-orthogonal control {fmt(vc['null'])} ({chance_word(vc)} against it)"
+                       if vc else ""),
                     "one-sided Wilcoxon over heads, each side at 0.025 (above chance = more "
                     "eigenvector-like)",
                     chance_word(gc),

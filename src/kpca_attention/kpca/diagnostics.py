@@ -252,6 +252,10 @@ def gamma_test(
       that huge g never overflows.
     * ``"eigenvectors"``: the true top-d eigenvectors (differences ~ 0: the positive control).
     * ``"random"``: the critique's control, ``QR(A + noise * randn)`` - orthonormal but not eigenvectors.
+    * ``"values_permuted"`` (with ``values``): ``a_hat`` from V with its tokens permuted (seeded, one
+      permutation per matrix): the null of ``"values"``. It keeps the weighting by g - whose spread over
+      tokens sets much of the relative differences - and V's distribution, and loses only V's token-to-token
+      link to the keys; the random control keeps neither, so random values "beat" it once keys are large.
 
     Because the eigenvalues of Kc are tiny (~1e-4 and below), absolute differences near 0 say
     nothing: compare the relative differences, and compare every variant against ``"random"``.
@@ -285,8 +289,12 @@ def gamma_test(
         require_finite("values", values)
         lg = eigen.log_g
         g_scaled = torch.exp(lg - lg.amax(-1, keepdim=True)).unsqueeze(-1)  # g / max(g), in (0, 1]
-        a_hat = g_scaled * values.to(torch.float64)[..., :d]
-        variants = {"values": a_hat - a_hat.mean(-2, keepdim=True), **variants}
+        vals = values.to(torch.float64)[..., :d]
+        perm = torch.argsort(torch.rand(vals.shape[:-1], generator=gen, dtype=torch.float64), dim=-1)
+        shuffled = torch.gather(vals, -2, perm.to(vals.device).unsqueeze(-1).expand(vals.shape))
+        a_hat, a_perm = g_scaled * vals, g_scaled * shuffled
+        variants = {"values": a_hat - a_hat.mean(-2, keepdim=True),
+                    "values_permuted": a_perm - a_perm.mean(-2, keepdim=True), **variants}
     out: dict[str, dict[str, Tensor]] = {}
     for name, a in variants.items():
         gam = _gamma(gram, a)

@@ -27,6 +27,7 @@ __all__ = ["write_report", "write_claims"]
 _VARIANT_STYLE = {
     "values": ("tab:blue", "a_hat from the learned V (paper's test)"),
     "random": ("tab:red", "random-orthogonal control QR(A + 0.1 noise)"),
+    "values_permuted": ("tab:purple", "a_hat from V with its tokens permuted (the null)"),
     "eigenvectors": ("tab:green", "true eigenvectors (positive control)"),
 }
 _LABELS = {
@@ -112,7 +113,8 @@ def _gamma_figs(res: dict[str, Any], out: Path) -> list[str]:
     for ax in list(axes.flat)[len(layers) :]:
         ax.axis("off")
     fig.suptitle(
-        "relative gamma differences per layer (blue: values, red: random control, green: eigenvectors)",
+        "relative gamma differences per layer (blue: values, purple: tokens permuted, red: random control, "
+        "green: eigenvectors)",
         fontsize=10,
     )
     save_figure(fig, out / "gamma_differences_per_layer.png", dpi=110)
@@ -388,13 +390,18 @@ def _other_tests_section(res: dict[str, Any]) -> list[str]:
     lines = []
     g = s.get("gamma_chance")
     if g:
+        null = g.get("null_label", "random-orthogonal control")  # analyses stored before: the control
+        vc = s.get("gamma_vs_control")
         lines += [
-            "## Gamma test against its random-orthogonal control",
+            "## Gamma test against chance",
             "",
-            f"Mean relative gamma difference per (layer, head): values {fmt(g['measured'])}, random control "
+            f"Mean relative gamma difference per (layer, head): values {fmt(g['measured'])}, {null} "
             f"{fmt(g['null'])}; diff {fmt(g['diff'])}, d_z {fmt(g['d_z'])}, p above / below "
             f"{_p(g['p_above'])} / {_p(g['p_below'])} over {g['n']} heads: **{chance_word(g)}** "
-            "(above chance = more eigenvector-like than the control; exact eigenvectors give ~0).",
+            "(above chance = more eigenvector-like than the null; exact eigenvectors give ~0)."
+            + (f" Against the critique's random-orthogonal control ({fmt(vc['null'])}): {chance_word(vc)} - "
+               "a control that does not keep the weighting by g, so not a null for the values (docs/kpca.md)."
+               if vc else ""),
             "",
         ]
     rows = []
@@ -457,7 +464,8 @@ def write_report(res: dict[str, Any], out_dir: str | Path) -> Path:
     )
     rows: list[dict[str, Any]] = [{"measure": k, "value": fmt(s[k])} for k in keys if k in s]
     if "gamma" in s:
-        for variant in ("values", "random", "eigenvectors"):
+        present = [v for v in ("values", "values_permuted", "random", "eigenvectors") if v in s["gamma"]]
+        for variant in present:
             g = s["gamma"][variant]
             rows.append({"measure": f"gamma {variant}: mean abs / rel difference",
                          "value": f"{fmt(g['mean_abs'])} / {fmt(g['mean_rel'])}"})
