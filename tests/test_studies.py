@@ -316,10 +316,10 @@ def test_runs_are_evaluated_where_their_recipe_trains(tmp_path, monkeypatch) -> 
     study = study.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)
     v, auto = study.variant("symvit"), study.replace(recipe={**study.recipe, "device": "auto"})
     assert study.recipe["device"] == "cpu"  # the ablations pin the CPU
-    assert engine.evaluation_device(auto, v, 0, tmp_path) == "cpu"  # no GPU on this machine
+    assert engine.training_device(auto, v, 0, tmp_path) == "cpu"  # no GPU on this machine
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert engine.evaluation_device(auto, v, 0, tmp_path) == "cuda:0"
-    assert engine.evaluation_device(study, v, 0, tmp_path) == "cpu"
+    assert engine.training_device(auto, v, 0, tmp_path) == "cuda:0"
+    assert engine.training_device(study, v, 0, tmp_path) == "cpu"
     monkeypatch.undo()
     seen: list[str] = []
     real = engine.load_model
@@ -329,7 +329,7 @@ def test_runs_are_evaluated_where_their_recipe_trains(tmp_path, monkeypatch) -> 
         return real(path, device="cpu", **kw)
 
     monkeypatch.setattr(engine, "load_model", load)
-    monkeypatch.setattr(engine, "evaluation_device", lambda *a: "cuda:0")  # as on a GPU machine
+    monkeypatch.setattr(engine, "training_device", lambda *a: "cuda:0")  # as on a GPU machine
     run_study(study, tmp_path, progress=False, checks=False, only=("symvit",))
     assert seen == ["cuda:0"]
     run_study(study, tmp_path / "b", progress=False, checks=False, only=("symvit",), device="cpu")

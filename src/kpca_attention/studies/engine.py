@@ -57,8 +57,8 @@ from .machines import check_machine_kind, run_machine
 from .sources import LoadedSource
 from .spec import Study, Variant
 
-__all__ = ["run_study", "run_one", "run_state", "result_path", "run_dir_of", "evaluation_device",
-           "training_device", "RESULTS_VERSION"]
+__all__ = ["run_study", "run_one", "run_state", "result_path", "run_dir_of", "training_device",
+           "RESULTS_VERSION"]
 
 #: bump when the per-run results change meaning (older stored items are then recomputed)
 RESULTS_VERSION = 3
@@ -156,7 +156,7 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
             cache: bool = True, any_machine: bool = False, loader_workers: int | None = None) -> Path:
     """Train (when needed) and evaluate one (variant, seed) of ``study``; returns its results file.
     ``device``: where the run is evaluated (default: where its recipe trains it, the GPU when there is
-    one - :func:`evaluation_device`); an existing model (``variant.source``) is loaded there and evaluated
+    one - :func:`training_device`); an existing model (``variant.source``) is loaded there and evaluated
     only. ``cache``: keep expensive inputs (corrupted images) under ``<runs>/cache``; ``any_machine``: train
     here even if the study's finished runs were trained on another kind of machine; ``loader_workers``: the
     training loader's processes (None: the recipe's)."""
@@ -185,7 +185,7 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
 
     def model() -> nn.Module:
         if "model" not in state:
-            state["model"], _ = load_model(run_dir(), device=device or evaluation_device(study, variant, seed,
+            state["model"], _ = load_model(run_dir(), device=device or training_device(study, variant, seed,
                                                                                         runs))
         return state["model"]
 
@@ -201,10 +201,6 @@ def training_device(study: Study, variant: Variant, seed: int, runs: Path) -> st
     evaluated on its GPU, and one on a CPU machine on its CPU."""
     cfg = study.train_config(variant, seed, str(run_dir_of(runs, variant, seed)))
     return str(resolve_device(cfg.device))
-
-
-#: where a trained run is evaluated by default: where it trains
-evaluation_device = training_device
 
 
 def _evaluate_run(study: Study, variant: Variant, seed: int, runs: Path, store: Any, key: dict[str, Any],
@@ -481,7 +477,7 @@ def run_study(
             throughput should not be the study's; ``kpca-attention study NAME`` on the study's own
             machine runs them later, reusing every finished run).
         device: where the runs and existing models (``Variant.source``) are evaluated (default: where the
-            recipe trains, the GPU when there is one: :func:`evaluation_device`).
+            recipe trains, the GPU when there is one: :func:`training_device`).
         cache: keep corrupted test images under ``<runs>/cache``.
         any_machine: train even where the study's finished runs were trained on another kind of machine
             (refused otherwise: :func:`check_machine_kind`).

@@ -56,6 +56,7 @@ from torch import nn
 from ..io import fsync_dir as _fsync_dir
 from ..io import new_file_mode, read_json, sha256_file, write_json_atomic
 from ..machine import machine_info, machine_kind
+from ..modules import model_device
 from ..tasks import get as get_task
 from .config import TrainConfig
 from .hf import force_offline
@@ -302,7 +303,7 @@ def save_checkpoint(
     final = ckpt_root / name
     tmp = ckpt_root / f".{name}.tmp-{os.getpid()}"
     machines = training_machines(run_dir) or list(machines_before)
-    device = _device_of(model)
+    device = model_device(model).type
     here = {**machine_info(gpu=device != "cpu"), "device": device}
     if not machines or machine_kind(machines[-1]) != machine_kind(here):
         machines.append(here)  # the machines that trained it, in order: one, unless resumed elsewhere
@@ -333,11 +334,6 @@ def save_checkpoint(
 # --- reading ----------------------------------------------------------------------------------
 
 
-def _device_of(model: nn.Module) -> str:
-    p = next(iter(model.parameters()), None)
-    return "cpu" if p is None else p.device.type
-
-
 def training_machines(path: str | Path) -> list[dict[str, Any]]:
     """The machines that trained a run up to its latest checkpoint (``path``: the run or one checkpoint),
     in order, as :func:`~kpca_attention.machine.machine_info` recorded them with the device: one entry,
@@ -350,7 +346,6 @@ def training_machines(path: str | Path) -> list[dict[str, Any]]:
     marker = read_json(ckpt / MARKER_FILE)
     found = marker.get("machines") if isinstance(marker, dict) else None
     return [dict(m) for m in found if isinstance(m, dict)] if isinstance(found, list) else []
-
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
