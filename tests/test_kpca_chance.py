@@ -15,6 +15,7 @@ from kpca_attention.kpca.chance import (
     alignment_chance,
     chance_test,
     chance_word,
+    model_family,
     null_alignment,
     null_values,
     positive_control,
@@ -118,6 +119,42 @@ def test_chance_test_directions_and_effect_size():
     assert chance_test([np.nan], [0.1])["verdict"] == "n/a"
     with pytest.raises(ValueError, match="pair up"):
         chance_test([1.0, 2.0], [1.0])
+
+
+def _stored(p_above: float, n: int = 16) -> dict:
+    return {"n": n, "alpha": 0.05, "p_above": p_above, "p_below": 1 - p_above, "null": 0.1, "diff": 0.01,
+            "d_z": 0.5}
+
+
+def test_model_family_holm_adjusts_the_verdict_tests_together():
+    """A model's chance tests are one family: p above 0.02 reads "above chance" alone (0.02 < 0.025) and in
+    a family of one, and not in a family of seven (two-sided 0.04, Holm 7 x 0.04); the two-sided p is
+    twice the smaller one-sided p; a test with too few units is left out of the family and keeps its
+    word; the optimal cosine is tested against its rotated null, not the permutation null it equals."""
+    measures = ("linear_cka", "kernel_cka", "optimal_cosine", "direct_cosine")
+    strong = _stored(1e-5)
+    summary: dict = {"chance": {"linear_cka": {"perm": _stored(0.02)}}}
+    one = model_family(summary, measures)
+    assert chance_word(_stored(0.02)) == "above chance" and chance_word(one["linear_cka"]) == "above chance"
+    assert one["linear_cka"]["p_two_sided"] == pytest.approx(0.04) and one["linear_cka"]["family_size"] == 1
+    summary = {
+        "chance": {"linear_cka": {"perm": _stored(0.02)}, "kernel_cka": {"perm": strong},
+                   "optimal_cosine": {"perm": _stored(0.5), "rot": strong},
+                   "direct_cosine": {"perm": _stored(1 / 32, n=5)}},
+        "gamma_chance": _stored(0.985),  # alone below chance: p_below 0.015, two-sided 0.03
+    }
+    fam = model_family(summary, measures)
+    assert set(fam) == {"linear_cka", "kernel_cka", "optimal_cosine", "direct_cosine", "gamma"}
+    assert fam["linear_cka"]["family_size"] == 4 and "p_holm" not in fam["direct_cosine"]
+    assert chance_word(fam["direct_cosine"]) == "too few units to test"
+    # two-sided 2e-5, 2e-5, 0.03, 0.04: Holm 4 x, 3 x, 2 x 0.03 = 0.06, max(1 x 0.04, 0.06) = 0.06
+    assert chance_word(fam["linear_cka"]) == "not distinguished from chance"
+    assert chance_word(fam["kernel_cka"]) == chance_word(fam["optimal_cosine"]) == "above chance"
+    assert fam["linear_cka"]["p_holm"] == pytest.approx(0.06) == fam["gamma"]["p_holm"]
+    assert chance_word(fam["gamma"]) == "not distinguished from chance"
+    assert chance_word(summary["gamma_chance"]) == "below chance"
+    fam["kernel_cka"]["p_above"], fam["kernel_cka"]["p_below"] = 0.9, 1e-5  # direction from the smaller p
+    assert chance_word(fam["kernel_cka"]) == "below chance"
 
 
 def test_positive_control_response_and_rotation():

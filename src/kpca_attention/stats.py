@@ -24,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["mcnemar", "bootstrap_diff_ci", "spread", "seed_test", "paired_summary", "N_BOOT"]
+from .checks import check_real
+
+__all__ = ["mcnemar", "bootstrap_diff_ci", "spread", "seed_test", "paired_summary", "holm", "N_BOOT"]
 
 N_BOOT = 2000
 
@@ -118,4 +120,30 @@ def paired_summary(per_seed_a: dict[int, np.ndarray], per_seed_b: dict[int, np.n
     if mcnemar_test:
         n01, n10, p = mcnemar(a, b)
         out.update(mcnemar_better=n01, mcnemar_worse=n10, mcnemar_p=p)
+    return out
+
+
+def holm(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Holm's (1979) step-down adjusted p-values, in the input's order.
+
+    With the ``k`` present p-values sorted, ``p_(1) <= ... <= p_(k)``, the adjusted value of ``p_(i)``
+    is ``max_{j <= i} min(1, (k - j + 1) p_(j))`` (monotone in ``i``, capped at 1); rejecting where the
+    adjusted value is ``<= alpha`` is Holm's procedure, which holds the familywise error rate at
+    ``alpha`` under any dependence. ``None`` and NaN (a test that could not run) are passed through
+    and do not count in ``k``. Written here because scipy has only Benjamini-Hochberg
+    (``scipy.stats.false_discovery_control``), which controls the false discovery rate instead.
+    """
+    vals = list(pvalues)
+    present = [i for i, p in enumerate(vals) if p is not None and not math.isnan(p)]
+    for i in present:
+        check_real(vals[i], f"p-value {i}", min=0, max=1)
+    out: list[float | None] = [None if p is None else float(p) for p in vals]
+    if not present:
+        return out
+    p = np.array([vals[i] for i in present], dtype=np.float64)
+    order = np.argsort(p, kind="stable")
+    k = p.size
+    adj = np.minimum(1.0, np.maximum.accumulate((k - np.arange(k)) * p[order]))
+    for rank, j in enumerate(order):
+        out[present[j]] = float(adj[rank])
     return out

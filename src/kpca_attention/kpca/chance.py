@@ -21,6 +21,9 @@ every measure:
   minus null over units (the analysis uses (layer, head) means over inputs: inputs share a head's
   weights, so (input, layer, head) triples of one head are not independent), with the effect size
   (mean and median difference, standardised ``d_z = mean / sd`` of the differences).
+* :func:`model_family` - the tests a model's verdicts rest on (each measure against the null its verdict
+  uses, and the gamma test), Holm-adjusted together (:func:`kpca_attention.stats.holm`): a model's claims
+  are one family, so seven tests at 0.05 do not give seven chances of a spurious "above chance".
 * :func:`unit_means` (grouping columnar records) and :func:`share_of_change` (the J_proj
   decomposition: how much of a change of ``J = ||phi||^2 - ||h||^2`` is the change of ``||h||^2``,
   with a bootstrap interval).
@@ -39,6 +42,7 @@ import torch
 from scipy import stats
 from torch import Tensor
 
+from ..stats import holm
 from .alignment import alignment, optimal_cosine
 from .gram import require_finite
 
@@ -56,6 +60,8 @@ __all__ = [
     "chance_word",
     "verdict_null",
     "NULL_LABELS",
+    "model_family",
+    "FAMILY_RULE",
     "alignment_chance",
 ]
 
@@ -105,11 +111,53 @@ def chance_word(test: Mapping[str, Any]) -> str:
     if 0.5 ** n >= alpha / 2:
         return "too few units to test"
     p_above, p_below = test.get("p_above"), test.get("p_below")
+    if test.get("p_holm") is not None:  # in a family (model_family): two-sided, Holm-adjusted
+        if test["p_holm"] >= alpha:
+            return "not distinguished from chance"
+        return "above chance" if (p_above if p_above is not None else 1.0) <= (
+            p_below if p_below is not None else 1.0) else "below chance"
     if p_above is not None and p_above < alpha / 2:
         return "above chance"
     if p_below is not None and p_below < alpha / 2:
         return "below chance"
     return "not distinguished from chance"
+
+
+#: the family of :func:`model_family`, in words (reports, claims)
+FAMILY_RULE = ("Holm over the model's family of chance tests (each alignment measure against its null, "
+               "and the gamma test): two-sided p = 2 x the smaller one-sided p, adjusted p < 0.05")
+
+
+def _two_sided(test: Mapping[str, Any]) -> float | None:
+    ps = [p for p in (test.get("p_above"), test.get("p_below")) if p is not None]
+    return min(1.0, 2 * min(ps)) if ps else None
+
+
+def model_family(summary: Mapping[str, Any], measures: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The chance tests one model's verdicts rest on, Holm-adjusted as one family.
+
+    The family: each of ``measures`` against the null its verdict uses (:func:`verdict_null`) and the
+    gamma test (``"gamma"``: values against their token-permuted copies), where the analysis holds them
+    and the test can reach its level (a test with too few units, which no outcome can make significant,
+    is left out and keeps its word). Each test's two-sided p (twice the smaller one-sided p: the two
+    one-sided tests at alpha / 2 of :func:`chance_test` are this test at alpha) is adjusted by
+    :func:`kpca_attention.stats.holm` over the family. Returns ``{name: copy of the test with
+    p_two_sided, p_holm, family_size}``; :func:`chance_word` reads ``p_holm``. Per-layer tests are not in
+    the family (descriptive).
+    """
+    tests: dict[str, dict[str, Any]] = {}
+    chance = summary.get("chance") or {}
+    for key in measures:
+        t = (chance.get(key) or {}).get(verdict_null(key, chance.get(key)))
+        if t:
+            tests[key] = dict(t)
+    if summary.get("gamma_chance"):
+        tests["gamma"] = dict(summary["gamma_chance"])
+    members = [k for k, t in tests.items() if chance_word(t) not in ("n/a", "too few units to test")]
+    adjusted = holm([_two_sided(tests[k]) for k in members])
+    for k, p in zip(members, adjusted, strict=True):
+        tests[k].update(p_two_sided=_two_sided(tests[k]), p_holm=p, family_size=len(members))
+    return tests
 
 
 def _rms(x: Tensor) -> Tensor:

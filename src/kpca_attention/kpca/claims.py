@@ -18,13 +18,15 @@ component S ever non-zero?
 
 Every alignment verdict is read against chance (:mod:`.chance`): a measure counts as aligned only if it
 exceeds its permutation null (V with its tokens permuted; the optimal cosine, blind to token order,
-against the Gaussian null) by one-sided Wilcoxon signed-rank tests over (layer, head) units, and the P4 /
+against V rotated) by Wilcoxon signed-rank tests over (layer, head) units, Holm-adjusted over the model's
+family of chance tests (:func:`~.chance.model_family`), and the P4 /
 C1 rows say "below chance", "not distinguished from chance" (no equivalence margin: not "at chance"),
 "above chance" or "too few units to test" with the numbers. Above the token-permutation null is not
 evidence of KPCA by itself: V and K are maps of the same tokens, so any network's values depend on its
 keys (docs/kpca.md, "What the chance tests can say"). The gamma test is read
-against its random-orthogonal control the same way, and the J_proj decomposition with a bootstrap
-interval. The tables are laid out by :func:`kpca_attention.report.kpca.write_claims`.
+against V with its tokens permuted, in the same family (its random-orthogonal control is shown beside it),
+and the J_proj decomposition with a bootstrap interval. The tables are laid out by
+:func:`kpca_attention.report.kpca.write_claims`.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .analysis import CHANCE_MEASURES, SUMMARY_KEYS
-from .chance import NULL_LABELS, chance_word, share_of_change, verdict_null
+from .chance import FAMILY_RULE, NULL_LABELS, chance_word, model_family, share_of_change, verdict_null
 
 __all__ = ["judge", "fmt", "THRESHOLDS", "PAPER_EIGENVALUES"]
 
@@ -75,15 +77,18 @@ def _p(x: float | None) -> str:
 
 
 def _test_text(t: dict[str, Any], null_label: str) -> str:
-    """``vs chance 0.06 (permuted V): diff +0.036, d_z 0.51, p above 0.008 / below 0.99, 72 heads``."""
+    """``vs chance 0.06 (permuted V): diff +0.036, d_z 0.51, Wilcoxon p above 0.008 / below 0.99, 72 heads,
+    Holm 0.05 of 7`` (the last part for a test in the model's family)."""
+    holm_text = (f", two-sided {_p(t['p_two_sided'])}, Holm-adjusted {_p(t['p_holm'])} (family of "
+                 f"{t['family_size']})" if t.get("p_holm") is not None else "")
     return (
         f"vs chance {fmt(t['null'])} ({null_label}): diff {fmt(t['diff'])}, d_z {fmt(t['d_z'], 2)}, "
-        f"Wilcoxon p above {_p(t['p_above'])} / below {_p(t['p_below'])}, {t['n']} heads"
+        f"Wilcoxon p above {_p(t['p_above'])} / below {_p(t['p_below'])}, {t['n']} heads{holm_text}"
     )
 
 
 CHANCE_RULE = ("above the permutation null (for the optimal cosine V rotated, or Gaussian V in older "
-               "analyses): one-sided Wilcoxon over heads, each side at 0.025")
+               "analyses): Wilcoxon over heads, " + FAMILY_RULE)
 
 
 def _row(
@@ -183,6 +188,7 @@ def judge(res: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
     scaled = "ScaledAttention" in " ".join(types)
     vnote = "values compared: the effective (I - S) V of Scaled Attention" if scaled else ""
     rows: list[dict[str, Any]] = []
+    family = model_family(s, CHANCE_MEASURES)  # the tests the verdicts rest on, Holm-adjusted together
 
     ratio = s.get("log10_h_over_phi")
     rows.append(
@@ -224,7 +230,7 @@ def judge(res: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
                 note=vnote,
             )
         )
-        gc = s.get("gamma_chance")
+        gc = family.get("gamma")
         if gc and chance_word(gc) != "n/a":
             null = gc.get("null_label", "random-orthogonal control")  # analyses stored before: the control
             vc = s.get("gamma_vs_control")
@@ -235,8 +241,7 @@ def judge(res: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
                     f"values {fmt(gc['measured'])} " + _test_text(gc, null)
                     + (f"; random-orthogonal control {fmt(vc['null'])} ({chance_word(vc)} against it)"
                        if vc else ""),
-                    "one-sided Wilcoxon over heads, each side at 0.025 (above chance = more "
-                    "eigenvector-like)",
+                    "Wilcoxon over heads, " + FAMILY_RULE + " (above chance = more eigenvector-like)",
                     chance_word(gc),
                     value=gc["diff"],
                     note="exact eigenvectors give ~1e-7",
@@ -263,7 +268,7 @@ def judge(res: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
     def vs_chance(key: str) -> tuple[str, str, dict[str, Any] | None]:
         """(text, chance word, test) of ``key`` against the null its verdict uses."""
         kind = verdict_null(key, chance.get(key))  # the matching undoes any permutation
-        test = (chance.get(key) or {}).get(kind)
+        test = family.get(key)
         if not test or chance_word(test) == "n/a":
             return "no chance level (null_samples = 0)", "", None
         other = (chance.get(key) or {}).get("gauss")

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..io import write_json_atomic, write_text_atomic
 from ..kpca.analysis import CHANCE_MEASURES
-from ..kpca.chance import NULL_LABELS, chance_word, verdict_null
+from ..kpca.chance import NULL_LABELS, chance_word, model_family, verdict_null
 from ..kpca.claims import PAPER_EIGENVALUES, THRESHOLDS, fmt
 from ..plotting import new_figure, panel_grid, save_figure
 from ..tables import markdown_table
@@ -266,13 +266,14 @@ def _p(x: Any) -> str:
 def chance_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per measure: measured, both nulls, and the test against the null the claims use."""
     s = res["summary"]
+    family = model_family(s, CHANCE_MEASURES)
     rows = []
     for key in CHANCE_MEASURES:
         ch = (s.get("chance") or {}).get(key)
         if not ch:
             continue
         kind = verdict_null(key, ch)
-        t = ch.get(kind, {})
+        t = family.get(key, {})
         rows.append({
             "measure": _label(key),
             "measured": s.get(key),
@@ -283,6 +284,7 @@ def chance_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             "diff": t.get("diff"),
             "d_z": t.get("d_z"),
             "p": f"{_p(t.get('p_above'))} / {_p(t.get('p_below'))}",
+            "p_holm": _p(t.get("p_holm")),
             "n": t.get("n"),
             "verdict": chance_word(t) if t else "n/a",
         })
@@ -305,10 +307,13 @@ def _chance_section(res: dict[str, Any]) -> list[str]:
         + (", and V rotated (V R, R random orthogonal: its rows keep their norms and angles)"
            if rotated else "")
         + ". The test compares "
-        "the per-(layer, head) means of measured and null (one-sided Wilcoxon signed-rank tests, each at "
-        "alpha/2 = 0.025); 'above chance' means better alignment than the null, 'not distinguished from "
-        "chance' that neither side rejected (no margin: not 'at chance'), 'too few units to test' that with "
-        "n heads no outcome can reach 0.025 (the exact test's smallest p is 2^-n: 5 heads or fewer). Above "
+        "the per-(layer, head) means of measured and null (Wilcoxon signed-rank tests; the two-sided p, "
+        "twice the smaller one-sided p, is Holm-adjusted over the model's family of chance tests - these "
+        "rows and the gamma test below - and a verdict needs the adjusted p < 0.05); 'above chance' means"
+        " better alignment than the null, 'not distinguished from chance' that the adjusted test did not "
+        "reject (no margin: not 'at chance'), 'too few units to test' that with n heads no outcome can "
+        "reach 0.025 (the exact test's smallest one-sided p is 2^-n: 5 heads or fewer; such a test is not"
+        " in the family). Above "
         "the token-permutation null is not evidence of kernel PCA by itself: V and K are maps of the same "
         "tokens, so any network's values depend on its keys (docs/kpca.md). The optimal cosine is "
         "blind to token order, so its permutation null equals the measured value; it is tested against "
@@ -323,13 +328,13 @@ def _chance_section(res: dict[str, Any]) -> list[str]:
                 "measure": "measure", "measured": "measured", "perm": "null: permuted",
                 "gauss": "null: Gaussian", **({"rot": "null: rotated"} if rotated else {}),
                 "test_null": "tested against", "diff": "diff", "d_z": "d_z",
-                "p": "p above / below", "n": "heads", "verdict": "verdict",
+                "p": "p above / below", "p_holm": "p Holm", "n": "heads", "verdict": "verdict",
             },
             formats=_fmts("measured", "perm", "gauss", "rot", "diff", "d_z", "n"),
         ),
         "",
         "Per layer (mean over heads and inputs; verdict over the layer's heads, permutation null; "
-        f"optimal cosine: {opt_null} null):",
+        f"optimal cosine: {opt_null} null; one-sided tests at 0.025 each, not adjusted: descriptive):",
         "",
     ]
     layer_rows = []
@@ -388,7 +393,7 @@ def _control_section(res: dict[str, Any]) -> list[str]:
 def _other_tests_section(res: dict[str, Any]) -> list[str]:
     s = res["summary"]
     lines = []
-    g = s.get("gamma_chance")
+    g = model_family(s, CHANCE_MEASURES).get("gamma")
     if g:
         null = g.get("null_label", "random-orthogonal control")  # analyses stored before: the control
         vc = s.get("gamma_vs_control")
@@ -397,7 +402,10 @@ def _other_tests_section(res: dict[str, Any]) -> list[str]:
             "",
             f"Mean relative gamma difference per (layer, head): values {fmt(g['measured'])}, {null} "
             f"{fmt(g['null'])}; diff {fmt(g['diff'])}, d_z {fmt(g['d_z'])}, p above / below "
-            f"{_p(g['p_above'])} / {_p(g['p_below'])} over {g['n']} heads: **{chance_word(g)}** "
+            f"{_p(g['p_above'])} / {_p(g['p_below'])} over {g['n']} heads"
+            + (f", Holm-adjusted {_p(g['p_holm'])} in the model's family of {g['family_size']}"
+               if g.get("p_holm") is not None else "")
+            + f": **{chance_word(g)}** "
             "(above chance = more eigenvector-like than the null; exact eigenvectors give ~0)."
             + (f" Against the critique's random-orthogonal control ({fmt(vc['null'])}): {chance_word(vc)} - "
                "a control that does not keep the weighting by g, so not a null for the values (docs/kpca.md)."

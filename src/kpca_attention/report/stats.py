@@ -9,7 +9,8 @@ For verdicts (``report/verdicts.py`` turns them into words; ``docs/verdicts.md``
 
 * **equivalence** - :func:`tost`, two one-sided paired t tests over seeds against a declared margin
   (Schuirmann 1987; Lakens 2017);
-* **multiplicity** - :func:`holm`, Holm's (1979) step-down adjusted p-values over a family of tests;
+* **multiplicity** - :func:`holm` (a core primitive: the KPCA claims adjust their chance tests with it too),
+  Holm's (1979) step-down adjusted p-values over a family of tests;
 * **power** - :func:`paired_t_power` and :func:`mde_paired` (the minimum detectable mean difference of
   the two-sided paired t test, from the noncentral t), :func:`tost_power` (exact, by integrating over the
   sample SD), :func:`seeds_to_exclude` (how many seeds a margin needs) and :func:`seeds_to_detect` (how
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checks import check_choice, check_int, check_real
-from ..stats import N_BOOT, bootstrap_diff_ci, mcnemar, paired_summary, seed_test, spread  # primitives
+from ..stats import N_BOOT, bootstrap_diff_ci, holm, mcnemar, paired_summary, seed_test, spread  # primitives
 
 __all__ = ["mcnemar", "bootstrap_diff_ci", "spread", "seed_test", "paired_summary", "N_BOOT", "TOST", "tost",
            "holm", "finite_diffs", "paired_t_power", "mde_paired", "tost_power", "seeds_to_exclude",
@@ -92,32 +93,6 @@ def tost(diffs: Sequence[float], margin: float, alpha: float = 0.05) -> TOST:
         ci = (mean - half, mean + half)
     p = max(p_lo, p_up)
     return TOST(p, ci, p < alpha, p_lo, p_up, m, alpha, n)
-
-
-def holm(pvalues: Sequence[float | None]) -> list[float | None]:
-    """Holm's (1979) step-down adjusted p-values, in the input's order.
-
-    With the ``k`` present p-values sorted, ``p_(1) <= ... <= p_(k)``, the adjusted value of ``p_(i)``
-    is ``max_{j <= i} min(1, (k - j + 1) p_(j))`` (monotone in ``i``, capped at 1); rejecting where the
-    adjusted value is ``<= alpha`` is Holm's procedure, which holds the familywise error rate at
-    ``alpha`` under any dependence. ``None`` and NaN (a test that could not run) are passed through
-    and do not count in ``k``. Written here because scipy has only Benjamini-Hochberg
-    (``scipy.stats.false_discovery_control``), which controls the false discovery rate instead.
-    """
-    vals = list(pvalues)
-    present = [i for i, p in enumerate(vals) if p is not None and not math.isnan(p)]
-    for i in present:
-        check_real(vals[i], f"p-value {i}", min=0, max=1)
-    out: list[float | None] = [None if p is None else float(p) for p in vals]
-    if not present:
-        return out
-    p = np.array([vals[i] for i in present], dtype=np.float64)
-    order = np.argsort(p, kind="stable")
-    k = p.size
-    adj = np.minimum(1.0, np.maximum.accumulate((k - np.arange(k)) * p[order]))
-    for rank, j in enumerate(order):
-        out[present[j]] = float(adj[rank])
-    return out
 
 
 def _power_args(sd: float, n: int, alpha: float) -> tuple[float, int, float]:
