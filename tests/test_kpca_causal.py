@@ -68,6 +68,27 @@ def test_a_prefix_of_a_window_is_the_window_cut_there(name: str) -> None:
         sum(v["linear_cka"] for v in b.values()) / len(b), rel=1e-4)
 
 
+def test_a_texts_prefixes_are_one_cluster_of_the_bootstrap(monkeypatch) -> None:
+    """The nested prefixes of one window are not independent inputs: the J_proj share's bootstrap over
+    inputs resamples them together (3 windows in batches of 2, 4 prefixes each: 3 clusters, not 12)."""
+    import kpca_attention.kpca.analysis as analysis
+
+    seen: list = []
+    real = analysis.share_of_change
+
+    def spy(j, h, clusters, **kw):
+        seen.append(list(clusters))
+        return real(j, h, clusters=clusters, **kw)
+
+    monkeypatch.setattr(analysis, "share_of_change", spy)
+    tokens = torch.randint(50, (3, 16), generator=torch.Generator().manual_seed(1))
+    res = analyze_model(project_lm(), tokens=tokens, config=PLAIN, prefixes=4, batch_size=2, progress=False)
+    assert res["summary"]["num_sequences"] == 12 and seen
+    for clusters in seen:
+        assert sorted(set(clusters)) == [0, 1, 2] and len(clusters) == 12 * 2 * 2  # x layers x heads
+        assert [clusters.count(c) for c in (0, 1, 2)] == [16, 16, 16]
+
+
 def test_a_non_causal_analysis_differs() -> None:
     """Without the causal flag the same windows are analysed whole (one prefix): the per-prefix table
     is absent and the unit count is the windows'."""

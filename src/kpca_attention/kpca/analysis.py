@@ -230,6 +230,7 @@ class Analyzer:
         self.sites = list(sites)
         self.cfg = config or AnalysisConfig()
         self.num_sequences = 0
+        self.input_of: dict[int, int] = {}  # sequence id -> the input it was cut from (bootstrap clusters)
         self.records: dict[str, list] = defaultdict(list)
         # gamma[layer][variant][stat] -> list of (d,) arrays, one per detailed (sequence, head)
         self.gamma: list[dict[str, dict[str, list[np.ndarray]]]] = [
@@ -255,9 +256,12 @@ class Analyzer:
 
     # ------------------------------------------------------------------------------ accumulation
     @torch.no_grad()
-    def add(self, captured: Sequence[dict[str, Any]], mask: Tensor | None = None) -> None:
+    def add(self, captured: Sequence[dict[str, Any]], mask: Tensor | None = None,
+            inputs: Sequence[int] | None = None) -> None:
         """One forward pass: ``captured[i]`` holds ``q, k, v`` ``(B, H, N, D)`` of ``sites[i]``;
-        ``mask`` ``(B, N)`` bool marks the tokens to analyse (None: all).
+        ``mask`` ``(B, N)`` bool marks the tokens to analyse (None: all); ``inputs`` ``(B,)`` the input
+        each sequence was cut from (a causal model's nested prefixes of one text share it: the bootstrap
+        over inputs resamples them together); None: each sequence is its own input.
 
         The float64 work on small ``(heads, N, N)`` stacks runs with one intra-op thread: OpenMP
         threads on such small ops gain little and, on a busy machine, cost 5x in CPU time
@@ -267,6 +271,13 @@ class Analyzer:
         outer = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
+            b = captured[0]["k"].shape[0] if captured else 0
+            if inputs is not None and len(inputs) != b:
+                raise ValueError(f"inputs must name the input of each of the {b} sequences, "
+                                 f"got {len(inputs)}")
+            for i in range(b):
+                self.input_of[self.num_sequences + i] = (int(inputs[i]) if inputs is not None
+                                                         else self.num_sequences + i)
             self._add(captured, mask, outer)
         finally:
             torch.set_num_threads(outer)
@@ -478,7 +489,7 @@ class Analyzer:
             if prefix + "j_proj" in rec:
                 summary[prefix + "j_proj_share_h"] = share_of_change(
                     rec[prefix + "j_proj"], rec[prefix + "h_norm_sq"],
-                    clusters=rec["sequence"], seed=self.cfg.seed,
+                    clusters=[self.input_of.get(int(q), int(q)) for q in rec["sequence"]], seed=self.cfg.seed,
                 )
         if self.gamma_records:
             g_units = unit_means(self.gamma_records, [v + "_rel" for v in GAMMA_VARIANTS])

@@ -9,7 +9,8 @@ the query at position ``L``, and all quantities of that prefix (Gram matrix, its
 ``V_hat``, alignment of the learned values ``1..L``, ``J_proj`` of the prefix's points) are those of
 KPCA on that data set. Causality makes this exact: q, k, v of the first ``L`` tokens do not depend on
 later tokens, so prefix ``L`` of a long window is the same analysis as the window cut to ``L`` tokens
-(tested). docs/kpca.md says why this choice and not the others.
+(tested). docs/kpca.md says why this choice and not the others. A text's prefixes are nested, so not
+independent: the bootstrap over inputs (the J_proj share's interval) resamples them as one cluster.
 """
 
 from __future__ import annotations
@@ -153,10 +154,11 @@ def _lm_batches(loaded: LoadedModel, texts: Sequence[str] | None, tokens: Tensor
     return lm_text_batches(loaded.model, list(texts or []), batch_size)
 
 
-def _expand_prefixes(records: list[dict[str, Any]], mask: Tensor, prefixes: int) -> tuple[list[dict], Tensor,
-                                                                                          list[int]]:
+def _expand_prefixes(records: list[dict[str, Any]], mask: Tensor, prefixes: int) -> tuple[
+        list[dict], Tensor, list[int], list[int]]:
     """Each sequence as nested prefixes of its analysed tokens (module docstring): the captured
-    tensors repeated per prefix, the mask cut to it, and each new sequence's prefix index."""
+    tensors repeated per prefix, the mask cut to it, each new sequence's prefix index and the batch row it
+    was cut from."""
     rows, cuts, index = [], [], []
     rank = mask.long().cumsum(1)
     for b in range(mask.shape[0]):
@@ -171,7 +173,7 @@ def _expand_prefixes(records: list[dict[str, Any]], mask: Tensor, prefixes: int)
         for key in ("q", "k", "v"):
             new[key] = rec[key].index_select(0, sel.to(rec[key].device))
         out.append(new)
-    return out, torch.stack(cuts), index
+    return out, torch.stack(cuts), index, rows
 
 
 @torch.no_grad()
@@ -236,6 +238,7 @@ def analyze_model(
                     f"the positions of the longest {'sequence' if project_lm else 'text (--max-length)'}")
     n = sum(len(b) for b in batches)
     prefix_of: list[int] = []  # causal: the prefix index of each analysed sequence
+    seen = 0  # inputs analysed so far
     forward_s = 0.0
     with cap, tqdm(total=n, desc=f"analyse {loaded.name}", unit="input",
                    disable=None if progress else True) as bar:
@@ -274,9 +277,13 @@ def analyze_model(
             cap.check_complete()
             records: list[dict[str, Any]] = cap.records
             if causal:
-                records, mask, index = _expand_prefixes(records, mask, prefixes)
+                records, mask, index, rows = _expand_prefixes(records, mask, prefixes)
                 prefix_of.extend(index)
-            analyzer.add(records, mask)
+                inputs = [seen + r for r in rows]  # a text's prefixes: one cluster of the bootstrap
+            else:
+                inputs = None
+            analyzer.add(records, mask, inputs)
+            seen += len(batch)
             bar.update(len(batch))
     out = analyzer.result()
     out["model"] = {
