@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-from transformers import AutoModel
 
 from kpca_attention.io import write_json_atomic
 from kpca_attention.kpca.analysis import AnalysisConfig, Analyzer
@@ -25,6 +24,7 @@ from kpca_attention.kpca.capture import QKVCapture
 from kpca_attention.kpca.chance import chance_word
 from kpca_attention.kpca.load import bible_texts, load_for_analysis
 from kpca_attention.machine import cpu_model
+from kpca_attention.train.resolve import untrained_copy
 
 
 def measure(model: torch.nn.Module, enc: dict, n: int) -> dict[str, dict]:
@@ -52,8 +52,7 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"CPU: {cpu_model()}; torch {torch.__version__}; {args.texts} texts, seed {args.seed}")
     loaded = load_for_analysis("all-MiniLM-L6-v2", device="cpu")
-    torch.manual_seed(args.seed)
-    untrained = AutoModel.from_config(loaded.model.config).eval()
+    untrained = untrained_copy(loaded, seed=args.seed).model  # what `claims --untrained-baseline` compares
     enc = loaded.tokenizer(bible_texts(args.texts), truncation=True, max_length=128, padding=True,
                            return_tensors="pt")
     results = {}

@@ -115,6 +115,7 @@ def test_claims_table(tmp_path):
             "3",
             "--control-samples",
             "1",
+            "--untrained-baseline",
         ],
     )
     assert r.exit_code == 0, r.output
@@ -127,7 +128,10 @@ def test_claims_table(tmp_path):
     plain = {"holds", "fails", "weak", "n/a", "reproduced", "not reproduced", "confirmed", "not confirmed",
              "undecided", "active", "never active", "holds (control passes too: uninformative)",
              "fails (control passes too: uninformative)",
-             "not comparable (the paper's max exceeds N, the bound on Kc's eigenvalues)", *chance_words}
+             "not comparable (the paper's max exceeds N, the bound on Kc's eigenvalues)", *chance_words,
+             "trained above the untrained copy", "trained below the untrained copy",
+             "not distinguished from the untrained copy", "both above their nulls: not evidence of training",
+             "only the trained model above its null"}
     for row in rows:
         v = row["verdict"]
         assert v in plain or any(v.endswith(w) or v.endswith(f"({w})") for w in chance_words), v
@@ -138,6 +142,11 @@ def test_claims_table(tmp_path):
         assert any(w in r["verdict"] for w in chance_words), r
         assert "vs chance" in r["measured"] and "Wilcoxon p above" in r["measured"], r
     assert any(r["claim"].startswith("P3 against chance") for r in rows)
+    # the untrained copy (same architecture, random weights, same texts): stored, and compared measure by measure
+    assert (tmp_path / "c" / "untrained_baseline_all-MiniLM-L6-v2.json").is_file()
+    copy = [r for r in rows if r["claim"].startswith("Learned or built in")]
+    assert len(copy) == 3 + 1 and all("untrained copy (init seed 0)" in r["measured"] for r in copy[:3])
+    assert all("against their own nulls: trained" in r["measured"] for r in copy[:3])
     assert any("J_proj's variation" in r["claim"] for r in rows)
     report = (tmp_path / "c" / "all-MiniLM-L6-v2" / "report.md").read_text()
     assert "Alignment against chance" in report and "Positive control" in report
@@ -155,6 +164,32 @@ def test_claims_table(tmp_path):
     assert (tmp_path / "c" / "claims.md").read_text() == before
     both = CliRunner().invoke(app, ["claims", "all-MiniLM-L6-v2", "--from-analysis", str(tmp_path / "c")])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_untrained_baseline_rows_pair_heads_and_adjust_together():
+    """Trained against an untrained copy: paired by (layer, head), Holm over the measures; a copy that equals
+    the trained model is "not distinguished", one lower in every head is below it."""
+    from kpca_attention.kpca.claims import BASELINE_MEASURES, judge
+
+    rng = np.random.default_rng(0)
+    heads = [(li, hi) for li in range(4) for hi in range(4)]
+    trained = {m: rng.uniform(0.2, 0.4, len(heads)) for m in BASELINE_MEASURES}
+
+    def analysis(values, seed=None):
+        return {"model": {"name": "m", **({} if seed is None else {"init_seed": seed})}, "summary": {},
+                "heads": [{"layer": li, "head": hi, **{m: float(values[m][i]) for m in values}}
+                          for i, (li, hi) in enumerate(heads)]}
+
+    def words(copy_values):
+        got = judge(analysis(trained), untrained=analysis(copy_values, seed=0))["rows"]
+        return [r["verdict"] for r in got if r["claim"].startswith("Learned or built in")]
+
+    assert words(trained) == ["not distinguished from the untrained copy"] * 3
+    lower = {m: v - 0.05 - 0.01 * rng.random(len(heads)) for m, v in trained.items()}
+    assert words(lower) == ["trained above the untrained copy"] * 3  # 16 heads: p 1.5e-5, Holm x 3
+    got = judge(analysis(trained), untrained=analysis(lower, seed=0))["rows"]
+    assert "Holm-adjusted" in got[-1]["measured"] and "family of 3" in got[-1]["measured"]
+    assert not [r for r in judge(analysis(trained))["rows"] if r["claim"].startswith("Learned")]
 
 
 def test_records_pack_and_unpack_exactly() -> None:

@@ -13,6 +13,9 @@ from ..io import check_output, output_path, read_json, write_json_atomic
 
 __all__ = ["analyze_cmd", "claims_cmd", "pap_trace_cmd"]
 
+#: file name prefix of an untrained copy's analysis in a claims folder (``claims --untrained-baseline``)
+BASELINE_PREFIX = "untrained_baseline_"
+
 #: the options of analyze, claims and pap-trace, checked before any model is loaded
 #: (AnalysisConfig checks its own fields: order, scale, centering, the sample counts)
 OPTIONS = {
@@ -233,7 +236,11 @@ def _rejudge(folder: Path, report: bool) -> None:
             res["records"] = unpack_records(res["records"])
         name = res["model"]["name"]
         run_dir = Path(name) if Path(name).exists() else None
-        verdict = judge(res, run_dir=run_dir)
+        base_file = folder / f"{BASELINE_PREFIX}{model_label(name)}.json"
+        base = _nan_for_null(read_json(base_file)) if base_file.is_file() else None
+        if base is not None and isinstance(base.get("records"), dict):
+            base["records"] = unpack_records(base["records"])
+        verdict = judge(res, run_dir=run_dir, untrained=base)
         old = before.get(name)
         if run_dir is None and old is not None:  # the logs are not here: the rows judged from them stay
             rows = [r for r in verdict["rows"] if not _training_row(r)]
@@ -268,6 +275,10 @@ def claims_cmd(
     ),
     device: str = typer.Option("auto", help="cpu | cuda | auto."),
     threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
+    untrained_baseline: bool = typer.Option(
+        False, "--untrained-baseline/--no-untrained-baseline",
+        help="also analyse each model's architecture with random weights (init seed 0) on the same inputs "
+             "and compare: what any network of this shape gives without training (doubles the time)"),
 ) -> None:
     """One table: each empirical claim of the paper and each measure of the critique, per model,
     with the measured value, its chance level and a verdict against a stated threshold or test."""
@@ -275,6 +286,7 @@ def claims_cmd(
     from ..kpca.load import load_for_analysis
     from ..kpca.run import analyze_model
     from ..report.kpca import write_claims, write_report
+    from ..train.resolve import untrained_copy
 
     if (from_analysis is None) == (not models):
         raise ValueError("give the models to judge, or --from-analysis FOLDER to judge stored analyses again "
@@ -298,6 +310,7 @@ def claims_cmd(
             raise ValueError(f"models {', '.join(others)} have the same name {label!r}: their results would "
                              "overwrite each other in --out; judge them in separate folders")
         output_path(out, f"analysis_{label}.json", what=f"the name of model {name}")
+        output_path(out, f"{BASELINE_PREFIX}{label}.json", what=f"the name of model {name}")
         output_path(out, label, what=f"the name of model {name}")
     # every model and its inputs are checked (loaded once) before any is analysed
     prepared = []
@@ -314,7 +327,12 @@ def claims_cmd(
         write_json_atomic(output_path(out, f"analysis_{label}.json"), _stored(res), indent=None)
         if report:
             typer.echo(f"report: {write_report(res, output_path(out, label))}")
-        verdicts.append(judge(res, run_dir=Path(name) if Path(name).exists() else None))
+        base = None
+        if untrained_baseline:
+            base = analyze_model(untrained_copy(loaded, seed=0), **inputs.kwargs(), config=cfg, prefixes=prefixes)
+            base["inputs"] = inputs.description
+            write_json_atomic(output_path(out, f"{BASELINE_PREFIX}{label}.json"), _stored(base), indent=None)
+        verdicts.append(judge(res, run_dir=Path(name) if Path(name).exists() else None, untrained=base))
     md = write_claims(verdicts, out)
     typer.echo(md.read_text())
 

@@ -61,6 +61,7 @@ __all__ = [
     "verdict_null",
     "NULL_LABELS",
     "model_family",
+    "holm_family",
     "FAMILY_RULE",
     "alignment_chance",
 ]
@@ -150,14 +151,23 @@ def model_family(summary: Mapping[str, Any], measures: Sequence[str]) -> dict[st
     for key in measures:
         t = (chance.get(key) or {}).get(verdict_null(key, chance.get(key)))
         if t:
-            tests[key] = dict(t)
+            tests[key] = t
     if summary.get("gamma_chance"):
-        tests["gamma"] = dict(summary["gamma_chance"])
-    members = [k for k, t in tests.items() if chance_word(t) not in ("n/a", "too few units to test")]
-    adjusted = holm([_two_sided(tests[k]) for k in members])
+        tests["gamma"] = summary["gamma_chance"]
+    return holm_family(tests)
+
+
+def holm_family(tests: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """:func:`chance_test` results adjusted as one family: copies with ``p_two_sided`` (twice the smaller
+    one-sided p), ``p_holm`` (:func:`kpca_attention.stats.holm` over the members) and ``family_size``.
+    Members are the tests that can reach their level; one with too few units (or none) is copied as it is
+    and keeps its word."""
+    out = {k: dict(t) for k, t in tests.items()}
+    members = [k for k, t in out.items() if chance_word(t) not in ("n/a", "too few units to test")]
+    adjusted = holm([_two_sided(out[k]) for k in members])
     for k, p in zip(members, adjusted, strict=True):
-        tests[k].update(p_two_sided=_two_sided(tests[k]), p_holm=p, family_size=len(members))
-    return tests
+        out[k].update(p_two_sided=_two_sided(out[k]), p_holm=p, family_size=len(members))
+    return out
 
 
 def _rms(x: Tensor) -> Tensor:

@@ -38,9 +38,19 @@ from typing import Any
 import numpy as np
 
 from .analysis import CHANCE_MEASURES, SUMMARY_KEYS
-from .chance import FAMILY_RULE, NULL_LABELS, chance_word, model_family, share_of_change, verdict_null
+from .chance import (
+    FAMILY_RULE,
+    HIGHER_IS_BETTER,
+    NULL_LABELS,
+    chance_test,
+    chance_word,
+    holm_family,
+    model_family,
+    share_of_change,
+    verdict_null,
+)
 
-__all__ = ["judge", "fmt", "THRESHOLDS", "PAPER_EIGENVALUES"]
+__all__ = ["judge", "fmt", "THRESHOLDS", "PAPER_EIGENVALUES", "BASELINE_MEASURES"]
 
 #: thresholds used by the verdicts (stated in the table)
 THRESHOLDS = {
@@ -57,6 +67,12 @@ THRESHOLDS = {
     "eigen_factor": 10.0,  # paper's eigenvalue magnitudes reproduced within this factor
 }
 PAPER_EIGENVALUES = {"max": 648.46, "min": 4.65, "mean": 40.07, "median": 17.73}
+#: the measures compared with an untrained copy of the model (``claims --untrained-baseline``)
+BASELINE_MEASURES = ("linear_cka", "kernel_cka", "optimal_cosine")
+#: a chance_test's word, read as "trained against its untrained copy"
+_VS_COPY = {"above chance": "trained above the untrained copy",
+            "below chance": "trained below the untrained copy",
+            "not distinguished from chance": "not distinguished from the untrained copy"}
 
 
 def fmt(x: Any, digits: int = 3) -> str:
@@ -179,8 +195,75 @@ def _training_rows(run_dir: Path | None) -> list[dict[str, Any]]:
     return out
 
 
-def judge(res: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
-    """Verdicts for one analysis result (:func:`~.run.analyze_model`)."""
+def _untrained_rows(res: dict[str, Any], base: dict[str, Any]) -> list[dict[str, Any]]:
+    """Trained against an untrained copy of itself (:func:`kpca_attention.train.resolve.untrained_copy`),
+    on the same inputs: each of :data:`BASELINE_MEASURES` paired over (layer, head) units (Wilcoxon, Holm
+    over these tests), with both models' standing against their own nulls; and the gamma test of both."""
+
+    def per_head(r: dict[str, Any], key: str) -> dict[tuple[int, int], float]:
+        return {(h["layer"], h["head"]): h[key] for h in r.get("heads") or [] if h.get(key) is not None}
+
+    tests = {}
+    for key in BASELINE_MEASURES:
+        a, b = per_head(res, key), per_head(base, key)
+        units = sorted(set(a) & set(b))
+        if units:
+            tests[key] = chance_test([a[u] for u in units], [b[u] for u in units],
+                                     higher_is_better=HIGHER_IS_BETTER[key])
+    family = holm_family(tests)
+    own, copy = model_family(res["summary"], CHANCE_MEASURES), model_family(base["summary"], CHANCE_MEASURES)
+    seed = (base.get("model") or {}).get("init_seed")
+    label = f"untrained copy (init seed {seed})" if seed is not None else "untrained copy"
+
+    def standing(t: dict[str, Any] | None) -> str:
+        if not t:
+            return "no chance level"
+        return f"{chance_word(t)} (diff {fmt(t['diff'])}, d_z {fmt(t['d_z'], 2)})"
+
+    rows = []
+    for key, t in family.items():
+        holm_text = (f", Holm-adjusted {_p(t['p_holm'])} (family of {t['family_size']})"
+                     if t.get("p_holm") is not None else "")
+        word = chance_word(t)
+        rows.append(_row(
+            "Learned or built in: trained V aligns with G H A more than an untrained copy's "
+            f"({key.replace('_', ' ')})",
+            "project (untrained baseline)",
+            f"trained {fmt(t['measured'])} vs {label} {fmt(t['null'])}: diff {fmt(t['diff'])}, d_z "
+            f"{fmt(t['d_z'], 2)}, Wilcoxon p above {_p(t['p_above'])} / below {_p(t['p_below'])}, {t['n']} "
+            f"heads{holm_text}; against their own nulls: trained {standing(own.get(key))}, copy "
+            f"{standing(copy.get(key))}",
+            "paired Wilcoxon over (layer, head), Holm over these rows, adjusted p < 0.05",
+            _VS_COPY.get(word, word),
+            value=t["diff"],
+            note="the same architecture with random weights, on the same inputs",
+        ))
+    g_own, g_copy = own.get("gamma"), copy.get("gamma")
+    if g_own and g_copy:
+        w_own, w_copy = chance_word(g_own), chance_word(g_copy)
+        if w_own == w_copy == "above chance":
+            verdict = "both above their nulls: not evidence of training"
+        elif w_own == "above chance":
+            verdict = "only the trained model above its null"
+        else:
+            verdict = f"trained {w_own}; copy {w_copy}"
+        rows.append(_row(
+            "Learned or built in: the gamma test (V eigenvector-like) of the trained model and its untrained "
+            "copy",
+            "project (untrained baseline)",
+            f"trained {standing(g_own)}; {label} {standing(g_copy)} (each against its values with tokens "
+            "permuted)",
+            "each in its model's Holm family",
+            verdict,
+            value=g_own["diff"],
+        ))
+    return rows
+
+
+def judge(res: dict[str, Any], run_dir: Path | None = None,
+          untrained: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Verdicts for one analysis result (:func:`~.run.analyze_model`); with ``untrained``, the analysis of
+    an untrained copy of the model on the same inputs, rows comparing the two (:func:`_untrained_rows`)."""
     s = res["summary"]
     t = THRESHOLDS
     name = res["model"]["name"]
@@ -384,6 +467,8 @@ def judge(res: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
                 value=dmax,
             )
         )
+    if untrained is not None:
+        rows += _untrained_rows(res, untrained)
     return {
         "model": name,
         "inputs": res.get("inputs"),

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import difflib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..tasks import Task
@@ -34,7 +35,8 @@ from ..tasks import get as get_task
 from ..tasks import of_model as task_of_model
 from .hf import is_hf_folder
 
-__all__ = ["LoadedModel", "resolve_model", "MINILM_NAMES", "minilm_path", "image_meta", "is_causal_hf"]
+__all__ = ["LoadedModel", "resolve_model", "untrained_copy", "MINILM_NAMES", "minilm_path", "image_meta",
+           "is_causal_hf"]
 
 MINILM_NAMES = ("all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2")
 
@@ -277,6 +279,32 @@ def resolve_model(spec: str, *, pretrained: bool = True, device: str = "cpu",
             loaded = _load_hf(name, name)
     loaded.model.to(device)
     return loaded
+
+
+def untrained_copy(loaded: LoadedModel, seed: int = 0) -> LoadedModel:
+    """``loaded``'s architecture built again with its own random initialisation (under ``seed``; the global
+    RNG is left as it was) and no trained weights, on the same device, in eval mode: the baseline that says
+    which measurements any network of this shape gives without training (the KPCA ``claims
+    --untrained-baseline``). A project checkpoint is rebuilt from its config (its vocabulary kept), a
+    timm model by its name, a Hugging Face model from its config."""
+    model = loaded.model
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if loaded.config is not None:  # a project checkpoint: the task's builder, as load_model calls it
+            from .checkpoint import resolve_checkpoint
+
+            task = get_task(loaded.config.task)
+            fresh = task.build_model(loaded.config, task.checkpoint_info(loaded.config,
+                                                                          resolve_checkpoint(loaded.name)))
+        elif loaded.task is None:  # Hugging Face: its own initialisation from the config
+            fresh = type(model)._from_config(model.config)
+        else:
+            import timm
+
+            fresh = timm.create_model(loaded.name.partition("@")[0], pretrained=False)
+    return replace(loaded, model=fresh.to(device).eval(),
+                   info={**loaded.info, "untrained": True, "init_seed": seed, "pretrained": False})
 
 
 def _looks_like_hub(name: str) -> bool:
