@@ -370,3 +370,31 @@ def test_the_gamma_tests_null_keeps_the_weighting_by_g():
     control = g["random"]["mean_rel"].mean().item()
     assert values < 0.5 * control  # "beats" the control
     assert abs(values - permuted) < 0.1 * abs(control - values)  # but not its null
+
+
+def test_eigenpairs_at_the_rounding_floor_give_zero_columns():
+    """Large keys (sd 6: g spans hundreds of orders of magnitude) leave eigenvalues of Kc at its rounding
+    floor, N eps max|mu|: their eigenvectors are noise, so V_hat's columns for them are zero (and counted by
+    the analysis); keys of ordinary scale have none."""
+    from kpca_attention.kpca.analysis import AnalysisConfig, Analyzer
+    from kpca_attention.kpca.capture import AttentionSite
+    from kpca_attention.kpca.gram import signal_columns
+
+    gen = torch.Generator().manual_seed(0)
+    big = torch.randn(4, 65, 16, generator=gen, dtype=torch.float64) * 6
+    eig = kpca_eigen(big, 16)
+    mu = eig.eigenvalues.abs()
+    ok = signal_columns(eig)
+    assert (~ok).any() and ok[:, 0].all()  # the largest pair is never at the floor
+    assert torch.equal(ok, mu > 65 * torch.finfo(torch.float64).eps * mu.amax(-1, keepdim=True))
+    v_hat = predicted_values(big, 16, eigen=eig)
+    norms = v_hat.norm(dim=-2)
+    assert torch.all(norms[~ok] == 0) and torch.all(norms[ok] > 0)
+    normal = kpca_eigen(torch.randn(4, 65, 16, generator=gen, dtype=torch.float64), 16)
+    assert signal_columns(normal).all()
+    cfg = AnalysisConfig(detail_samples=0, null_samples=0, control_samples=0, optimal=False)
+    site = AttentionSite(name="l0", module=torch.nn.Identity(), kind="timm", num_heads=4, head_dim=16)
+    an = Analyzer([site], cfg)
+    an.add([{"q": big[None], "k": big[None], "v": torch.randn(1, 4, 65, 16, generator=gen)}])
+    rec = an.result()["records"]
+    assert rec["floor_columns"] == (~ok).sum(-1).double().tolist()

@@ -8,7 +8,8 @@ JSON-ready dict: ``summary`` (model-level means), ``layers``, ``heads`` (per lay
 ``gamma`` and ``spectrum`` per layer, ``eigen_stats``, ``pap`` (RPC layers) and columnar ``records``
 (one entry per (sequence, layer, head)).
 
-Per (sequence, head): predicted values ``V_hat`` (Theorem 1) from the keys, :func:`~.alignment.alignment`
+Per (sequence, head): predicted values ``V_hat`` (Theorem 1) from the keys (``floor_columns``: how many of
+its columns are zero because their eigenvalue is at ``Kc``'s rounding floor), :func:`~.alignment.alignment`
 of the learned V with V_hat, :func:`~.diagnostics.projection_loss` (paper scaling) and
 :func:`~.diagnostics.projection_loss_official`, the top-d eigenvalues of ``Kc``. On the first
 ``detail_samples`` sequences also the gamma test and eigenvalues of standardised keys.
@@ -55,7 +56,7 @@ from .chance import (
     unit_means,
 )
 from .diagnostics import gamma_test, projection_loss, projection_loss_official, top_eigenvalues
-from .gram import CENTERINGS, METHODS, ORDERS, SCALES, kpca_eigen, predicted_values
+from .gram import CENTERINGS, METHODS, ORDERS, SCALES, kpca_eigen, predicted_values, signal_columns
 
 __all__ = ["AnalysisConfig", "Analyzer", "SUMMARY_KEYS", "ALIGNMENT_KEYS", "CHANCE_MEASURES", "scaled_sv",
            "pack_records", "unpack_records"]
@@ -330,6 +331,8 @@ class Analyzer:
             v_hat = predicted_values(
                 kc, d_v, order=cfg.order, scale=cfg.scale, centering=cfg.centering, eigen=eig
             )
+            # columns of V_hat zeroed because their eigenvalue is at Kc's rounding floor (large keys)
+            out["floor_columns"].append((~signal_columns(eig)).sum(-1).to(torch.float64))
             akw = dict(
                 optimal=cfg.optimal, threshold=cfg.threshold, bandwidth=cfg.bandwidth,
                 row_eps=cfg.row_eps, cka_eps=cfg.cka_eps,

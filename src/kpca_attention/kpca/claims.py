@@ -270,6 +270,10 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
     types = res["model"].get("attention_types", [])
     scaled = "ScaledAttention" in " ".join(types)
     vnote = "values compared: the effective (I - S) V of Scaled Attention" if scaled else ""
+    floor = s.get("floor_columns")
+    if floor:  # large keys: eigenpairs at Kc's rounding floor give no prediction (zero columns of V_hat)
+        text = f"{fmt(floor)} columns of V_hat per (input, head) are zero: eigenvalues at Kc's rounding floor"
+        vnote = f"{vnote}; {text}" if vnote else text
     rows: list[dict[str, Any]] = []
     family = model_family(s, CHANCE_MEASURES)  # the tests the verdicts rest on, Holm-adjusted together
 

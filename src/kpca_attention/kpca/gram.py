@@ -37,6 +37,7 @@ __all__ = [
     "center_gram",
     "KPCAEigen",
     "kpca_eigen",
+    "signal_columns",
     "predicted_values",
     "ORDERS",
     "SCALES",
@@ -266,6 +267,17 @@ def kpca_eigen(
     return KPCAEigen(eigenvalues=w, eigenvectors=v, log_g=lg, gram=gram)
 
 
+def signal_columns(eigen: KPCAEigen) -> Tensor:
+    """``(..., k)`` bool: the eigenpairs of ``eigen`` above the rounding floor of ``Kc``, ``|mu_d| > N eps
+    max_d |mu_d|`` (``numpy.linalg.matrix_rank``'s tolerance; the max over the selected pairs is the
+    largest |eigenvalue| in both orders, ``Kc`` being PSD). Below it an eigenvalue is rounding noise and its
+    eigenvector an arbitrary direction of a numerically null space - as happens for large keys, whose
+    ``g`` spans hundreds of orders of magnitude."""
+    mu = eigen.eigenvalues.abs()
+    floor = eigen.num_tokens * torch.finfo(mu.dtype).eps * mu.amax(-1, keepdim=True)
+    return mu > floor
+
+
 def predicted_values(
     keys: Tensor,
     d_v: int | None = None,
@@ -285,7 +297,9 @@ def predicted_values(
         order: eigenvector order, see :func:`kpca_eigen` (critique default ``"abs"``).
         scale: ``"unit"`` - unit-norm eigenvectors ``a_d`` (the critique's code); ``"kpca"`` -
             ``||a_d|| = 1 / sqrt(N lambda_d) = 1 / sqrt(mu_d)`` so the principal axis u_d has unit
-            norm (paper Sec. 2); columns with ``mu_d <= 0`` are set to zero.
+            norm (paper Sec. 2); columns with ``mu_d <= 0`` are set to zero. In both scales, columns
+            whose eigenvalue is at the rounding floor (:func:`signal_columns`) are zero: their
+            eigenvectors are noise, not a prediction.
         centering: ``"GHA"`` - ``v_dj = (a_dj - mean(a_d)) / g(k_j)``, i.e. ``G (I - 1_N) A``: Theorem 1
             as derived in eq. (8) and the critique's ``G A - G 1_N A``; ``"HGA"`` - ``(I - 1_N) G A``,
             centring ``a_dj / g(k_j)`` over tokens (the other reading of the formula, listed in the
@@ -309,7 +323,7 @@ def predicted_values(
         eigen = kpca_eigen(keys, k, order=order, method=method)
     elif eigen.eigenvectors.shape[-1] < k:
         raise ValueError(f"precomputed eigen has {eigen.eigenvectors.shape[-1]} eigenvectors, need {k}")
-    a = eigen.eigenvectors[..., :k]
+    a = eigen.eigenvectors[..., :k] * signal_columns(eigen)[..., :k].unsqueeze(-2)
     if scale == "kpca":
         mu = eigen.eigenvalues[..., :k]
         positive = mu > 0
