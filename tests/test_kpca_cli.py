@@ -142,7 +142,7 @@ def test_claims_table(tmp_path):
         assert any(w in r["verdict"] for w in chance_words), r
         assert "vs chance" in r["measured"] and "Wilcoxon p above" in r["measured"], r
     assert any(r["claim"].startswith("P3 against chance") for r in rows)
-    # the untrained copy (same architecture, random weights, same texts): stored, and compared measure by measure
+    # the untrained copy (same architecture, random weights, same texts): stored, compared measure by measure
     assert (tmp_path / "c" / "untrained_baseline_all-MiniLM-L6-v2.json").is_file()
     copy = [r for r in rows if r["claim"].startswith("Learned or built in")]
     assert len(copy) == 3 + 1 and all("untrained copy (init seed 0)" in r["measured"] for r in copy[:3])

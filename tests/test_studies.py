@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 import re
 import shutil
 
@@ -235,6 +236,24 @@ def test_no_checks_leaves_the_throughput_check_out(tmp_path) -> None:
     assert not (tmp_path / "checks").exists()
     names = sorted(p.name for p in (tmp_path / "results").iterdir())
     assert names == ["rpc_no_dual-s0.json", "symvit-s0.json"]
+
+
+def test_force_does_not_delete_a_run_another_process_trains(tmp_path) -> None:
+    """--force deletes a run under its lock: a run folder held by a writer is refused with the writer's pid
+    (nothing deleted); once free, it is deleted and trained again."""
+    from kpca_attention.train.rundir import RunDir, RunDirBusy
+
+    study = ablation_study(seeds=(0,), variants=("rpc_no_dual",), quick=True, train_subset=64)
+    study = study.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)
+    run_study(study, tmp_path, progress=False, checks=False, only=("symvit",))
+    run = tmp_path / "runs" / "symvit-s0"
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    with RunDir(run).lock(), pytest.raises(RunDirBusy, match=f"pid {os.getpid()}"):
+        run_study(study, tmp_path, progress=False, checks=False, only=("symvit",), force=True)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+    assert (tmp_path / "results" / "symvit-s0.json").exists()
+    run_study(study, tmp_path, progress=False, checks=False, only=("symvit",), force=True)
+    assert RunDir(run).finished() and (tmp_path / "results" / "symvit-s0.json").exists()
 
 
 def test_a_run_taken_from_another_study_is_not_refused_on_another_machine(tmp_path, monkeypatch) -> None:

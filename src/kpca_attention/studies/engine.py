@@ -68,6 +68,14 @@ def run_dir_of(runs: Path, variant: Variant, seed: int) -> Path:
     return Path(runs) / f"{variant.slug}-s{seed}"
 
 
+def _delete_run(path: Path) -> None:
+    """``--force``: delete a run folder under its lock, so a run another process is training is refused
+    (:class:`~kpca_attention.train.rundir.RunDirBusy`, naming its pid), not deleted under it."""
+    if path.is_dir():
+        with RunDir(path).lock():
+            shutil.rmtree(path)
+
+
 def result_path(out: Path, variant: Variant, seed: int) -> Path:
     """``<out>/results/<slug>-s<seed>.json``; ``<slug>.json`` for an existing model (no seed)."""
     if variant.source is not None:
@@ -506,8 +514,8 @@ def run_study(
                              f"{', '.join(v.slug for v in study.variants)}")
     if force:
         for v, s in todo:
+            _delete_run(run_dir_of(runs, v, s))
             result_path(out, v, s).unlink(missing_ok=True)
-            shutil.rmtree(run_dir_of(runs, v, s), ignore_errors=True)
         shutil.rmtree(out / "checks", ignore_errors=True)
     to_train = [(v, s) for v, s in todo if v.source is None and not RunDir(run_dir_of(runs, v, s)).finished()
                 and not _nothing_to_train(study, v, s, out, runs)]
