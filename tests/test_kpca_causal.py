@@ -200,3 +200,31 @@ def test_analyze_and_pap_trace_take_an_lm_run(tmp_path) -> None:
     res = runner.invoke(app, ["analyze", str(run), "--json", str(tmp_path / "b.json"), "--prefixes", "0"])
     assert res.exit_code == 2 and "prefixes must be an integer >= 1" in res.output
     shutil.rmtree(tmp_path / "study")
+
+
+def test_projection_loss_of_a_causal_model_is_over_the_keys_each_query_sees() -> None:
+    """causal=True: h_i is the causal attention output (SDPA with is_causal) and g(q_i) sums over keys 1..i;
+    the training callback uses it on a causal LM (its layers record that they were called causally)."""
+    from kpca_attention.kpca.callback import projection_metrics
+    from kpca_attention.kpca.diagnostics import projection_loss, projection_loss_official
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 9, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    out = projection_loss(q, k, v, causal=True)
+    h = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.allclose(out["h_norm_sq_tokens"], (h * h).sum(-1), rtol=1e-12)
+    scores = [(q[..., i : i + 1, :] @ k[..., : i + 1, :].mT)[..., 0, :] / 8 ** 0.5 for i in range(9)]
+    lse = torch.stack([torch.logsumexp(x, -1) for x in scores], -1)
+    log_phi = (q * q).sum(-1) / 8 ** 0.5 - 2 * lse
+    assert torch.allclose(out["log_phi_norm_sq_tokens"], log_phi, rtol=1e-12)
+    assert not torch.allclose(projection_loss(q, k, v)["h_norm_sq_tokens"], out["h_norm_sq_tokens"])
+    official = projection_loss_official(q, k, v, causal=True)["j_proj"]
+    assert official != projection_loss_official(q, k, v)["j_proj"]
+    loaded = project_lm("symlm")
+    tokens = torch.randint(50, (2, 16), generator=gen)
+    with QKVCapture(loaded.model) as cap:
+        loaded.model(tokens)
+    assert all(rec["causal"] is True for rec in cap.records)
+    got = projection_metrics(loaded.model, tokens)
+    want = [projection_loss(*(rec[x].double() for x in "qkv"), causal=True)["j_proj"] for rec in cap.records]
+    assert got["kpca/j_proj"] == pytest.approx(float(sum(want) / len(want)), rel=1e-9)

@@ -10,7 +10,8 @@ Usage with this project's training loop (``callback(model, epoch, logger)``)::
 Logged scalars (TensorBoard and ``epochs.csv``): ``kpca/j_proj``, ``kpca/phi_norm_sq``,
 ``kpca/h_norm_sq``, ``kpca/log10_h_over_phi`` (eq. 13 as written) and the same under ``kpca_official/``
 plus ``kpca_official/log_j_proj`` (what the official code logs: log of the mean, averaged over layers).
-Means are over the batch, heads, tokens and layers.
+Means are over the batch, heads, tokens and layers. In a causal model (its attention sites say so) each
+query's terms are over the keys it sees, so ``h`` is the output the model computes.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def projection_metrics(model: nn.Module, batch: Any) -> dict[str, float]:
         mask = None
         if isinstance(batch, Mapping) and "attention_mask" in batch:
             mask = batch["attention_mask"].bool().to(q.device)[:, None, :].expand(*q.shape[:-1])
+        causal = bool(rec.get("causal") or site.extra.get("causal"))  # each query over the keys it sees
         for prefix, fn in (("kpca/", projection_loss), ("kpca_official/", projection_loss_official)):
-            out = fn(q, k, v, mask)
+            out = fn(q, k, v, mask, causal=causal)
             for key in ("j_proj", "phi_norm_sq", "h_norm_sq"):
                 sums.setdefault(prefix + key, []).append(float(out[key]))
             if prefix == "kpca_official/":

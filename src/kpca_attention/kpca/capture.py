@@ -175,7 +175,8 @@ class QKVCapture:
     ``records[i]`` is a dict ``{"q", "k", "v"}`` of detached tensors for ``sites[i]`` from the last
     forward pass (call :meth:`clear` between batches, or read them before the next forward).
     RPC layers get a :class:`~kpca_attention.kpca.pap_trace.TraceRecorder` on their hook points while
-    inside the context; the PAP trace of their last forward goes into ``records[i]["pap_trace"]``.
+    inside the context; the PAP trace of their last forward goes into ``records[i]["pap_trace"]``. This
+    project's layers also record whether they were called causally (``records[i]["causal"]``).
     """
 
     def __init__(self, model: nn.Module, sites: list[AttentionSite] | None = None) -> None:
@@ -213,6 +214,12 @@ class QKVCapture:
 
         return hook
 
+    def _store_causal(self, i: int):
+        def hook(_mod: nn.Module, args: tuple, kwargs: dict) -> None:  # forward(x, attn_mask, is_causal)
+            self.records[i]["causal"] = bool(kwargs.get("is_causal", args[2] if len(args) > 2 else False))
+
+        return hook
+
     def _store_trace(self, i: int) -> Callable[[dict[str, Any]], None]:
         def store(trace: dict[str, Any]) -> None:
             self.records[i]["pap_trace"] = trace
@@ -225,6 +232,7 @@ class QKVCapture:
             if site.kind == "project":
                 for key in ("q", "k", "v"):
                     self._handles.append(getattr(m, f"hook_{key}").register_forward_hook(self._store(i, key)))
+                self._handles.append(m.register_forward_pre_hook(self._store_causal(i), with_kwargs=True))
                 if isinstance(m, RPCAttention):
                     self._recorders.append(TraceRecorder(m, on_trace=self._store_trace(i)).attach())
             elif site.kind == "timm":

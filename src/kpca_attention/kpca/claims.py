@@ -274,6 +274,11 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
     if floor:  # large keys: eigenpairs at Kc's rounding floor give no prediction (zero columns of V_hat)
         text = f"{fmt(floor)} columns of V_hat per (input, head) are zero: eigenvalues at Kc's rounding floor"
         vnote = f"{vnote}; {text}" if vnote else text
+    # causal models are analysed per prefix (KPCA of the prefix): J_proj projects every query of a prefix onto
+    # all of it, not onto the keys before it as the model does (the training callback's J_proj does that)
+    jnote = ("causal model: J_proj of each prefix with every query over the whole prefix (KPCA of the "
+             "prefix), not the h_i the model computes for queries before its end") if res.get("causal") \
+        else ""
     rows: list[dict[str, Any]] = []
     family = model_family(s, CHANCE_MEASURES)  # the tests the verdicts rest on, Holm-adjusted together
 
@@ -286,6 +291,7 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
             "log10 ratio <= 0",
             "n/a" if ratio is None else ("holds" if ratio <= 0 else "fails"),
             value=ratio,
+            note=jnote,
         )
     )
     rows += _training_rows(run_dir)
@@ -298,6 +304,7 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
                 f">= {t['orders']:g}",
                 "n/a" if r is None else ("confirmed" if abs(r) >= t["orders"] else "not confirmed"),
                 value=r,
+                note=jnote,
             )
         )
 
@@ -425,7 +432,7 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
                 f"interval within {lo:g}-{hi:g} confirmed, outside not confirmed",
                 verdict,
                 value=sh["share"],
-                note="the rest is ||phi(q)||^2's variation",
+                note="; ".join(x for x in ("the rest is ||phi(q)||^2's variation", jnote) if x),
             )
         )
 

@@ -56,6 +56,18 @@ def _key_mask(mask: Tensor | None, like: Tensor) -> Tensor | None:
     )
 
 
+def _logit_mask(mask: Tensor | None, like: Tensor, causal: bool) -> Tensor | None:
+    """The additive mask on ``(..., N, N)`` logits: padded keys (:func:`_key_mask`) and, if ``causal``, the
+    keys after each query (query i sees keys 1..i, as a causal LM's attention does)."""
+    add = _key_mask(mask, like)
+    if causal:
+        n = like.shape[-2]
+        future = torch.ones(n, n, dtype=torch.bool, device=like.device).triu(1)
+        tri = torch.zeros(n, n, dtype=torch.float64, device=like.device).masked_fill(future, float("-inf"))
+        add = tri if add is None else add + tri
+    return add
+
+
 def _masked_mean(x: Tensor, mask: Tensor | None, dim: tuple[int, ...] | None = None) -> Tensor:
     if mask is None:
         return x.mean() if dim is None else x.mean(dim)
@@ -109,7 +121,8 @@ def _summarise(log_phi: Tensor, h_sq: Tensor, mask: Tensor | None) -> dict[str, 
     return out
 
 
-def projection_loss(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> dict[str, Tensor]:
+def projection_loss(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+                    causal: bool = False) -> dict[str, Tensor]:
     """Projection loss of eq. (13) with the paper's scaling, in log space.
 
     ``||phi(q_i)||^2 = exp(q_i.q_i / sqrt(D)) / (sum_j exp(q_i.k_j / sqrt(D)))^2`` and
@@ -121,6 +134,8 @@ def projection_loss(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None)
         q, k: ``(..., N, D)``; v: ``(..., N, D_v)``.
         mask: optional ``(..., N)`` bool, True = real token: padded keys get no attention and padded
             queries are left out of every mean.
+        causal: query i sees keys 1..i only (a causal LM): ``g(q_i)`` and ``h_i`` over its prefix, so
+            ``h_i`` is the output the causal model computes.
 
     Returns:
         ``j_proj``, ``phi_norm_sq``, ``h_norm_sq`` (scalar means over all real tokens and leading
@@ -130,7 +145,7 @@ def projection_loss(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None)
     q, k, v = _check_qkv(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1])
     logits = q @ k.mT * scale
-    add = _key_mask(mask, k)
+    add = _logit_mask(mask, k, causal)
     if add is not None:
         logits = logits + add
     lse = torch.logsumexp(logits, -1)  # log g(q_i)
@@ -140,7 +155,7 @@ def projection_loss(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None)
 
 
 def projection_loss_official(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, eps: float = 0.0
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, eps: float = 0.0, *, causal: bool = False
 ) -> dict[str, Tensor]:
     """The projection "loss" as the official code computes it (paper Fig. 1), in log space.
 
@@ -154,7 +169,7 @@ def projection_loss_official(
     computes); for a model that does not standardise, it is not that model's output.
 
     Args:
-        q, k, v, mask: as :func:`projection_loss`; the first token (column 0) must be real.
+        q, k, v, mask, causal: as :func:`projection_loss`; the first token (column 0) must be real.
         eps: added to the std (0 as in the official code).
 
     Returns:
@@ -168,7 +183,7 @@ def projection_loss_official(
     scale = 1.0 / math.sqrt(q.shape[-1])
     qk = q @ k.mT
     logits = qk * scale
-    add = _key_mask(mask, k)
+    add = _logit_mask(mask, k, causal)
     if add is not None:
         logits = logits + add
     log_attn0 = logits[..., 0] - torch.logsumexp(logits, -1)
