@@ -125,7 +125,8 @@ def test_claims_table(tmp_path):
     data = json.loads((tmp_path / "c" / "claims.json").read_text())
     rows = data["models"][0]["rows"]
     chance_words = ("below chance", "not distinguished from chance", "above chance", "too few units to test")
-    plain = {"holds", "fails", "weak", "n/a", "reproduced", "not reproduced", "confirmed", "not confirmed",
+    plain = {"holds", "fails", "weak", "n/a", "reproduced", "not reproduced", "within the bound",
+             "above the bound", "confirmed", "not confirmed",
              "undecided", "active", "never active", "holds (control passes too: uninformative)",
              "fails (control passes too: uninformative)",
              "not comparable (the paper's max exceeds N, the bound on Kc's eigenvalues)", *chance_words,

@@ -398,7 +398,9 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
     for key in ("optimal_cosine", "linear_cka", "kernel_cka"):
         x, bound = s.get(key), t["critique_" + key]
         text, word, _ = vs_chance(key)
-        verdict = "n/a" if x is None else ("reproduced" if x <= bound else "not reproduced")
+        # the bound is what the critique measured on ImageNet ViTs (N = 197, d = 64): another model above it
+        # differs from those models, it does not fail a replication
+        verdict = "n/a" if x is None else ("within the bound" if x <= bound else "above the bound")
         rows.append(
             _row(
                 f"C1: {key.replace('_', ' ')} <= {bound:g} (critique's bound)",
@@ -407,6 +409,8 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
                 f"<= {bound:g}; chance: {CHANCE_RULE}",
                 f"{verdict}; {word}" if word else verdict,
                 value=x,
+                note="the bound the critique measured on ImageNet ViTs (N 197, d 64); chance levels "
+                     "depend on N and d",
             )
         )
     for prefix, label in (("", "paper scaling"), ("official_", "official variant")):
