@@ -144,7 +144,8 @@ def test_claims_table(tmp_path):
         assert "vs chance" in r["measured"] and "Wilcoxon p above" in r["measured"], r
     assert any(r["claim"].startswith("P3 against chance") for r in rows)
     # the untrained copy (same architecture, random weights, same texts): stored, compared measure by measure
-    assert (tmp_path / "c" / "untrained_baseline_all-MiniLM-L6-v2.json").is_file()
+    stored = json.loads((tmp_path / "c" / "untrained_baseline_all-MiniLM-L6-v2.json").read_text())
+    assert stored["model"]["init_seed"] == 0 and stored["heads"] and "records" not in stored
     copy = [r for r in rows if r["claim"].startswith("Learned or built in")]
     assert len(copy) == 3 + 1 and all("untrained copy (init seed 0)" in r["measured"] for r in copy[:3])
     assert all("against their own nulls: trained" in r["measured"] for r in copy[:3])
