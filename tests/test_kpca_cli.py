@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from kpca_attention.cli import app
@@ -236,3 +237,22 @@ def test_claim_verdicts_from_known_summaries():
     got = rows(linear_cka=0.12, chance={"linear_cka": {"perm": undecided}})
     assert got["P4: learned V aligns with Theorem 1's G H A (linear cka)"] == \
         "not shown (not distinguished from chance)"
+
+
+def test_undefined_units_are_counted_not_dropped_in_silence():
+    """A measure undefined on some (input, head) units (kernel CKA on duplicate tokens) is left out of the
+    means, and the summary and the P4 row say on how many."""
+    from kpca_attention.kpca.analysis import AnalysisConfig, Analyzer
+    from kpca_attention.kpca.capture import AttentionSite
+    from kpca_attention.kpca.claims import judge
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 12, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    v[0, 1] = 1.0  # head 1: every token's value is the same: no bandwidth for kernel CKA
+    site = AttentionSite(name="l0", module=torch.nn.Identity(), kind="timm", num_heads=2, head_dim=4)
+    an = Analyzer([site], AnalysisConfig(detail_samples=0, null_samples=0, control_samples=0, optimal=False))
+    an.add([{"q": q, "k": k, "v": v}])
+    res = {**an.result(), "model": {"name": "m"}}
+    assert res["summary"]["undefined_units"].get("kernel_cka") == 1
+    row = next(r for r in judge(res)["rows"] if r["claim"].endswith("(kernel cka)"))
+    assert "undefined on 1 of 2 (input, head) units" in row["note"]

@@ -453,6 +453,11 @@ class Analyzer:
         summary["num_sequences"] = self.num_sequences
         summary["num_heads_analysed"] = int(rec["layer"].size)
         summary["mean_tokens"] = float(rec["tokens"].mean())
+        # (input, head) units where a measure is undefined (e.g. kernel CKA's median bandwidth 0 on duplicate
+        # tokens): left out of every mean, so counted here rather than dropped in silence
+        undefined = {key: int((~np.isfinite(rec[key].astype(float))).sum())
+                     for key in dict.fromkeys((*SUMMARY_KEYS, *CHANCE_MEASURES)) if key in rec}
+        summary["undefined_units"] = {key: n for key, n in undefined.items() if n}
 
         layers, heads = [], []
         for li, site in enumerate(self.sites):

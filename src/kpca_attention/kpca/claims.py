@@ -270,6 +270,7 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
     types = res["model"].get("attention_types", [])
     scaled = "ScaledAttention" in " ".join(types)
     vnote = "values compared: the effective (I - S) V of Scaled Attention" if scaled else ""
+    undefined = s.get("undefined_units") or {}
     floor = s.get("floor_columns")
     if floor:  # large keys: eigenpairs at Kc's rounding floor give no prediction (zero columns of V_hat)
         text = f"{fmt(floor)} columns of V_hat per (input, head) are zero: eigenvalues at Kc's rounding floor"
@@ -384,6 +385,8 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
             verdict = "fails (below chance)"
         else:  # no test result either way: nothing shown, nothing excluded
             verdict = f"not shown ({word})"
+        gaps = (f"undefined on {undefined[key]} of {s.get('num_heads_analysed')} (input, head) units, left "
+                "out" if undefined.get(key) else "")
         rows.append(
             _row(
                 f"P4: learned V aligns with Theorem 1's G H A ({key.replace('_', ' ')})",
@@ -392,7 +395,7 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
                 (f"{CHANCE_RULE}; holds also needs >= {t['align_holds']:g}" if headline else CHANCE_RULE),
                 verdict,
                 value=x,
-                note=vnote,
+                note="; ".join(n for n in (vnote, gaps) if n),
             )
         )
     for key in ("optimal_cosine", "linear_cka", "kernel_cka"):
