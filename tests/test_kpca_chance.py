@@ -121,6 +121,22 @@ def test_chance_test_directions_and_effect_size():
         chance_test([1.0, 2.0], [1.0])
 
 
+def test_values_and_keys_of_the_same_tokens_beat_the_permutation_null_without_any_kpca():
+    """The confound the untrained-copy baseline exists for: V = X W_V and K = X W_K with random weights -
+    no training, no kernel PCA - are maps of the same tokens, so linear and kernel CKA between V and the
+    KPCA prediction from K come out "above chance" against V with its tokens permuted."""
+    x = _randn(40, 30, 8, seed=11)  # 40 (input, head) units of 30 tokens
+    w_k, w_v = _randn(8, 8, seed=12), _randn(8, 8, seed=13)
+    keys, v = x @ w_k / 8 ** 0.5, x @ w_v / 8 ** 0.5
+    v_hat = predicted_values(keys)
+    gen = torch.Generator().manual_seed(0)
+    meas = alignment(v, v_hat, optimal=False)
+    nulls = null_alignment(v, v_hat, draws=10, generator=gen, optimal=False)
+    for key in ("linear_cka", "kernel_cka"):
+        test = chance_test(meas[key].numpy(), nulls[f"{key}_null_perm"].numpy())
+        assert test["verdict"] == "above chance", (key, test)
+
+
 def _stored(p_above: float, n: int = 16) -> dict:
     return {"n": n, "alpha": 0.05, "p_above": p_above, "p_below": 1 - p_above, "null": 0.1, "diff": 0.01,
             "d_z": 0.5}
