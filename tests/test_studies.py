@@ -254,6 +254,14 @@ def test_force_does_not_delete_a_run_another_process_trains(tmp_path) -> None:
     assert (tmp_path / "results" / "symvit-s0.json").exists()
     run_study(study, tmp_path, progress=False, checks=False, only=("symvit",), force=True)
     assert RunDir(run).finished() and (tmp_path / "results" / "symvit-s0.json").exists()
+    # a run kept on another disk (the folder is a link): its contents go, the link stays
+    elsewhere = tmp_path / "disk" / "symvit-s0"
+    elsewhere.parent.mkdir()
+    run.rename(elsewhere)
+    run.symlink_to(elsewhere)
+    (elsewhere / "sentinel").write_text("from before --force")
+    run_study(study, tmp_path, progress=False, checks=False, only=("symvit",), force=True)
+    assert run.is_symlink() and RunDir(elsewhere).finished() and not (elsewhere / "sentinel").exists()
 
 
 def test_a_run_taken_from_another_study_is_not_refused_on_another_machine(tmp_path, monkeypatch) -> None:

@@ -68,12 +68,29 @@ def run_dir_of(runs: Path, variant: Variant, seed: int) -> Path:
     return Path(runs) / f"{variant.slug}-s{seed}"
 
 
-def _delete_run(path: Path) -> None:
-    """``--force``: delete a run folder under its lock, so a run another process is training is refused
-    (:class:`~kpca_attention.train.rundir.RunDirBusy`, naming its pid), not deleted under it."""
-    if path.is_dir():
-        with RunDir(path).lock():
-            shutil.rmtree(path)
+def _delete_runs(paths: list[Path]) -> None:
+    """``--force``: delete run folders under their locks, all taken first, so a run another process is
+    training is refused (:class:`~kpca_attention.train.rundir.RunDirBusy`, naming its pid) before anything
+    is deleted. A folder is renamed away under its lock and then removed (a writer arriving meanwhile starts a
+    new folder, never one half deleted); a folder that is a link (a run kept on another disk) keeps its link
+    and loses its contents."""
+    import contextlib
+
+    existing = [p for p in paths if p.is_dir()]
+    with contextlib.ExitStack() as locks:
+        for p in existing:
+            locks.enter_context(RunDir(p).lock())
+        for p in existing:
+            if p.is_symlink():
+                for child in p.iterdir():
+                    if child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child)
+                    else:
+                        child.unlink()
+            else:
+                gone = p.with_name(f".{p.name}.deleted-{os.getpid()}")
+                p.rename(gone)
+                shutil.rmtree(gone)
 
 
 def result_path(out: Path, variant: Variant, seed: int) -> Path:
@@ -513,8 +530,8 @@ def run_study(
             raise ValueError(f"unknown variant(s) {sorted(unknown)}; valid: "
                              f"{', '.join(v.slug for v in study.variants)}")
     if force:
+        _delete_runs([run_dir_of(runs, v, s) for v, s in todo])
         for v, s in todo:
-            _delete_run(run_dir_of(runs, v, s))
             result_path(out, v, s).unlink(missing_ok=True)
         shutil.rmtree(out / "checks", ignore_errors=True)
     to_train = [(v, s) for v, s in todo if v.source is None and not RunDir(run_dir_of(runs, v, s)).finished()
