@@ -167,6 +167,46 @@ def test_claims_table(tmp_path):
     assert (tmp_path / "c" / "claims.md").read_text() == before
     both = CliRunner().invoke(app, ["claims", "all-MiniLM-L6-v2", "--from-analysis", str(tmp_path / "c")])
     assert both.exit_code == 2 and "not both" in both.output
+    mixed = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c"),
+                                     "--untrained-baseline"])
+    assert mixed.exit_code == 2 and "give one of them" in mixed.output
+    # a stored copy analysed on other inputs is refused, not compared with the wrong numbers
+    base_file = tmp_path / "c" / "untrained_baseline_all-MiniLM-L6-v2.json"
+    stored["inputs"] = "10 other texts"
+    base_file.write_text(json.dumps(stored))
+    other = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c")])
+    assert other.exit_code == 2 and "other inputs" in other.output
+    # a run without the copy leaves no older run's copy behind to be judged with its analysis
+    again = CliRunner().invoke(app, ["claims", "all-MiniLM-L6-v2", "--texts", str(texts), "--out",
+                                     str(tmp_path / "c"), "--detail-samples", "0", "--null-samples", "3",
+                                     "--control-samples", "0", "--no-report"])
+    assert again.exit_code == 0, again.output
+    assert not base_file.exists() and "Learned or built in" not in (tmp_path / "c" / "claims.md").read_text()
+
+
+def test_untrained_copy_is_the_architecture_with_its_own_seeded_init():
+    """The copy has the model's parameters (names, shapes), none of its weights, is in eval mode, depends
+    only on its seed, and leaves the global RNG as it was; a Hugging Face copy has its own config."""
+    from kpca_attention.train.resolve import resolve_model, untrained_copy
+
+    loaded = resolve_model("symvit_mini_patch4_28", pretrained=False)
+    with torch.no_grad():
+        for p in loaded.model.parameters():
+            p.add_(1.0)  # "trained"
+    state = torch.random.get_rng_state()
+    a, b, c = (untrained_copy(loaded, seed=s).model for s in (0, 0, 1))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    trained = loaded.model.state_dict()
+    for name, w in a.state_dict().items():
+        assert w.shape == trained[name].shape and torch.equal(w, b.state_dict()[name])
+    differs = [n for n, w in a.state_dict().items()
+               if w.is_floating_point() and not torch.equal(w, trained[n])]
+    assert len(differs) == len(trained) - sum(not w.is_floating_point() for w in trained.values())
+    assert any(not torch.equal(w, c.state_dict()[n]) for n, w in a.state_dict().items())
+    assert not a.training and untrained_copy(loaded).info["untrained"] is True
+    hf = resolve_model("all-MiniLM-L6-v2")
+    copy = untrained_copy(hf)
+    assert copy.model.config is not hf.model.config and copy.tokenizer is hf.tokenizer
 
 
 def test_untrained_baseline_rows_pair_heads_and_adjust_together():
@@ -184,7 +224,10 @@ def test_untrained_baseline_rows_pair_heads_and_adjust_together():
                           for i, (li, hi) in enumerate(heads)]}
 
     def words(copy_values):
-        got = judge(analysis(trained), untrained=analysis(copy_values, seed=0))["rows"]
+        copy = analysis(copy_values, seed=0)
+        # pairing is by (layer, head), not by list position: the copy's heads shuffled, one missing
+        copy["heads"] = [copy["heads"][i] for i in np.random.default_rng(1).permutation(len(heads))][1:]
+        got = judge(analysis(trained), untrained=copy)["rows"]
         return [r["verdict"] for r in got if r["claim"].startswith("Learned or built in")]
 
     assert words(trained) == ["not distinguished from the untrained copy"] * 3
@@ -192,6 +235,10 @@ def test_untrained_baseline_rows_pair_heads_and_adjust_together():
     assert words(lower) == ["trained above the untrained copy"] * 3  # 16 heads: p 1.5e-5, Holm x 3
     got = judge(analysis(trained), untrained=analysis(lower, seed=0))["rows"]
     assert "Holm-adjusted" in got[-1]["measured"] and "family of 3" in got[-1]["measured"]
+    assert "16 heads" in got[-1]["measured"]
+    assert "15 heads" in next(r["measured"] for r in judge(analysis(trained), untrained={
+        **analysis(lower, seed=0), "heads": analysis(lower, seed=0)["heads"][1:]})["rows"]
+        if r["claim"].startswith("Learned or built in"))
     assert not [r for r in judge(analysis(trained))["rows"] if r["claim"].startswith("Learned")]
 
 

@@ -392,6 +392,13 @@ def test_eigenpairs_at_the_rounding_floor_give_zero_columns():
     assert torch.all(norms[~ok] == 0) and torch.all(norms[ok] > 0)
     normal = kpca_eigen(torch.randn(4, 65, 16, generator=gen, dtype=torch.float64), 16)
     assert signal_columns(normal).all()
+    # N <= d_v: the last pair is Kc's own null direction (Kc 1 = 0), not a floor column of the analysis
+    short = torch.randn(1, 4, 8, 16, generator=gen, dtype=torch.float64) * 0.5
+    cfg0 = AnalysisConfig(detail_samples=0, null_samples=0, control_samples=0, optimal=False)
+    an0 = Analyzer([AttentionSite(name="l0", module=torch.nn.Identity(), kind="timm", num_heads=4,
+                                  head_dim=16)], cfg0)
+    an0.add([{"q": short, "k": short, "v": torch.randn(1, 4, 8, 16, generator=gen)}])
+    assert an0.result()["records"]["floor_columns"] == [0.0] * 4
     cfg = AnalysisConfig(detail_samples=0, null_samples=0, control_samples=0, optimal=False)
     site = AttentionSite(name="l0", module=torch.nn.Identity(), kind="timm", num_heads=4, head_dim=16)
     an = Analyzer([site], cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -214,6 +215,27 @@ def _nan_for_null(obj: Any) -> Any:
     return obj
 
 
+def _read_baseline(path: Path, res: dict[str, Any]) -> dict[str, Any] | None:
+    """The untrained copy's analysis stored beside ``res`` (None if there is none), refused when it is not
+    readable or was analysed on other inputs or settings (it would be compared with the wrong numbers)."""
+    if not path.is_file():
+        return None
+    base = read_json(path)
+    if not isinstance(base, dict) or "summary" not in base:
+        raise ValueError(f"{path} is not a readable analysis: delete it, or run claims with "
+                         "--untrained-baseline again")
+    base = _nan_for_null(base)
+    differ = [key for key, a, b in (
+        ("inputs", res.get("inputs"), base.get("inputs")),
+        ("config", res.get("config"), base.get("config")),
+        ("sequences", res["summary"].get("num_sequences"), base["summary"].get("num_sequences")),
+    ) if json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True)]  # NaN-safe (NaN != NaN)
+    if differ:
+        raise ValueError(f"{path} was analysed with other {', '.join(differ)} than the model's analysis: "
+                         "delete it, or run claims with --untrained-baseline again")
+    return base
+
+
 def _rejudge(folder: Path, report: bool) -> None:
     """``claims --from-analysis FOLDER``: the verdicts again from the analyses a ``claims`` run stored there
     (``analysis_<model>.json``), with the current rules - no model is loaded. A model whose run folder is
@@ -236,10 +258,7 @@ def _rejudge(folder: Path, report: bool) -> None:
             res["records"] = unpack_records(res["records"])
         name = res["model"]["name"]
         run_dir = Path(name) if Path(name).exists() else None
-        base_file = folder / f"{BASELINE_PREFIX}{model_label(name)}.json"
-        base = _nan_for_null(read_json(base_file)) if base_file.is_file() else None
-        if base is not None and isinstance(base.get("records"), dict):
-            base["records"] = unpack_records(base["records"])
+        base = _read_baseline(folder / f"{BASELINE_PREFIX}{model_label(name)}.json", res)
         verdict = judge(res, run_dir=run_dir, untrained=base)
         old = before.get(name)
         if run_dir is None and old is not None:  # the logs are not here: the rows judged from them stay
@@ -292,6 +311,10 @@ def claims_cmd(
         raise ValueError("give the models to judge, or --from-analysis FOLDER to judge stored analyses again "
                          "(not both)")
     if from_analysis is not None:
+        if untrained_baseline:
+            raise ValueError("--untrained-baseline analyses the models' untrained copies; --from-analysis "
+                             "judges stored analyses again (with the untrained_baseline_<model>.json a run "
+                             "stored): give one of them")
         return _rejudge(from_analysis, report)
     _check_options(max_samples=max_samples, prefixes=prefixes, detail_samples=detail_samples,
                    null_samples=null_samples, null_draws=null_draws, control_samples=control_samples,
@@ -328,6 +351,7 @@ def claims_cmd(
         if report:
             typer.echo(f"report: {write_report(res, output_path(out, label))}")
         base = None
+        output_path(out, f"{BASELINE_PREFIX}{label}.json").unlink(missing_ok=True)  # never an older run's
         if untrained_baseline:
             base = analyze_model(untrained_copy(loaded, seed=0), **inputs.kwargs(), config=cfg, prefixes=prefixes)
             base["inputs"] = inputs.description

@@ -331,8 +331,9 @@ class Analyzer:
             v_hat = predicted_values(
                 kc, d_v, order=cfg.order, scale=cfg.scale, centering=cfg.centering, eigen=eig
             )
-            # columns of V_hat zeroed because their eigenvalue is at Kc's rounding floor (large keys)
-            out["floor_columns"].append((~signal_columns(eig)).sum(-1).to(torch.float64))
+            # columns of V_hat zeroed because their eigenvalue is at Kc's rounding floor (large keys); with
+            # N <= d_v tokens the last pair is Kc's own null direction (Kc 1 = 0), not counted
+            out["floor_columns"].append((~signal_columns(eig))[..., : length - 1].sum(-1).to(torch.float64))
             akw = dict(
                 optimal=cfg.optimal, threshold=cfg.threshold, bandwidth=cfg.bandwidth,
                 row_eps=cfg.row_eps, cka_eps=cfg.cka_eps,

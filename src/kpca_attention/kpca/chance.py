@@ -159,14 +159,17 @@ def model_family(summary: Mapping[str, Any], measures: Sequence[str]) -> dict[st
 
 def holm_family(tests: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """:func:`chance_test` results adjusted as one family: copies with ``p_two_sided`` (twice the smaller
-    one-sided p), ``p_holm`` (:func:`kpca_attention.stats.holm` over the members) and ``family_size``.
+    one-sided p), ``p_holm`` (:func:`kpca_attention.stats.holm` over the members), ``family_size``, and
+    ``verdict`` the adjusted word (the test's own in ``verdict_unadjusted``).
     Members are the tests that can reach their level; one with too few units (or none) is copied as it is
     and keeps its word."""
     out = {k: dict(t) for k, t in tests.items()}
     members = [k for k, t in out.items() if chance_word(t) not in ("n/a", "too few units to test")]
     adjusted = holm([_two_sided(out[k]) for k in members])
     for k, p in zip(members, adjusted, strict=True):
-        out[k].update(p_two_sided=_two_sided(out[k]), p_holm=p, family_size=len(members))
+        out[k].update(p_two_sided=_two_sided(out[k]), p_holm=p, family_size=len(members),
+                      verdict_unadjusted=chance_word({**out[k], "p_holm": None}))
+        out[k]["verdict"] = chance_word(out[k])
     return out
 
 

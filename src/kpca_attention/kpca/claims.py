@@ -233,7 +233,7 @@ def _untrained_rows(res: dict[str, Any], base: dict[str, Any]) -> list[dict[str,
             f"{fmt(t['d_z'], 2)}, Wilcoxon p above {_p(t['p_above'])} / below {_p(t['p_below'])}, {t['n']} "
             f"heads{holm_text}; against their own nulls: trained {standing(own.get(key))}, copy "
             f"{standing(copy.get(key))}",
-            "paired Wilcoxon over (layer, head), Holm over these rows, adjusted p < 0.05",
+            "Wilcoxon paired by (layer, head) position, Holm over these rows, adjusted p < 0.05",
             _VS_COPY.get(word, word),
             value=t["diff"],
             note="the same architecture with random weights, on the same inputs",
@@ -334,7 +334,8 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
                     f"P3 against chance: values' relative gamma differences below those of the {null}",
                     "paper vs critique",
                     f"values {fmt(gc['measured'])} " + _test_text(gc, null)
-                    + (f"; random-orthogonal control {fmt(vc['null'])} ({chance_word(vc)} against it)"
+                    + (f"; random-orthogonal control {fmt(vc['null'])} ({chance_word(vc)} against it; "
+                       "descriptive, not adjusted)"
                        if vc else ""),
                     "Wilcoxon over heads, " + FAMILY_RULE + " (above chance = more eigenvector-like)",
                     chance_word(gc),

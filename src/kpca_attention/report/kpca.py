@@ -407,7 +407,8 @@ def _other_tests_section(res: dict[str, Any]) -> list[str]:
                if g.get("p_holm") is not None else "")
             + f": **{chance_word(g)}** "
             "(above chance = more eigenvector-like than the null; exact eigenvectors give ~0)."
-            + (f" Against the critique's random-orthogonal control ({fmt(vc['null'])}): {chance_word(vc)} - "
+            + (f" Against the critique's random-orthogonal control ({fmt(vc['null'])}; descriptive, not "
+               f"adjusted): {chance_word(vc)} - "
                "a control that does not keep the weighting by g, so not a null for the values (docs/kpca.md)."
                if vc else ""),
             "",

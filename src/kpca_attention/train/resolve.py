@@ -21,6 +21,7 @@ tried as a hub name and fail late).
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 from dataclasses import dataclass, field, replace
@@ -295,10 +296,11 @@ def untrained_copy(loaded: LoadedModel, seed: int = 0) -> LoadedModel:
             from .checkpoint import resolve_checkpoint
 
             task = get_task(loaded.config.task)
-            fresh = task.build_model(loaded.config, task.checkpoint_info(loaded.config,
-                                                                          resolve_checkpoint(loaded.name)))
-        elif loaded.task is None:  # Hugging Face: its own initialisation from the config
-            fresh = type(model)._from_config(model.config)
+            ckpt = resolve_checkpoint(Path(loaded.name).expanduser())
+            fresh = task.build_model(loaded.config, task.checkpoint_info(loaded.config, ckpt))
+        elif loaded.task is None:  # Hugging Face: its own initialisation from a copy of the config (capture
+            # switches the attention implementation on the config: never the trained model's under it)
+            fresh = type(model)._from_config(copy.deepcopy(model.config))
         else:
             import timm
 
