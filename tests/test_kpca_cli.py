@@ -165,6 +165,8 @@ def test_claims_table(tmp_path):
         again = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c")])
     assert again.exit_code == 0, again.output
     assert (tmp_path / "c" / "claims.md").read_text() == before
+    # and the model's report, written again from the stored analysis, is the one the run wrote
+    assert (tmp_path / "c" / "all-MiniLM-L6-v2" / "report.md").read_text() == report
     both = CliRunner().invoke(app, ["claims", "all-MiniLM-L6-v2", "--from-analysis", str(tmp_path / "c")])
     assert both.exit_code == 2 and "not both" in both.output
     mixed = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c"),

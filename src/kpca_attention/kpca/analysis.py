@@ -564,8 +564,11 @@ class Analyzer:
         }
         if pap:
             summary["pap_s_density_max"] = float(max(max(v) for v in pap.values()))
+        # JSON-exact: tuples as lists, the infinite SNR as "inf" (JSON has no inf: it would come back as null)
+        config = {k: ["inf" if isinstance(x, float) and math.isinf(x) else x for x in v]
+                  if isinstance(v, tuple) else v for k, v in asdict(self.cfg).items()}
         return {
-            "config": asdict(self.cfg),
+            "config": config,
             "summary": summary,
             "layers": layers,
             "heads": heads,

@@ -498,7 +498,7 @@ def write_report(res: dict[str, Any], out_dir: str | Path) -> Path:
         *_control_section(res),
         *_other_tests_section(res),
         *_prefix_section(res),
-        "Config: " + ", ".join(f"{k}={v}" for k, v in res["config"].items()),
+        "Config: " + ", ".join(f"{k}={v}" for k, v in sorted(res["config"].items())),  # as stored (sorted)
         "",
         *[f"![{f}]({f})" for f in figs],
     ]
