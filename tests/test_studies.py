@@ -300,7 +300,8 @@ def test_a_study_trains_on_one_kind_of_machine(tmp_path, monkeypatch) -> None:
     assert "Trained on one kind of machine: " + here in (tmp_path / "report.md").read_text()
     from kpca_attention.train import checkpoint as ckpt_mod
 
-    monkeypatch.setattr(ckpt_mod, "machine_info", lambda gpu=True: {"cpu": "Another CPU"})  # as recorded
+    monkeypatch.setattr(ckpt_mod, "run_machine_info",  # as recorded
+                        lambda device: {"cpu": "Another CPU", "device": device})
     run_study(study, tmp_path, progress=False, checks=False, seeds=(1,), only=("symvit",), any_machine=True)
     assert machines.trained_on(tmp_path) == {here: ["symvit-s0"], "Another CPU": ["symvit-s1"]}
     report = (tmp_path / "report.md").read_text()
@@ -324,7 +325,7 @@ def test_checkpoints_record_the_machines_that_trained_them(tmp_path, monkeypatch
     train(get_preset("digits-cpu", max_steps=2, **cfg))
     here = ckpt_mod.training_machines(run)
     assert len(here) == 1 and here[0]["device"] == "cpu" and here[0]["cpu"] == engine.machine_info()["cpu"]
-    monkeypatch.setattr(ckpt_mod, "machine_info", lambda gpu=True: {"cpu": "Another CPU"})
+    monkeypatch.setattr(ckpt_mod, "run_machine_info", lambda device: {"cpu": "Another CPU", "device": device})
     monkeypatch.setattr(machines, "kind_here", lambda device=None: "Another CPU")
     with pytest.raises(ValueError, match="was trained so far on .*this machine is Another CPU"):
         engine.check_machine_kind(tmp_path / "study", run_dir=run)

@@ -9,7 +9,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["cpu_model", "machine_info", "machine_kind", "retain_freed_memory"]
+__all__ = ["cpu_model", "machine_info", "run_machine_info", "machine_kind", "retain_freed_memory"]
 
 
 @lru_cache(maxsize=1)
@@ -44,6 +44,13 @@ def machine_info(gpu: bool = True) -> dict[str, Any]:
         info["matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
         info["deterministic_algorithms"] = torch.are_deterministic_algorithms_enabled()
     return info
+
+
+def run_machine_info(device: str) -> dict[str, Any]:
+    """:func:`machine_info` of a run on ``device`` ("cpu", "cuda", "cuda:0"), with the device: a run pinned to
+    the CPU of a GPU host records no GPU (and asking for it would start CUDA)."""
+    device = str(device)
+    return {**machine_info(gpu=not device.startswith("cpu")), "device": device}
 
 
 def machine_kind(info: dict[str, Any] | None = None) -> str:

@@ -50,7 +50,7 @@ from .chance import (
     verdict_null,
 )
 
-__all__ = ["judge", "fmt", "THRESHOLDS", "PAPER_EIGENVALUES", "BASELINE_MEASURES"]
+__all__ = ["judge", "fmt", "fmt_p", "THRESHOLDS", "PAPER_EIGENVALUES", "BASELINE_MEASURES"]
 
 #: thresholds used by the verdicts (stated in the table)
 THRESHOLDS = {
@@ -88,18 +88,18 @@ def fmt(x: Any, digits: int = 3) -> str:
     return str(x)
 
 
-def _p(x: float | None) -> str:
+def fmt_p(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2g}"
 
 
 def _test_text(t: dict[str, Any], null_label: str) -> str:
     """``vs chance 0.06 (permuted V): diff +0.036, d_z 0.51, Wilcoxon p above 0.008 / below 0.99, 72 heads,
     Holm 0.05 of 7`` (the last part for a test in the model's family)."""
-    holm_text = (f", two-sided {_p(t['p_two_sided'])}, Holm-adjusted {_p(t['p_holm'])} (family of "
+    holm_text = (f", two-sided {fmt_p(t['p_two_sided'])}, Holm-adjusted {fmt_p(t['p_holm'])} (family of "
                  f"{t['family_size']})" if t.get("p_holm") is not None else "")
     return (
         f"vs chance {fmt(t['null'])} ({null_label}): diff {fmt(t['diff'])}, d_z {fmt(t['d_z'], 2)}, "
-        f"Wilcoxon p above {_p(t['p_above'])} / below {_p(t['p_below'])}, {t['n']} heads{holm_text}"
+        f"Wilcoxon p above {fmt_p(t['p_above'])} / below {fmt_p(t['p_below'])}, {t['n']} heads{holm_text}"
     )
 
 
@@ -222,7 +222,7 @@ def _untrained_rows(res: dict[str, Any], base: dict[str, Any]) -> list[dict[str,
 
     rows = []
     for key, t in family.items():
-        holm_text = (f", Holm-adjusted {_p(t['p_holm'])} (family of {t['family_size']})"
+        holm_text = (f", Holm-adjusted {fmt_p(t['p_holm'])} (family of {t['family_size']})"
                      if t.get("p_holm") is not None else "")
         word = chance_word(t)
         rows.append(_row(
@@ -230,8 +230,8 @@ def _untrained_rows(res: dict[str, Any], base: dict[str, Any]) -> list[dict[str,
             f"({key.replace('_', ' ')})",
             "project (untrained baseline)",
             f"trained {fmt(t['measured'])} vs {label} {fmt(t['null'])}: diff {fmt(t['diff'])}, d_z "
-            f"{fmt(t['d_z'], 2)}, Wilcoxon p above {_p(t['p_above'])} / below {_p(t['p_below'])}, {t['n']} "
-            f"heads{holm_text}; against their own nulls: trained {standing(own.get(key))}, copy "
+            f"{fmt(t['d_z'], 2)}, Wilcoxon p above {fmt_p(t['p_above'])} / below {fmt_p(t['p_below'])}, "
+            f"{t['n']} heads{holm_text}; against their own nulls: trained {standing(own.get(key))}, copy "
             f"{standing(copy.get(key))}",
             "Wilcoxon paired by (layer, head) position, Holm over these rows, adjusted p < 0.05",
             _VS_COPY.get(word, word),

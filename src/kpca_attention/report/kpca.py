@@ -18,7 +18,7 @@ import numpy as np
 from ..io import write_json_atomic, write_text_atomic
 from ..kpca.analysis import CHANCE_MEASURES
 from ..kpca.chance import NULL_LABELS, chance_word, model_family, verdict_null
-from ..kpca.claims import PAPER_EIGENVALUES, THRESHOLDS, fmt
+from ..kpca.claims import PAPER_EIGENVALUES, THRESHOLDS, fmt, fmt_p
 from ..plotting import new_figure, panel_grid, save_figure
 from ..tables import markdown_table
 
@@ -259,10 +259,6 @@ def _norms_fig(res: dict[str, Any], out: Path) -> list[str]:
 # ------------------------------------------------------------------------------------------- tables
 
 
-def _p(x: Any) -> str:
-    return "n/a" if x is None else f"{x:.2g}"
-
-
 def chance_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per measure: measured, both nulls, and the test against the null the claims use."""
     s = res["summary"]
@@ -283,8 +279,8 @@ def chance_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             "test_null": {"perm": "permuted", "gauss": "Gaussian", "rot": "rotated"}[kind],
             "diff": t.get("diff"),
             "d_z": t.get("d_z"),
-            "p": f"{_p(t.get('p_above'))} / {_p(t.get('p_below'))}",
-            "p_holm": _p(t.get("p_holm")),
+            "p": f"{fmt_p(t.get('p_above'))} / {fmt_p(t.get('p_below'))}",
+            "p_holm": fmt_p(t.get("p_holm")),
             "n": t.get("n"),
             "verdict": chance_word(t) if t else "n/a",
         })
@@ -402,8 +398,8 @@ def _other_tests_section(res: dict[str, Any]) -> list[str]:
             "",
             f"Mean relative gamma difference per (layer, head): values {fmt(g['measured'])}, {null} "
             f"{fmt(g['null'])}; diff {fmt(g['diff'])}, d_z {fmt(g['d_z'])}, p above / below "
-            f"{_p(g['p_above'])} / {_p(g['p_below'])} over {g['n']} heads"
-            + (f", Holm-adjusted {_p(g['p_holm'])} in the model's family of {g['family_size']}"
+            f"{fmt_p(g['p_above'])} / {fmt_p(g['p_below'])} over {g['n']} heads"
+            + (f", Holm-adjusted {fmt_p(g['p_holm'])} in the model's family of {g['family_size']}"
                if g.get("p_holm") is not None else "")
             + f": **{chance_word(g)}** "
             "(above chance = more eigenvector-like than the null; exact eigenvectors give ~0)."

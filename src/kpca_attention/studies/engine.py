@@ -34,6 +34,7 @@ weights or parameters are computed anew.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -74,8 +75,6 @@ def _delete_runs(paths: list[Path]) -> None:
     is deleted. A folder is renamed away under its lock and then removed (a writer arriving meanwhile starts a
     new folder, never one half deleted); a folder that is a link (a run kept on another disk) keeps its link
     and loses its contents."""
-    import contextlib
-
     existing = [p for p in paths if p.is_dir()]
     with contextlib.ExitStack() as locks:
         for p in existing:

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..machine import machine_info, machine_kind
+from ..machine import machine_info, machine_kind, run_machine_info
 from ..robustness.store import ResultStore
 from ..train.checkpoint import training_machines
 
@@ -35,7 +35,7 @@ def kind_here(device: str | None = None) -> str:
     one): a run pinned to the CPU of a GPU host is of its CPU's kind, as its checkpoints record it."""
     if device is None:
         return machine_kind()
-    return machine_kind({**machine_info(gpu=not str(device).startswith("cpu")), "device": str(device)})
+    return machine_kind(run_machine_info(device))
 
 
 def check_machine_kind(out: Path, any_machine: bool = False, run_dir: Path | None = None,

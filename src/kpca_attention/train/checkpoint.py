@@ -55,7 +55,7 @@ from torch import nn
 
 from ..io import fsync_dir as _fsync_dir
 from ..io import new_file_mode, read_json, sha256_file, write_json_atomic
-from ..machine import machine_info, machine_kind
+from ..machine import machine_kind, run_machine_info
 from ..modules import model_device
 from ..tasks import get as get_task
 from .config import TrainConfig
@@ -303,8 +303,7 @@ def save_checkpoint(
     final = ckpt_root / name
     tmp = ckpt_root / f".{name}.tmp-{os.getpid()}"
     machines = training_machines(run_dir) or list(machines_before)
-    device = model_device(model).type
-    here = {**machine_info(gpu=device != "cpu"), "device": device}
+    here = run_machine_info(model_device(model).type)
     if not machines or machine_kind(machines[-1]) != machine_kind(here):
         machines.append(here)  # the machines that trained it, in order: one, unless resumed elsewhere
     try:

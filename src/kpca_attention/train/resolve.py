@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..modules import model_device
 from ..tasks import Task
 from ..tasks import get as get_task
 from ..tasks import of_model as task_of_model
@@ -289,7 +290,7 @@ def untrained_copy(loaded: LoadedModel, seed: int = 0) -> LoadedModel:
     --untrained-baseline``). A project checkpoint is rebuilt from its config (its vocabulary kept), a
     timm model by its name, a Hugging Face model from its config."""
     model = loaded.model
-    device = next(model.parameters()).device
+    device = model_device(model)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if loaded.config is not None:  # a project checkpoint: the task's builder, as load_model calls it
