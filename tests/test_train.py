@@ -304,7 +304,8 @@ def test_resume_from_another_run_needs_an_empty_output_directory(tmp_path, monke
     from kpca_attention.train import checkpoint as ckpt_mod
 
     train(tiny(tmp_path, "a", max_steps=3))
-    monkeypatch.setattr(ckpt_mod, "machine_info", lambda gpu=True: {"cpu": "Another CPU"})  # b's machine
+    monkeypatch.setattr(ckpt_mod, "run_machine_info",  # b's machine
+                        lambda device: {"cpu": "Another CPU", "device": device})
     copy = train(tiny(tmp_path, "b"), resume=tmp_path / "a")  # the run continued in a new directory
     assert copy.global_step == 12
     with pytest.raises(FileExistsError, match="already holds a training run: resume .* into an empty"):
