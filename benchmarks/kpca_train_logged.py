@@ -1,9 +1,13 @@
-"""Train one (variant, seed) of a registered image-classification study with its recipe, logging J_proj every
-epoch (``ProjectionLossCallback`` on the first 32 validation images), without the study's evaluation: the
-models of ``results/kpca-vision`` (``kpca-attention claims`` then judges P2, "J_proj falls during training",
-from the run's ``epochs.csv``). A killed run resumes from its last checkpoint.
+"""Train one (variant, seed) of a registered study with its recipe, logging J_proj every epoch
+(``ProjectionLossCallback`` on the first 32 examples of the run's held-out split: the validation images
+carved from the training data, or a language model's first 32 windows of the corpus's valid split), without
+the study's evaluation: the models of ``results/kpca-vision`` and ``results/kpca-language``
+(``kpca-attention claims`` then judges P2, "J_proj falls during training", from the run's ``epochs.csv``).
+The callback draws no random numbers, so the trained weights are those of the study's own run of the same
+(variant, seed) on the same kind of machine. A killed run resumes from its last checkpoint.
 
     .venv/bin/python benchmarks/kpca_train_logged.py vision symvit 0 runs/kpca-vision
+    .venv/bin/python benchmarks/kpca_train_logged.py language symlm 0 runs/kpca-language
 """
 
 from __future__ import annotations
@@ -13,15 +17,17 @@ from pathlib import Path
 
 import torch
 
-from kpca_attention.data.images import build_image_dataset
+from kpca_attention import tasks
 from kpca_attention.kpca.callback import ProjectionLossCallback
 from kpca_attention.studies import get_study
 from kpca_attention.train import train
 
+BATCH = 32  # examples the callback measures J_proj on
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("study", help="a registered study whose runs classify images (vision, zoo, ...)")
+    ap.add_argument("study", help="a registered study (vision, zoo, language, ...)")
     ap.add_argument("variant", help="the variant's slug")
     ap.add_argument("seed", type=int)
     ap.add_argument("runs", type=Path, help="folder of the runs (the run goes into RUNS/<variant>-s<seed>)")
@@ -36,8 +42,10 @@ def main() -> None:
     run_dir = args.runs / f"{args.variant}-s{args.seed}"
     cfg = study.train_config(variant, args.seed, str(run_dir))
     cfg.progress = False
-    val = build_image_dataset(cfg.dataset, "val", root=cfg.data_root, img_size=cfg.img_size)
-    batch = torch.stack([val[i][0] for i in range(32)])
+    held_out = tasks.get(cfg.task).datasets(cfg).held_out
+    if held_out is None or len(held_out) < BATCH:
+        ap.error(f"{args.study}/{args.variant}: the run's held-out split has fewer than {BATCH} examples")
+    batch = torch.stack([held_out[i][0] for i in range(BATCH)])
     result = train(cfg, callbacks=[ProjectionLossCallback(batch)], resume=(run_dir / "checkpoints").exists())
     print(result.run_dir)
 
