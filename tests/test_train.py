@@ -314,3 +314,36 @@ def test_resume_from_another_run_needs_an_empty_output_directory(tmp_path, monke
     assert ckpt_mod.training_machines(tmp_path / "b") == [*first, {"cpu": "Another CPU", "device": "cpu"}]
     own = sorted(p for p in (tmp_path / "b" / "checkpoints").iterdir() if p.is_dir())[0]
     assert train(tiny(tmp_path, "b"), resume=own).global_step == 12  # a checkpoint of its own run
+
+
+def test_untrained_copy_of_a_run_is_its_initial_weights_and_runs_of_one_recipe_share_it(tmp_path):
+    """The KPCA baseline "the same network before training": a run's untrained copy is built under the run's
+    training seed exactly as training builds its model, so one optimizer step of learning rate lr (Adam's
+    first update is at most lr per weight, plus decoupled weight decay) separates it from the run's first
+    checkpoint, while another seed's copy is far from it. ``run_identity`` gives seeds of one recipe the same
+    digest and another learning rate another."""
+    from kpca_attention.train.resolve import resolve_model, run_identity, untrained_copy
+
+    lr = 1e-6
+    cfg = tiny(tmp_path, seed=3, max_steps=1, epochs=1, lr=lr, warmup_epochs=0.0)
+    result = train(cfg)
+    loaded = resolve_model(str(result.run_dir), pretrained=False)
+    stepped = loaded.model.state_dict()
+    copy = untrained_copy(loaded)
+    assert copy.info["init_seed"] == 3 and loaded.info["train_seed"] == 3
+    start, other = copy.model.state_dict(), untrained_copy(loaded, seed=4).model.state_dict()
+    moved = far = 0
+    for name, w1 in stepped.items():
+        if not w1.is_floating_point():
+            continue
+        w0 = start[name]
+        # one step, and the float32 rounding of storing w0 - step (a few units in the last place of w)
+        bound = lr * (1 + cfg.weight_decay * w0.abs()) + 4 * torch.finfo(w0.dtype).eps * (w0.abs() + lr)
+        assert ((w1 - w0).abs() <= bound).all(), name
+        moved += int(not torch.equal(w1, w0))
+        far += int((other[name] - w0).abs().max() > 100 * lr)
+    assert moved > 0 and far > 0  # training took a step; another seed starts elsewhere
+    ident = run_identity(cfg)
+    other_seed = tiny(tmp_path, "b", seed=9, max_steps=1, epochs=1, lr=lr, warmup_epochs=0.0)
+    assert ident == {**run_identity(other_seed), "train_seed": 3}
+    assert run_identity(tiny(tmp_path, seed=3, max_steps=1, epochs=1, lr=2 * lr))["recipe"] != ident["recipe"]

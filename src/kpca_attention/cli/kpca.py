@@ -296,8 +296,9 @@ def claims_cmd(
     threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
     untrained_baseline: bool = typer.Option(
         False, "--untrained-baseline/--no-untrained-baseline",
-        help="also analyse each model's architecture with random weights (init seed 0) on the same inputs "
-             "and compare: what any network of this shape gives without training (doubles the time)"),
+        help="also analyse each model's architecture with random weights on the same inputs and compare: "
+             "what any network of this shape gives without training (doubles the time). A checkpoint of "
+             "this project: its run's own initial weights (its training seed); other models: init seed 0"),
 ) -> None:
     """One table: each empirical claim of the paper and each measure of the critique, per model,
     with the measured value, its chance level and a verdict against a stated threshold or test."""
@@ -353,7 +354,7 @@ def claims_cmd(
         base = None
         output_path(out, f"{BASELINE_PREFIX}{label}.json").unlink(missing_ok=True)  # never an older run's
         if untrained_baseline:
-            base = analyze_model(untrained_copy(loaded, seed=0), **inputs.kwargs(), config=cfg, prefixes=prefixes)
+            base = analyze_model(untrained_copy(loaded), **inputs.kwargs(), config=cfg, prefixes=prefixes)
             base["inputs"] = inputs.description
             # without its per-record columns (half the size of the model's own file): the comparison reads the
             # per-(layer, head) means and the summary

@@ -23,22 +23,25 @@ from __future__ import annotations
 
 import copy
 import difflib
+import hashlib
+import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..modules import model_device
 from ..tasks import Task
 from ..tasks import get as get_task
 from ..tasks import of_model as task_of_model
+from .data import seeded_rngs
 from .hf import is_hf_folder
+from .rundir import trajectory_settings
 
-__all__ = ["LoadedModel", "resolve_model", "untrained_copy", "MINILM_NAMES", "minilm_path", "image_meta",
-           "is_causal_hf"]
+__all__ = ["LoadedModel", "resolve_model", "untrained_copy", "run_identity", "MINILM_NAMES", "minilm_path",
+           "image_meta", "is_causal_hf"]
 
 MINILM_NAMES = ("all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2")
 
@@ -136,8 +139,7 @@ def _load_project(path: Path, name: str, device: str, override_settings: bool = 
     task = get_task(config.task)
     if task.takes_tokens:  # a causal LM
         return LoadedModel(name=name, model=model.eval(), task=task, config=config,
-                           info={"dataset": getattr(config, "dataset", None), "task": task.name,
-                                 "causal": True})
+                           info={**run_identity(config), "task": task.name, "causal": True})
     size, crop, _ = image_meta(model)
     norm = None
     from ..models.normalize import NormalizedModel
@@ -153,7 +155,7 @@ def _load_project(path: Path, name: str, device: str, override_settings: bool = 
         normalize=norm,
         crop_pct=crop,
         config=config,
-        info={"dataset": getattr(config, "dataset", None)},
+        info=run_identity(config),
     )
 
 
@@ -283,17 +285,31 @@ def resolve_model(spec: str, *, pretrained: bool = True, device: str = "cpu",
     return loaded
 
 
-def untrained_copy(loaded: LoadedModel, seed: int = 0) -> LoadedModel:
-    """``loaded``'s architecture built again with its own random initialisation (under ``seed``; the global
-    RNG is left as it was) and no trained weights, on the same device, in eval mode: the baseline that says
-    which measurements any network of this shape gives without training (the KPCA ``claims
-    --untrained-baseline``). A project checkpoint is rebuilt from its config (its vocabulary kept), a
-    timm model by its name, a Hugging Face model from its config."""
+def run_identity(config: Any) -> dict[str, Any]:
+    """What a project checkpoint's analysis records of its run: the dataset, the training seed and
+    ``recipe``, a digest of every setting that shapes the weights but the seed
+    (:func:`~.rundir.trajectory_settings`): runs with the same recipe are seeds of one model, which the
+    KPCA claims summarise over seeds."""
+    settings = {k: v for k, v in trajectory_settings(config).items() if k != "seed"}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {"dataset": getattr(config, "dataset", None), "train_seed": int(config.seed), "recipe": digest}
+
+
+def untrained_copy(loaded: LoadedModel, seed: int | None = None) -> LoadedModel:
+    """``loaded``'s architecture built again with a random initialisation and no trained weights, on the
+    same device, in eval mode: the baseline that says which measurements any network of this shape gives
+    without training (the KPCA ``claims --untrained-baseline``). The global RNGs are left as they were.
+
+    A project checkpoint is rebuilt from its config (its vocabulary kept) under its training seed by
+    default - training seeds python, numpy and torch with it just before building the model, so the copy
+    is the run's own initial weights (the same network before training); a timm model is built by its
+    name and a Hugging Face model from its config, under seed 0 by default."""
     model = loaded.model
     device = model_device(model)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        if loaded.config is not None:  # a project checkpoint: the task's builder, as load_model calls it
+    if seed is None:
+        seed = int(loaded.config.seed) if loaded.config is not None else 0
+    with seeded_rngs(seed):
+        if loaded.config is not None:  # a project checkpoint: the task's builder, as training calls it
             from .checkpoint import resolve_checkpoint
 
             task = get_task(loaded.config.task)
