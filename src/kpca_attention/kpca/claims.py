@@ -50,7 +50,8 @@ from .chance import (
     verdict_null,
 )
 
-__all__ = ["judge", "fmt", "fmt_p", "THRESHOLDS", "PAPER_EIGENVALUES", "BASELINE_MEASURES"]
+__all__ = ["judge", "fmt", "fmt_p", "copy_family", "THRESHOLDS", "PAPER_EIGENVALUES", "BASELINE_MEASURES",
+           "P2_CLAIM"]
 
 #: thresholds used by the verdicts (stated in the table)
 THRESHOLDS = {
@@ -135,8 +136,12 @@ def _align_verdict(x: float | None) -> str:
     return "fails" if x <= THRESHOLDS["align_fails"] else "weak"
 
 
+#: the claim of the P2 rows (``claim + ", paper scaling"`` holds J_proj's change over training as its value)
+P2_CLAIM = "P2: J_proj decreases during training (Fig. 1)"
+
+
 def _training_rows(run_dir: Path | None) -> list[dict[str, Any]]:
-    claim = "P2: J_proj decreases during training (Fig. 1)"
+    claim = P2_CLAIM
     if run_dir is None or not (run_dir / "epochs.csv").exists():
         return [
             _row(
@@ -195,10 +200,10 @@ def _training_rows(run_dir: Path | None) -> list[dict[str, Any]]:
     return out
 
 
-def _untrained_rows(res: dict[str, Any], base: dict[str, Any]) -> list[dict[str, Any]]:
-    """Trained against an untrained copy of itself (:func:`kpca_attention.train.resolve.untrained_copy`),
-    on the same inputs: each of :data:`BASELINE_MEASURES` paired over (layer, head) units (Wilcoxon, Holm
-    over these tests), with both models' standing against their own nulls; and the gamma test of both."""
+def copy_family(res: dict[str, Any], base: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each of :data:`BASELINE_MEASURES` of the trained model (``res``) against its untrained copy
+    (``base``), paired by (layer, head) position: :func:`~.chance.chance_test` results, Holm-adjusted
+    together (:func:`~.chance.holm_family`)."""
 
     def per_head(r: dict[str, Any], key: str) -> dict[tuple[int, int], float]:
         return {(h["layer"], h["head"]): h[key] for h in r.get("heads") or [] if h.get(key) is not None}
@@ -210,7 +215,32 @@ def _untrained_rows(res: dict[str, Any], base: dict[str, Any]) -> list[dict[str,
         if units:
             tests[key] = chance_test([a[u] for u in units], [b[u] for u in units],
                                      higher_is_better=HIGHER_IS_BETTER[key])
-    family = holm_family(tests)
+    return holm_family(tests)
+
+
+def _seed_data(res: dict[str, Any], family: dict[str, dict[str, Any]],
+               base: dict[str, Any] | None) -> dict[str, Any]:
+    """What the summary over training seeds (``report.kpca_seeds``) reads of one model: its run's seed and
+    recipe (runs of one recipe are seeds of one model), each headline measure and its difference from its
+    verdict null and from the untrained copy (means over units), and the gamma test's difference."""
+    model, s = res["model"], res["summary"]
+    vs_copy = copy_family(res, base) if base is not None else {}
+    return {
+        "train_seed": model.get("train_seed"),
+        "recipe": model.get("recipe"),
+        "values": {k: s.get(k) for k in BASELINE_MEASURES},
+        "vs_null": {k: family[k]["diff"] for k in (*BASELINE_MEASURES, "gamma") if k in family},
+        "vs_copy": {k: t["diff"] for k, t in vs_copy.items()},
+        "copy_init_seed": (base or {}).get("model", {}).get("init_seed"),
+    }
+
+
+def _untrained_rows(res: dict[str, Any], base: dict[str, Any]) -> list[dict[str, Any]]:
+    """Trained against an untrained copy of itself (:func:`kpca_attention.train.resolve.untrained_copy`),
+    on the same inputs: each of :data:`BASELINE_MEASURES` paired over (layer, head) units (Wilcoxon, Holm
+    over these tests), with both models' standing against their own nulls; and the gamma test of both."""
+
+    family = copy_family(res, base)
     own, copy = model_family(res["summary"], CHANCE_MEASURES), model_family(base["summary"], CHANCE_MEASURES)
     seed = (base.get("model") or {}).get("init_seed")
     label = f"untrained copy (init seed {seed})" if seed is not None else "untrained copy"
@@ -494,6 +524,7 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
         "attention_types": types,
         "rows": rows,
         "summary": {k: s.get(k) for k in SUMMARY_KEYS},
+        "seed_data": _seed_data(res, family, untrained),
     }
 
 

@@ -26,10 +26,13 @@ def verdict_color(word: str) -> str:
 
 
 def forest_plot(rows: Sequence[tuple[str, Verdict]] | Mapping[str, Verdict], path: str | os.PathLike,
-                title: str, unit: str) -> Path:
+                title: str, unit: str, *, words: Sequence[str] | None = None,
+                difference: str = "variant - baseline") -> Path:
     """Draw ``rows`` (``(label, verdict)`` pairs or ``{label: verdict}``, top to bottom) to the PNG
-    ``path``; the x axis is the difference ``variant - baseline`` in ``unit`` (e.g. ``"points of top-1
-    accuracy"``). Rows without an interval (fewer than 2 seeds) show their mean alone. Returns the path.
+    ``path``; the x axis is the difference ``difference`` in ``unit`` (e.g. ``"points of top-1
+    accuracy"``). Rows without an interval (fewer than 2 seeds) show their mean alone. ``words``: the text
+    on the right of each row (default: its verdict word; the colour is always the verdict's). Returns the
+    path.
     """
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -69,15 +72,18 @@ def forest_plot(rows: Sequence[tuple[str, Verdict]] | Mapping[str, Verdict], pat
     ax.set_yticks(ys, [f"{label}  (n={v.n})" for label, v in items])
     right = ax.twinx()
     right.set_ylim(ax.get_ylim())
-    right.set_yticks(ys, [v.word for _, v in items])
+    if words is not None and len(words) != n_rows:
+        raise ValueError(f"words: one per row ({n_rows}), got {len(words)}")
+    right.set_yticks(ys, list(words) if words is not None else [v.word for _, v in items])
     for tick, (_, v) in zip(right.get_yticklabels(), items, strict=True):
         tick.set_color(verdict_color(v.word))
     right.tick_params(axis="y", length=0)
-    ax.set_xlabel(f"difference (variant - baseline), {unit}")
+    ax.set_xlabel(f"difference ({difference}), {unit}")
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(title, pad=20)
-    handles = [Line2D([], [], color="#424242", lw=1.3, label="95 % interval (paired t)"),
-               Line2D([], [], color="#424242", lw=5, alpha=0.45, label="90 % interval (TOST)")]
+    handles = [Line2D([], [], color="#424242", lw=1.3, label="95 % interval (paired t)")]
+    if any(v.tost_ci is not None for _, v in items):
+        handles.append(Line2D([], [], color="#424242", lw=5, alpha=0.45, label="90 % interval (TOST)"))
     if any(v.margin is not None for _, v in items):
         handles.append(Patch(facecolor="#9e9e9e", alpha=0.4, edgecolor="#616161", ls="--",
                              label="equivalence margin +-m"))

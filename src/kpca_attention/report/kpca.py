@@ -21,6 +21,7 @@ from ..kpca.chance import NULL_LABELS, chance_word, model_family, verdict_null
 from ..kpca.claims import PAPER_EIGENVALUES, THRESHOLDS, fmt, fmt_p
 from ..plotting import new_figure, panel_grid, save_figure
 from ..tables import markdown_table
+from .kpca_seeds import seed_groups, seed_section
 
 __all__ = ["write_report", "write_claims"]
 
@@ -526,9 +527,12 @@ def write_claims(verdicts: list[dict[str, Any]], out_dir: str | Path) -> Path:
         "Inputs: " + "; ".join(f"{v['model']}: {v['inputs']}" for v in verdicts),
         "",
     ]
+    groups = seed_groups(verdicts)
+    lines += seed_section(groups, out)
     md = write_text_atomic(out / "claims.md", "\n".join(lines) + "\n")
-    write_json_atomic(
-        out / "claims.json",
-        {"thresholds": THRESHOLDS, "paper_eigenvalues": PAPER_EIGENVALUES, "models": verdicts},
-    )
+    data: dict[str, Any] = {"thresholds": THRESHOLDS, "paper_eigenvalues": PAPER_EIGENVALUES,
+                            "models": verdicts}
+    if groups:
+        data["over_seeds"] = groups
+    write_json_atomic(out / "claims.json", data)
     return md

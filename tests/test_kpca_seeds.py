@@ -1,0 +1,91 @@
+"""The KPCA claims over training seeds (report.kpca_seeds): runs of one recipe are grouped, each claim is
+tested over seeds with the verdict engine (one Holm family per group), and the words follow the data."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kpca_attention.kpca.claims import P2_CLAIM
+from kpca_attention.report.kpca import write_claims
+from kpca_attention.report.kpca_seeds import seed_groups
+
+
+def verdict(name: str, seed: int, recipe: str | None, *, copy_diff: float, null_diff: float,
+            j_change: float | None = -0.5, value: float = 0.2) -> dict:
+    """A judge() result as the summary reads it: seed data and the P2 row."""
+    row = {"source": "paper", "measured": "m", "threshold": "t", "verdict": "v", "note": ""}
+    rows = [{**row, "claim": "P1: ...", "value": 1.0}]
+    if j_change is not None:
+        rows.append({**row, "claim": f"{P2_CLAIM}, paper scaling", "value": j_change})
+    measures = ("linear_cka", "kernel_cka", "optimal_cosine")
+    return {"model": name, "inputs": "x", "rows": rows, "seed_data": {
+        "train_seed": seed, "recipe": recipe, "copy_init_seed": seed,
+        "values": {k: value for k in measures},
+        "vs_null": {**{k: null_diff for k in measures}, "gamma": -0.02},
+        "vs_copy": {k: copy_diff for k in measures}}}
+
+
+def test_seeds_of_one_recipe_are_grouped_and_tested_over_seeds():
+    rng = np.random.default_rng(0)
+    group = [verdict(f"runs/symvit-s{s}", s, "abc", copy_diff=-0.2 + 0.002 * rng.standard_normal(),
+                     null_diff=0.003 * rng.standard_normal(), value=0.2 + 0.01 * s) for s in range(4)]
+    other = [verdict("runs/vit-s0", 0, "def", copy_diff=-0.1, null_diff=0.1),  # one seed: no group
+             verdict("hf-model", 0, None, copy_diff=-0.1, null_diff=0.1)]  # no recipe: not a run
+    groups = seed_groups(other + group[::-1])
+    assert len(groups) == 1
+    g = groups[0]
+    assert g["label"] == "symvit" and g["seeds"] == [0, 1, 2, 3] and g["models"][0] == "runs/symvit-s0"
+    words = {(t["measure"], t["comparison"]): t["word"] for t in g["tests"]}
+    # 3 vs null, 3 vs copy, gamma (every seed -0.02: no spread, no test), J_proj's change (likewise)
+    assert len(words) == 8 and g["family"]["size"] == 6
+    for k in ("linear_cka", "kernel_cka", "optimal_cosine"):
+        assert words[(k, "copy")] == "trained below the untrained copy"
+        assert words[(k, "null")] == "not distinguished from chance"
+    assert words[("gamma", "null")] == "not distinguished from chance"  # no spread: no t test
+    t = next(t for t in g["tests"] if t["comparison"] == "copy")
+    assert t["same_sign"] == 4 and t["verdict"]["p_holm"] >= t["verdict"]["p_raw"]
+    assert g["values"]["linear_cka"]["mean"] == pytest.approx(0.215)
+
+
+def test_training_change_and_direction_words():
+    rng = np.random.default_rng(1)
+    up = [verdict(f"r-s{s}", s, "r", copy_diff=0.3 + 0.01 * rng.standard_normal(),
+                  null_diff=0.2 + 0.01 * rng.standard_normal(), j_change=-1.0 + 0.05 * rng.standard_normal())
+          for s in range(5)]
+    words = {(t["measure"], t["comparison"]): t["word"] for t in seed_groups(up)[0]["tests"]}
+    assert words[("linear_cka", "copy")] == "trained above the untrained copy"
+    assert words[("linear_cka", "null")] == "above chance"
+    assert words[("j_proj", "training")] == "J_proj falls"
+    # a model without a training log, or without a copy, has no test of that claim in the group
+    partial = [verdict(f"r-s{s}", s, "r", copy_diff=0.3, null_diff=0.2, j_change=None if s else -1.0)
+               for s in range(3)]
+    for v in partial[1:]:
+        v["seed_data"]["vs_copy"] = {}
+    keys = {(t["measure"], t["comparison"]) for t in seed_groups(partial)[0]["tests"]}
+    assert ("j_proj", "training") not in keys and ("linear_cka", "copy") not in keys
+
+
+def test_a_seed_judged_twice_is_not_summarised_and_the_section_is_written(tmp_path):
+    dup = [verdict("a/m-s0", 0, "r", copy_diff=-0.2, null_diff=0.1),
+           verdict("b/m-s0", 0, "r", copy_diff=-0.2, null_diff=0.1)]
+    (g,) = seed_groups(dup)
+    assert not g["tests"] and "appear more than once" in g["note"]
+    rng = np.random.default_rng(2)
+    vs = [verdict(f"runs/m-s{s}", s, "r", copy_diff=-0.2 + 0.01 * rng.standard_normal(),
+                  null_diff=0.05 + 0.01 * rng.standard_normal()) for s in range(3)]
+    for v in vs:
+        v.update(attention_types=[], summary={})
+    md = write_claims(vs, tmp_path).read_text()
+    assert "## Over training seeds" in md and "### m: seeds 0, 1, 2" in md
+    assert (tmp_path / "seeds_m.png").stat().st_size > 1000
+    data = json.loads((tmp_path / "claims.json").read_text())
+    assert data["over_seeds"][0]["seeds"] == [0, 1, 2]
+    # models of different recipes: no section, no key
+    for i, v in enumerate(vs):
+        v["seed_data"]["recipe"] = f"r{i}"
+    md = write_claims(vs, tmp_path).read_text()
+    assert "Over training seeds" not in md
+    assert "over_seeds" not in json.loads((tmp_path / "claims.json").read_text())
