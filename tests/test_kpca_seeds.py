@@ -83,6 +83,10 @@ def test_a_seed_judged_twice_is_not_summarised_and_the_section_is_written(tmp_pa
     assert (tmp_path / "seeds_m.png").stat().st_size > 1000
     data = json.loads((tmp_path / "claims.json").read_text())
     assert data["over_seeds"][0]["seeds"] == [0, 1, 2]
+    # two recipes under one name get one section each, told apart by their digests
+    twin = [dict(v, model=v["model"].replace("runs/", "other/"), seed_data={**v["seed_data"], "recipe": "q"})
+            for v in vs]
+    assert sorted(g["label"] for g in seed_groups(vs + twin)) == ["m-q", "m-r"]
     # models of different recipes: no section, no key
     for i, v in enumerate(vs):
         v["seed_data"]["recipe"] = f"r{i}"

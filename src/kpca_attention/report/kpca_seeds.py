@@ -84,6 +84,10 @@ def seed_groups(verdicts: Sequence[Mapping[str, Any]], alpha: float = 0.05) -> l
                                    "once (the same run judged twice is not another seed)"})
             continue
         groups.append(_group(recipe, members, alpha))
+    labels = [g["label"] for g in groups]
+    for g in groups:  # two recipes of one name (e.g. runs/a/m-s0 and runs/b/m-s0): told apart by their digest
+        if labels.count(g["label"]) > 1:
+            g["label"] = f"{g['label']}-{g['recipe'][:8]}"
     return groups
 
 
