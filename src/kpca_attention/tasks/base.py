@@ -124,7 +124,7 @@ class Task(ABC):
     #: the key of the training throughput in ``epochs.csv`` (``images_per_s`` / ``tokens_per_s``)
     throughput_key: ClassVar[str]
     #: the held-out metrics of :meth:`evaluate` logged each epoch (as ``eval_<key>``)
-    held_out: ClassVar[tuple[str, ...]]
+    held_out_metrics: ClassVar[tuple[str, ...]]
     #: the models take token ids (else images in [0, 1])
     takes_tokens: ClassVar[bool] = False
     #: the models predict per pixel (their encoder is not separated from the decoder)
@@ -191,7 +191,7 @@ class Task(ABC):
     def evaluate(self, model: nn.Module, loader: Any, device: torch.device | str, *, cfg: Any,
                  amp: bool = False, progress: bool = False, desc: str = "eval") -> dict[str, float]:
         """The held-out metrics of ``model`` over ``loader`` (under DDP summed over ranks); at least the
-        keys of :attr:`held_out`."""
+        keys of :attr:`held_out_metrics`."""
 
     @abstractmethod
     def evaluate_split(self, model: nn.Module, cfg: Any, split: str, *, subset: int | None,

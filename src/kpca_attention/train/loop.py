@@ -340,7 +340,7 @@ class _Trainer:
     def _evaluate(self, net: nn.Module, loader: Any, amp: bool, prefix: str) -> dict[str, float]:
         res = self.task.evaluate(net, loader, self.dist.device, cfg=self.cfg, amp=amp,
                                  progress=self.cfg.progress and self.dist.is_main, desc=f"{prefix}eval")
-        return {f"{prefix}eval_{k}": res[k] for k in self.task.held_out}
+        return {f"{prefix}eval_{k}": res[k] for k in self.task.held_out_metrics}
 
     def _run_callbacks(self, model: nn.Module, epoch: int, logger: MetricLogger) -> None:
         with eval_mode(model):

@@ -60,7 +60,7 @@ class ImageClassification(ImageTask):
     name = "vision"
     robustbench = True
     title = "image classification"
-    held_out = ("top1", "top5", "loss")
+    held_out_metrics = ("top1", "top5", "loss")
     suites_type = ImageSuites
 
     def owns_name(self, name: str) -> bool:

@@ -68,7 +68,7 @@ class CausalLanguageModelling(Task):
     title = "causal language modelling"
     unit = "windows"
     throughput_key = "tokens_per_s"
-    held_out = ("loss", "ppl")
+    held_out_metrics = ("loss", "ppl")
     takes_tokens = True
     suites_type = LMSuites
 

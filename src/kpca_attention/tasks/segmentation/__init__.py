@@ -66,7 +66,7 @@ class SemanticSegmentation(ImageTask):
 
     name = "segmentation"
     title = "semantic segmentation"
-    held_out = ("miou", "mean_accuracy", "pixel_accuracy", "loss")
+    held_out_metrics = ("miou", "mean_accuracy", "pixel_accuracy", "loss")
     dense = True
     suites_type = SegmentationSuites
 
