@@ -17,7 +17,7 @@ from kpca_attention.report.study import load_study_results, write_study_report
 from kpca_attention.segmentation import CorruptedSegmentation, metrics_from_areas, segmentation_metrics
 from kpca_attention.studies import get_study, run_study
 from kpca_attention.studies.segmentation import quick_segmentation_study
-from kpca_attention.tasks.classification.suites import Corruptions
+from kpca_attention.tasks.images import Corruptions
 from kpca_attention.tasks.segmentation.report import (
     bootstrap_metric_diff,
     metrics_from_count_sums,

@@ -20,7 +20,7 @@ about 0.63 MB per run (pilot), so the study's committed results stay under 5 MB.
 from __future__ import annotations
 
 from ..robustness.corruptions import COMMON_CORRUPTIONS
-from ..tasks.classification.suites import Corruptions
+from ..tasks.images import Corruptions
 from ..tasks.segmentation.suites import SegmentationSuites
 from .demo import RPC_OFFICIAL
 from .margins import segmentation_margins

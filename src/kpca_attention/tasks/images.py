@@ -1,20 +1,23 @@
 """What the two image tasks share: models wrapped in ``NormalizedModel`` (they take images in [0, 1]),
-the training / validation / test splits of an image dataset, evaluation batches under autocast."""
+the training / validation / test splits of an image dataset, evaluation batches under autocast, the fixed
+test images a suite draws (:func:`fixed_subset`) and the common-corruption suite (:class:`Corruptions`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from ..checks import check_count
+from ..checks import check_count, check_int
+from ..data.sampling import seeded_indices
 from .base import Splits, Task, seeded_sample, validation_split
 
-__all__ = ["ImageTask", "autocast"]
+__all__ = ["ImageTask", "autocast", "Corruptions", "fixed_subset"]
 
 
 def autocast(device: torch.device, amp: bool) -> Any:
@@ -98,3 +101,35 @@ class ImageTask(Task):
     @staticmethod
     def loader(data: Dataset, batch_size: int, cfg: Any) -> DataLoader:
         return DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=cfg.num_workers)
+
+
+@dataclass(frozen=True)
+class Corruptions:
+    """Common corruptions: ``names`` x ``severities`` on ``n`` fixed test images (``None``: all of them),
+    corrupted on the fly (image classifiers: or read from the released ImageNet-C tree,
+    :attr:`ImageSuites.imagenet_c`)."""
+
+    names: tuple[str, ...]
+    severities: tuple[int, ...] = (1, 2, 3, 4, 5)
+    n: int | None = 500
+
+    def __post_init__(self) -> None:
+        from ..robustness.corruptions import check_corruption
+
+        if not self.names or not self.severities:
+            raise ValueError("corruptions need at least one name and one severity")
+        for c in self.names:
+            for s in self.severities:
+                check_corruption(c, s)
+        if self.n is not None:
+            check_int(self.n, "corruption images", min=1)
+
+
+def fixed_subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
+    """``n`` examples drawn once with ``seed`` (class-mixed, unlike the first n), in index order
+    (``None``: all of them)."""
+    if n is None:
+        return Subset(dataset, list(range(len(dataset))))  # type: ignore[arg-type]
+    if n > len(dataset):  # type: ignore[arg-type]
+        raise ValueError(f"asked for {n} examples of a dataset of {len(dataset)}")  # type: ignore[arg-type]
+    return Subset(dataset, seeded_indices(len(dataset), n, seed))  # type: ignore[arg-type]

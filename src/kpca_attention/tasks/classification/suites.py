@@ -38,34 +38,12 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from ...checks import check_int
-from ...data.sampling import seeded_indices
 from ...robustness.store import ResultStore, example_hits, example_result, join_hits
+from ..images import Corruptions, fixed_subset
 
 __all__ = ["Corruptions", "Attack", "attack_title", "OODSets", "same_images", "AutoAttackSuite",
            "ImageSuites", "fixed_subset", "evaluate_image_suites", "eps_label", "eps_text", "structure_items",
-           "evaluate_autoattack", "evaluate_ood", "attack_key"]
-
-
-@dataclass(frozen=True)
-class Corruptions:
-    """Common corruptions: ``names`` x ``severities`` on ``n`` fixed test images (``None``: all of them),
-    corrupted on the fly (image classifiers: or read from the released ImageNet-C tree,
-    :attr:`ImageSuites.imagenet_c`)."""
-
-    names: tuple[str, ...]
-    severities: tuple[int, ...] = (1, 2, 3, 4, 5)
-    n: int | None = 500
-
-    def __post_init__(self) -> None:
-        from ...robustness.corruptions import check_corruption
-
-        if not self.names or not self.severities:
-            raise ValueError("corruptions need at least one name and one severity")
-        for c in self.names:
-            for s in self.severities:
-                check_corruption(c, s)
-        if self.n is not None:
-            check_int(self.n, "corruption images", min=1)
+           "evaluate_autoattack", "evaluate_ood", "attack_key"]  # Corruptions, fixed_subset: from ..images
 
 
 @dataclass(frozen=True)
@@ -228,16 +206,6 @@ def eps_text(norm: str, label: str) -> str:
     """A budget as reports write it, from its :func:`eps_label`: Linf in units of 1/255 (``"4"`` ->
     ``"4/255"``), L2 / L1 as the number itself (``"127.5"`` -> ``"0.5"``)."""
     return f"{label}/255" if norm == "Linf" else f"{float(label) / 255:.3g}"
-
-
-def fixed_subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
-    """``n`` examples drawn once with ``seed`` (class-mixed, unlike the first n), in index order
-    (``None``: all of them)."""
-    if n is None:
-        return Subset(dataset, list(range(len(dataset))))  # type: ignore[arg-type]
-    if n > len(dataset):  # type: ignore[arg-type]
-        raise ValueError(f"asked for {n} examples of a dataset of {len(dataset)}")  # type: ignore[arg-type]
-    return Subset(dataset, seeded_indices(len(dataset), n, seed))  # type: ignore[arg-type]
 
 
 def _clean(model: nn.Module, data: Dataset, batch_size: int) -> dict[str, Any]:

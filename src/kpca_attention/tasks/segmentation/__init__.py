@@ -15,8 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..base import Objective, StudySections, all_reduce_sum, sum_over_loader
-from ..classification.suites import fixed_subset
-from ..images import ImageTask, autocast
+from ..images import ImageTask, autocast, fixed_subset
 from .suites import SegmentationSuites, evaluate_segmentation_suites
 
 __all__ = ["SemanticSegmentation", "evaluate_segmentation"]

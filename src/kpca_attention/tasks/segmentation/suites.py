@@ -49,7 +49,7 @@ from ...robustness.common import model_device
 from ...robustness.store import ResultStore
 from ...segmentation.corruptions import CorruptedSegmentation, segmentation_items
 from ...segmentation.metrics import metrics_from_areas
-from ..classification.suites import Corruptions
+from ..images import Corruptions
 
 __all__ = ["SegmentationSuites", "evaluate_segmentation_suites", "encode_counts", "decode_counts",
            "records_to_counts", "counts_of_item", "evaluation_order", "COUNT_FIELDS", "COUNTS_FORMAT"]
