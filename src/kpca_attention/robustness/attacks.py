@@ -34,6 +34,7 @@ eps in normalised units, no clamp - so that numbers can be read next to theirs (
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,36 +48,11 @@ from ..checks import Bool, Choice, Int, Real, check_choice, check_int, check_rea
 from ..modules import eval_mode, kept_grads, model_device
 from .common import PGD_ALPHA, topk_accuracy
 
-METHODS: tuple[str, ...] = ("fgsm", "pgd", "cw", "spsa", "noise", "sld", "square", "autoattack")
-NORMS: dict[str, str] = {
-    "fgsm": "Linf", "pgd": "Linf", "cw": "L2", "spsa": "Linf",
-    "noise": "Linf", "sld": "L1", "square": "Linf", "autoattack": "Linf",
-}  # fmt: skip
-
-# Default eps grids for sweeps, in pixel units. Linf: the paper's numerals 1..6 / 255, here in pixels (the
-# paper's are on the normalised tensor: protocol="lab"; in pixels ~4.4x the paper's ImageNet budgets). L2
-# (CW) and L1 (SLD) budgets scale with the image size; these are for the 28-32 px demo images and ImageNet
-# users should pass their own (e.g. L2 0.25..3, L1 up to 10-20 at 224 px).
-DEFAULT_EPS: dict[str, tuple[float, ...]] = {
-    **{m: tuple(k / 255 for k in range(1, 7))
-       for m in ("fgsm", "pgd", "spsa", "noise", "square", "autoattack")},
-    "cw": (0.1, 0.25, 0.5, 1.0, 1.5),
-    "sld": (1.0, 2.0, 4.0, 8.0),
-}
-
-
 #: AutoAttack's versions and the attacks a custom one may run (pyautoattack's names).
 AUTOATTACK_VERSIONS: tuple[str, ...] = ("standard", "plus", "rand")
 AUTOATTACK_ATTACKS: tuple[str, ...] = ("apgd-ce", "apgd-dlr", "apgd-t", "fab", "fab-t", "square")
 #: the threat models AutoAttack runs here (``norm=`` option; RobustBench's Linf and L2)
 AUTOATTACK_NORMS: tuple[str, ...] = ("Linf", "L2")
-
-
-def attack_norm(method: str, options: Mapping[str, Any] | None = None) -> str:
-    """The norm of ``method``'s budget: :data:`NORMS`, or AutoAttack's ``norm`` option."""
-    if method == "autoattack" and options and "norm" in options:
-        return str(options["norm"])
-    return NORMS[method]
 
 
 def _aa_attacks(v: Any, name: str) -> list[str]:
@@ -87,38 +63,74 @@ def _aa_attacks(v: Any, name: str) -> list[str]:
     return list(v)
 
 
-# The options of each method with their checks: rows of checks.py's table (each raises ValueError naming
-# option, value, range).
-_STEPS, _POSITIVE, _FLAG = Int(min=1), Real(min=0, min_open=True), Bool()
-OPTION_CHECKS: dict[str, dict[str, Callable[[Any, str], Any]]] = {
-    "fgsm": {"adaptive": _FLAG},
-    "pgd": {"steps": _STEPS, "alpha": _POSITIVE, "random_start": _FLAG, "adaptive": _FLAG},
-    "cw": {"c": _POSITIVE, "kappa": Real(min=0), "steps": _STEPS, "lr": _POSITIVE, "adaptive": _FLAG},
-    "spsa": {"nb_iter": _STEPS, "delta": _POSITIVE, "lr": _POSITIVE, "nb_sample": _STEPS,
-             "max_batch_size": _STEPS},
-    "noise": {},
-    "sld": {"steps": _STEPS, "adaptive": _FLAG, "step_size": Real(min=0, min_open=True, allow_none=True),
-            "sparsity": Real(min=0, max=1, max_open=True)},
-    "square": {"n_queries": _STEPS, "p_init": Real(min=0, max=1, min_open=True)},
-    "autoattack": {"version": Choice(AUTOATTACK_VERSIONS), "attacks": _aa_attacks, "batch_size": _STEPS,
-                   "norm": Choice(AUTOATTACK_NORMS), "apgd_restarts": _STEPS, "adaptive": _FLAG},
-}
-OPTIONS: dict[str, tuple[str, ...]] = {m: tuple(checks) for m, checks in OPTION_CHECKS.items()}
+@dataclass(frozen=True)
+class Method:
+    """One attack method's facts, a row of :data:`ATTACK_METHODS`: the norm of its budget, its default eps
+    grid for sweeps (pixel units), and its options, each ``name: (check, default)`` - the check raises a
+    ValueError naming option, value and range (:mod:`kpca_attention.checks`); the default is what
+    :func:`attack` runs and :func:`attack_settings` reports when the option is not given (the paper's where
+    it has one; :data:`NO_DEFAULT`: the library decides, e.g. AutoAttack's version)."""
 
-#: Each method's defaults (the paper's where it has one): what :func:`attack` runs when an option is not
-#: given, and what :func:`attack_settings` reports. PGD's ``alpha`` None is ``PGD_ALPHA * eps``; SLD's
-#: ``step_size`` None is its own rule (:func:`sparse_l1_descent`). AutoAttack's are pyautoattack's, per
-#: version: :data:`AUTOATTACK_APGD_RESTARTS`.
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "fgsm": {"adaptive": False},
-    "pgd": {"steps": 20, "alpha": None, "random_start": True, "adaptive": False},
-    "cw": {"c": 1.0, "kappa": 0.0, "steps": 50, "lr": 0.01, "adaptive": False},
-    "spsa": {"nb_iter": 40, "delta": 0.01, "lr": 0.01, "nb_sample": 128, "max_batch_size": 64},
-    "noise": {},
-    "sld": {"steps": 20, "step_size": None, "sparsity": 0.95, "adaptive": False},
-    "square": {"n_queries": 5000, "p_init": 0.8},
-    "autoattack": {"norm": "Linf", "apgd_restarts": None, "adaptive": False},
+    norm: str
+    eps: tuple[float, ...]
+    options: Mapping[str, tuple[Callable[[Any, str], Any], Any]]
+
+
+#: an option left to the library when not given (no default of ours)
+NO_DEFAULT: Any = object()
+
+# Default eps grids, in pixel units. Linf: the paper's numerals 1..6 / 255, here in pixels (the paper's are on
+# the normalised tensor: protocol="lab"; in pixels ~4.4x the paper's ImageNet budgets). L2 (CW) and L1 (SLD)
+# budgets scale with the image size; these are for the 28-32 px demo images and ImageNet users should pass
+# their own (e.g. L2 0.25..3, L1 up to 10-20 at 224 px).
+_LINF_EPS = tuple(k / 255 for k in range(1, 7))
+_STEPS, _POSITIVE, _FLAG = Int(min=1), Real(min=0, min_open=True), Bool()
+_ADAPTIVE = (_FLAG, False)
+
+#: every attack method, one row each (:class:`Method`). PGD's ``alpha`` None is ``PGD_ALPHA * eps``; SLD's
+#: ``step_size`` None is its own rule (:func:`sparse_l1_descent`); AutoAttack's restarts None are
+#: pyautoattack's per version (:data:`AUTOATTACK_APGD_RESTARTS`).
+ATTACK_METHODS: dict[str, Method] = {
+    "fgsm": Method("Linf", _LINF_EPS, {"adaptive": _ADAPTIVE}),
+    "pgd": Method("Linf", _LINF_EPS, {"steps": (_STEPS, 20), "alpha": (_POSITIVE, None),
+                                      "random_start": (_FLAG, True), "adaptive": _ADAPTIVE}),
+    "cw": Method("L2", (0.1, 0.25, 0.5, 1.0, 1.5),
+                 {"c": (_POSITIVE, 1.0), "kappa": (Real(min=0), 0.0), "steps": (_STEPS, 50),
+                  "lr": (_POSITIVE, 0.01), "adaptive": _ADAPTIVE}),
+    "spsa": Method("Linf", _LINF_EPS, {"nb_iter": (_STEPS, 40), "delta": (_POSITIVE, 0.01),
+                                       "lr": (_POSITIVE, 0.01), "nb_sample": (_STEPS, 128),
+                                       "max_batch_size": (_STEPS, 64)}),
+    "noise": Method("Linf", _LINF_EPS, {}),
+    "sld": Method("L1", (1.0, 2.0, 4.0, 8.0),
+                  {"steps": (_STEPS, 20), "adaptive": _ADAPTIVE,
+                   "step_size": (Real(min=0, min_open=True, allow_none=True), None),
+                   "sparsity": (Real(min=0, max=1, max_open=True), 0.95)}),
+    "square": Method("Linf", _LINF_EPS, {"n_queries": (_STEPS, 5000),
+                                         "p_init": (Real(min=0, max=1, min_open=True), 0.8)}),
+    "autoattack": Method("Linf", _LINF_EPS,
+                         {"version": (Choice(AUTOATTACK_VERSIONS), NO_DEFAULT),
+                          "attacks": (_aa_attacks, NO_DEFAULT), "batch_size": (_STEPS, NO_DEFAULT),
+                          "norm": (Choice(AUTOATTACK_NORMS), "Linf"), "apgd_restarts": (_STEPS, None),
+                          "adaptive": _ADAPTIVE}),
 }
+# views of the table, by what they hold
+METHODS: tuple[str, ...] = tuple(ATTACK_METHODS)
+NORMS: dict[str, str] = {m: spec.norm for m, spec in ATTACK_METHODS.items()}
+DEFAULT_EPS: dict[str, tuple[float, ...]] = {m: spec.eps for m, spec in ATTACK_METHODS.items()}
+OPTION_CHECKS: dict[str, dict[str, Callable[[Any, str], Any]]] = {
+    m: {k: check for k, (check, _) in spec.options.items()} for m, spec in ATTACK_METHODS.items()}
+OPTIONS: dict[str, tuple[str, ...]] = {m: tuple(checks) for m, checks in OPTION_CHECKS.items()}
+DEFAULTS: dict[str, dict[str, Any]] = {m: {k: d for k, (_, d) in spec.options.items() if d is not NO_DEFAULT}
+                                       for m, spec in ATTACK_METHODS.items()}
+
+
+def attack_norm(method: str, options: Mapping[str, Any] | None = None) -> str:
+    """The norm of ``method``'s budget: its row of :data:`ATTACK_METHODS`, or AutoAttack's ``norm`` option."""
+    if method == "autoattack" and options and "norm" in options:
+        return str(options["norm"])
+    return NORMS[method]
+
+
 #: the restarts of pyautoattack's untargeted APGD (APGD-CE, APGD-DLR) when ``apgd_restarts`` is not given:
 #: its "standard" and "rand" versions set 1, "plus" 5, and a custom list of attacks keeps the constructor's
 #: 5 - so ``attacks=["apgd-ce"]`` is APGD-CE with five restarts, at least as strong as the APGD-CE inside
