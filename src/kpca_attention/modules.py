@@ -1,15 +1,17 @@
 """Helpers on ``nn.Module`` shared by every layer of the package (core): evaluation mode with each
-submodule's own flag restored, parameter gradients left as they were, and the device a model lives on."""
+submodule's own flag restored, parameter gradients left as they were, the device a model lives on and the
+fingerprint of its weights."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-__all__ = ["eval_mode", "kept_grads", "model_device"]
+__all__ = ["eval_mode", "kept_grads", "model_device", "weights_sha256"]
 
 
 @contextlib.contextmanager
@@ -44,3 +46,13 @@ def model_device(model: nn.Module) -> torch.device:
     """The device of the model's first parameter (CPU for a model without parameters)."""
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
+
+
+def weights_sha256(model: nn.Module) -> str:
+    """SHA-256 of ``model``'s state dict: each entry's name and raw bytes, in name order (any dtype,
+    bfloat16 included): the fingerprint of the weights a result was computed with."""
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

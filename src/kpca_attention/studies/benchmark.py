@@ -33,7 +33,6 @@ mistake is one ``ValueError`` line:
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset, Subset
 
 from ..checks import check_int
+from ..modules import weights_sha256
 from .sources import model_label
 
 __all__ = ["benchmark", "check_model", "parse_eps", "wilson_interval", "THREAT_MODELS", "DEFAULT_EPS",
@@ -150,14 +150,6 @@ def _normalisations(model: nn.Module) -> list[str]:
         if isinstance(m, NormalizedModel) or type(m).__name__ == "Normalize" and hasattr(m, "std"):
             found.append(f"{type(m).__name__} at {n or 'the top'}")
     return found
-
-
-def _weights_hash(model: nn.Module) -> str:
-    h = hashlib.sha256()
-    for k, v in sorted(model.state_dict().items()):
-        h.update(k.encode())
-        h.update(v.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def _resolve(model: Any, dataset: str | Dataset | None, device: torch.device
@@ -271,7 +263,7 @@ def benchmark(
     tmp = None if out is not None else tempfile.TemporaryDirectory()
     root = Path(out) if out is not None else Path(tmp.name)  # type: ignore[union-attr]
     store = ResultStore(output_path(root, "results", f"{name}.json", what="name"))
-    base_key = {"weights": _weights_hash(net), "dataset": ds_name, "img_size": info.get("img_size"),
+    base_key = {"weights": weights_sha256(net), "dataset": ds_name, "img_size": info.get("img_size"),
                 "split": "test"}
     record: dict[str, Any] = {
         "name": name, "link": "", "authors": "", "additional_data": False, "number_forward_passes": 1,

@@ -9,7 +9,6 @@ handed and never loads one.
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 from torch import nn
 
 from ..io import read_json, sha256_file
+from ..modules import weights_sha256
 from .spec import Source
 
 __all__ = ["LoadedSource", "default_labels", "model_label", "is_project_run"]
@@ -79,11 +79,7 @@ class LoadedSource:
             _, _, weights = self.path.partition("@")
             if weights:
                 return sha256_file(Path(weights))
-            h = hashlib.sha256()
-            for k, v in sorted(self.load().state_dict().items()):
-                h.update(k.encode())
-                h.update(v.detach().cpu().contiguous().numpy().tobytes())
-            return h.hexdigest()
+            return weights_sha256(self.load())
         from ..train.checkpoint import EMA_FILE, MARKER_FILE, MODEL_FILE
 
         fname = EMA_FILE if self.source.ema else MODEL_FILE
