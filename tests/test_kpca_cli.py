@@ -305,3 +305,38 @@ def test_undefined_units_are_counted_not_dropped_in_silence():
     assert res["summary"]["undefined_units"].get("kernel_cka") == 1
     row = next(r for r in judge(res)["rows"] if r["claim"].endswith("(kernel cka)"))
     assert "undefined on 1 of 2 (input, head) units" in row["note"]
+
+
+def test_claims_resume_reuses_only_analyses_of_the_same_weights_inputs_and_settings(tmp_path):
+    """A killed claims run continues with --resume: a stored analysis (and its untrained copy's) is reused
+    when the weights, the inputs themselves and the settings are this run's, and computed again otherwise."""
+    import kpca_attention.kpca.run as run_mod
+
+    texts = tmp_path / "t.txt"
+    texts.write_text(TEXTS)
+    args = ["claims", "all-MiniLM-L6-v2", "--texts", str(texts), "--out", str(tmp_path / "c"),
+            "--detail-samples", "0", "--null-samples", "2", "--control-samples", "0", "--no-report",
+            "--untrained-baseline"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    table = (tmp_path / "c" / "claims.md").read_text()
+    stored = json.loads((tmp_path / "c" / "analysis_all-MiniLM-L6-v2.json").read_text())
+    assert set(stored["provenance"]) == {"version", "weights_sha256", "inputs_sha256", "prefixes", "config"}
+    calls = []
+    real = run_mod.analyze_model
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(run_mod, "analyze_model", lambda *a, **k: calls.append(1) or real(*a, **k))
+        again = CliRunner().invoke(app, [*args, "--resume"])
+        assert again.exit_code == 0, again.output
+        assert calls == [] and again.output.count("reused") == 2  # the model's analysis and its copy's
+        assert (tmp_path / "c" / "claims.md").read_text() == table
+        # other texts (same count, same description): both analysed again
+        texts.write_text(TEXTS.replace("the", "a"))
+        other = CliRunner().invoke(app, [*args, "--resume"])
+        assert other.exit_code == 0, other.output
+        assert len(calls) == 2 and "reused" not in other.output
+        # other settings: analysed again
+        more = CliRunner().invoke(app, [*[a if a != "2" else "3" for a in args], "--resume"])
+        assert more.exit_code == 0 and len(calls) == 4, more.output
+    mixed = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c"), "--resume"])
+    assert mixed.exit_code == 2 and "give one of them" in mixed.output

@@ -225,15 +225,47 @@ def _read_baseline(path: Path, res: dict[str, Any]) -> dict[str, Any] | None:
         raise ValueError(f"{path} is not a readable analysis: delete it, or run claims with "
                          "--untrained-baseline again")
     base = _nan_for_null(base)
+    prov = [(r.get("provenance") or {}) for r in (res, base)]
     differ = [key for key, a, b in (
         ("inputs", res.get("inputs"), base.get("inputs")),
+        ("inputs", prov[0].get("inputs_sha256"), prov[1].get("inputs_sha256")),
+        ("prefixes", prov[0].get("prefixes"), prov[1].get("prefixes")),
         ("config", res.get("config"), base.get("config")),
         ("sequences", res["summary"].get("num_sequences"), base["summary"].get("num_sequences")),
     ) if json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True)]  # NaN-safe (NaN != NaN)
     if differ:
-        raise ValueError(f"{path} was analysed with other {', '.join(differ)} than the model's analysis: "
+        what = ", ".join(dict.fromkeys(differ))
+        raise ValueError(f"{path} was analysed with other {what} than the model's analysis: "
                          "delete it, or run claims with --untrained-baseline again")
     return base
+
+
+def _provenance(model: Any, inputs: Any, cfg: Any, prefixes: int) -> dict[str, Any]:
+    """What an analysis was computed from, stored with it: ``claims --resume`` reuses a stored analysis only
+    when all of it is the same (the weights, the inputs themselves, the settings, the prefixes of a causal
+    model and this package's version)."""
+    from .. import __version__
+    from ..modules import weights_sha256
+
+    return {"version": __version__, "weights_sha256": weights_sha256(model), "inputs_sha256": inputs.sha256(),
+            "prefixes": prefixes, "config": cfg.to_json()}
+
+
+def _resumed(path: Path, provenance: dict[str, Any]) -> dict[str, Any] | None:
+    """The analysis stored at ``path`` when it was computed from ``provenance`` (:func:`_provenance`),
+    ready to judge (NaNs back, records unpacked); None when there is none or it was computed from anything
+    else."""
+    from ..kpca.analysis import unpack_records
+
+    res = read_json(path)  # None when missing or unreadable (a file a crash cut short): analysed again
+    if not isinstance(res, dict) or json.dumps(res.get("provenance"), sort_keys=True) != json.dumps(
+            provenance, sort_keys=True):
+        return None
+    res = _nan_for_null(res)
+    if isinstance(res.get("records"), dict):
+        res["records"] = unpack_records(res["records"])
+    typer.echo(f"{path.name}: reused (--resume: the same weights, inputs and settings)")
+    return res
 
 
 def _rejudge(folder: Path, report: bool) -> None:
@@ -294,6 +326,9 @@ def claims_cmd(
     ),
     device: str = typer.Option("auto", help="cpu | cuda | auto."),
     threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
+    resume: bool = typer.Option(
+        False, "--resume", help="reuse the analyses an earlier run stored in --out (each model's is written "
+        "as soon as it is done) where the weights, inputs and settings are the same: a killed run continues"),
     untrained_baseline: bool = typer.Option(
         False, "--untrained-baseline/--no-untrained-baseline",
         help="also analyse each model's architecture with random weights on the same inputs and compare: "
@@ -312,6 +347,9 @@ def claims_cmd(
         raise ValueError("give the models to judge, or --from-analysis FOLDER to judge stored analyses again "
                          "(not both)")
     if from_analysis is not None:
+        if resume:
+            raise ValueError("--resume continues an analysis run (claims MODEL ... --out FOLDER); "
+                             "--from-analysis judges the analyses stored in FOLDER again: give one of them")
         if untrained_baseline:
             raise ValueError("--untrained-baseline analyses the models' untrained copies; --from-analysis "
                              "judges stored analyses again (with the untrained_baseline_<model>.json a run "
@@ -346,20 +384,30 @@ def claims_cmd(
     verdicts = []
     for name, label, inputs in zip(models, labels, prepared, strict=True):
         loaded = load_for_analysis(name, pretrained=pretrained, device=device)
-        res = analyze_model(loaded, **inputs.kwargs(), config=cfg, prefixes=prefixes)
-        res["inputs"] = inputs.description
-        write_json_atomic(output_path(out, f"analysis_{label}.json"), _stored(res), indent=None)
+        file = output_path(out, f"analysis_{label}.json")
+        prov = _provenance(loaded.model, inputs, cfg, prefixes)
+        res = _resumed(file, prov) if resume else None
+        if res is None:
+            res = analyze_model(loaded, **inputs.kwargs(), config=cfg, prefixes=prefixes)
+            res.update(inputs=inputs.description, provenance=prov)
+            write_json_atomic(file, _stored(res), indent=None)
         if report:
             typer.echo(f"report: {write_report(res, output_path(out, label))}")
         base = None
-        output_path(out, f"{BASELINE_PREFIX}{label}.json").unlink(missing_ok=True)  # never an older run's
+        base_file = output_path(out, f"{BASELINE_PREFIX}{label}.json")
         if untrained_baseline:
-            base = analyze_model(untrained_copy(loaded), **inputs.kwargs(), config=cfg, prefixes=prefixes)
-            base["inputs"] = inputs.description
-            # without its per-record columns (half the size of the model's own file): the comparison reads the
-            # per-(layer, head) means and the summary
-            write_json_atomic(output_path(out, f"{BASELINE_PREFIX}{label}.json"),
-                              {k: v for k, v in base.items() if k != "records"}, indent=None)
+            copy = untrained_copy(loaded)
+            base_prov = _provenance(copy.model, inputs, cfg, prefixes)
+            base = _resumed(base_file, base_prov) if resume else None
+            if base is None:
+                base_file.unlink(missing_ok=True)  # never an older run's beside this analysis
+                base = analyze_model(copy, **inputs.kwargs(), config=cfg, prefixes=prefixes)
+                base.update(inputs=inputs.description, provenance=base_prov)
+                # without its per-record columns (half the size of the model's own file): the comparison reads
+                # the per-(layer, head) means and the summary
+                write_json_atomic(base_file, {k: v for k, v in base.items() if k != "records"}, indent=None)
+        else:
+            base_file.unlink(missing_ok=True)  # never an older run's
         verdicts.append(judge(res, run_dir=Path(name) if Path(name).exists() else None, untrained=base))
     md = write_claims(verdicts, out)
     typer.echo(md.read_text())

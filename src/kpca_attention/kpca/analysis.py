@@ -135,6 +135,12 @@ class AnalysisConfig:
     seed: int = 0
     chunk_elems: int = 2**25
 
+    def to_json(self) -> dict[str, Any]:
+        """The settings as an analysis stores them, JSON-exact: tuples as lists, the infinite SNR as
+        ``"inf"`` (JSON has no inf: it would come back as null)."""
+        return {k: ["inf" if isinstance(x, float) and math.isinf(x) else x for x in v]
+                if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
     def __post_init__(self) -> None:
         for name, valid in (
             ("order", ORDERS),
@@ -564,11 +570,8 @@ class Analyzer:
         }
         if pap:
             summary["pap_s_density_max"] = float(max(max(v) for v in pap.values()))
-        # JSON-exact: tuples as lists, the infinite SNR as "inf" (JSON has no inf: it would come back as null)
-        config = {k: ["inf" if isinstance(x, float) and math.isinf(x) else x for x in v]
-                  if isinstance(v, tuple) else v for k, v in asdict(self.cfg).items()}
         return {
-            "config": config,
+            "config": self.cfg.to_json(),
             "summary": summary,
             "layers": layers,
             "heads": heads,

@@ -15,6 +15,7 @@ independent: the bootstrap over inputs (the J_proj share's interval) resamples t
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +52,20 @@ class ModelInputs:
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of :func:`analyze_model`."""
         return {"texts": self.texts, "tokens": self.tokens, "images": self.images}
+
+    def sha256(self) -> str:
+        """SHA-256 of the inputs themselves (each text, or the tensor's dtype, shape and bytes): what a
+        stored analysis was computed on, beyond its description."""
+        h = hashlib.sha256()
+        if self.texts is not None:
+            for t in self.texts:
+                h.update(t.encode() + b"\0")
+        for name, x in (("tokens", self.tokens), ("images", self.images)):
+            if x is not None:
+                x = x.detach().cpu().contiguous()
+                h.update(f"{name} {x.dtype} {tuple(x.shape)}".encode())
+                h.update(x.view(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
 
 
 def prefix_ends(length: int, prefixes: int) -> list[int]:
