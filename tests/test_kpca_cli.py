@@ -321,7 +321,7 @@ def test_claims_resume_reuses_only_analyses_of_the_same_weights_inputs_and_setti
     assert first.exit_code == 0, first.output
     table = (tmp_path / "c" / "claims.md").read_text()
     stored = json.loads((tmp_path / "c" / "analysis_all-MiniLM-L6-v2.json").read_text())
-    assert set(stored["provenance"]) == {"version", "weights_sha256", "inputs_sha256", "prefixes", "config"}
+    assert set(stored["provenance"]) == {"weights_sha256", "inputs_sha256", "prefixes", "config"}
     calls = []
     real = run_mod.analyze_model
     with pytest.MonkeyPatch.context() as mp:
@@ -340,3 +340,6 @@ def test_claims_resume_reuses_only_analyses_of_the_same_weights_inputs_and_setti
         assert more.exit_code == 0 and len(calls) == 4, more.output
     mixed = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c"), "--resume"])
     assert mixed.exit_code == 2 and "give one of them" in mixed.output
+    # --baseline names a model given (without its seed), checked before anything is loaded
+    bad = CliRunner().invoke(app, [*args, "--baseline", "symvit"])
+    assert bad.exit_code == 2 and "valid: all-MiniLM-L6-v2" in bad.output

@@ -93,3 +93,33 @@ def test_a_seed_judged_twice_is_not_summarised_and_the_section_is_written(tmp_pa
     md = write_claims(vs, tmp_path).read_text()
     assert "Over training seeds" not in md
     assert "over_seeds" not in json.loads((tmp_path / "claims.json").read_text())
+
+
+def test_models_against_a_baseline_paired_by_seed(tmp_path):
+    """--baseline: each model's headline measures minus the baseline's, per shared seed, t test over seeds,
+    Holm over every (model, measure); a model a fixed 0.05 above the baseline in every seed but for small
+    seed noise is "more aligned", one at the baseline's values "not distinguished"."""
+    from kpca_attention.report.kpca_seeds import against_baseline
+
+    rng = np.random.default_rng(3)
+    base = [verdict(f"r/sym-s{s}", s, "a", copy_diff=-0.2, null_diff=0.1,
+                    value=0.2 + 0.02 * rng.standard_normal()) for s in range(4)]
+    vals = {s: base[s]["seed_data"]["values"]["linear_cka"] for s in range(4)}
+    up = [verdict(f"r/rpc-s{s}", s, "b", copy_diff=-0.2, null_diff=0.1,
+                  value=vals[s] + 0.05 + 0.001 * rng.standard_normal()) for s in range(1, 4)]  # seeds 1-3
+    same = [verdict(f"r/alt-s{s}", s, "c", copy_diff=-0.2, null_diff=0.1,
+                    value=vals[s] + 0.01 * rng.standard_normal()) for s in range(4)]
+    groups = seed_groups(base + up + same)
+    cmp = against_baseline(groups, "sym")
+    words = {(t["model"], t["measure"]): t for t in cmp["tests"]}
+    assert cmp["family"]["size"] == 6
+    assert words[("rpc", "linear_cka")]["word"] == "more aligned than sym"
+    assert words[("rpc", "linear_cka")]["seeds"] == [1, 2, 3]
+    assert words[("alt", "kernel_cka")]["word"] == "not distinguished from sym"
+    with pytest.raises(ValueError, match="valid: sym, rpc, alt"):
+        against_baseline(groups, "vit")
+    for v in base + up + same:
+        v.update(attention_types=[], summary={})
+    md = write_claims(base + up + same, tmp_path, baseline="sym").read_text()
+    assert "### Against sym, paired by training seed" in md and (tmp_path / "seeds_vs_sym.png").exists()
+    assert json.loads((tmp_path / "claims.json").read_text())["over_seeds_baseline"]["baseline"] == "sym"

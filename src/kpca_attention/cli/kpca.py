@@ -242,13 +242,12 @@ def _read_baseline(path: Path, res: dict[str, Any]) -> dict[str, Any] | None:
 
 def _provenance(model: Any, inputs: Any, cfg: Any, prefixes: int) -> dict[str, Any]:
     """What an analysis was computed from, stored with it: ``claims --resume`` reuses a stored analysis only
-    when all of it is the same (the weights, the inputs themselves, the settings, the prefixes of a causal
-    model and this package's version)."""
-    from .. import __version__
+    when all of it is the same (the weights, the inputs themselves, the settings and the prefixes of a causal
+    model; not the analysis code: after a change of it, run without ``--resume``)."""
     from ..modules import weights_sha256
 
-    return {"version": __version__, "weights_sha256": weights_sha256(model), "inputs_sha256": inputs.sha256(),
-            "prefixes": prefixes, "config": cfg.to_json()}
+    return {"weights_sha256": weights_sha256(model), "inputs_sha256": inputs.sha256(), "prefixes": prefixes,
+            "config": cfg.to_json()}
 
 
 def _resumed(path: Path, provenance: dict[str, Any]) -> dict[str, Any] | None:
@@ -268,7 +267,7 @@ def _resumed(path: Path, provenance: dict[str, Any]) -> dict[str, Any] | None:
     return res
 
 
-def _rejudge(folder: Path, report: bool) -> None:
+def _rejudge(folder: Path, report: bool, baseline: str | None) -> None:
     """``claims --from-analysis FOLDER``: the verdicts again from the analyses a ``claims`` run stored there
     (``analysis_<model>.json``), with the current rules - no model is loaded. A model whose run folder is
     not here keeps the training-log rows (P2, C2 over epochs) the folder's claims.json holds."""
@@ -280,7 +279,10 @@ def _rejudge(folder: Path, report: bool) -> None:
     files = sorted(folder.glob("analysis_*.json")) if folder.is_dir() else []
     if not files:
         raise ValueError(f"{folder}: no analysis_<model>.json to judge again (claims writes them into its --out)")
-    before = {m["model"]: m for m in (read_json(folder / "claims.json") or {}).get("models", [])}
+    stored = read_json(folder / "claims.json") or {}
+    before = {m["model"]: m for m in stored.get("models", [])}
+    if baseline is None:  # the comparison the folder's claims were written with
+        baseline = (stored.get("over_seeds_baseline") or {}).get("baseline")
     order = list(before)
     results = [_nan_for_null(read_json(f)) for f in files]
     results.sort(key=lambda r: order.index(r["model"]["name"]) if r["model"]["name"] in order else len(order))
@@ -300,7 +302,7 @@ def _rejudge(folder: Path, report: bool) -> None:
         verdicts.append(verdict)
         if report:
             typer.echo(f"report: {write_report(res, output_path(folder, model_label(name)))}")
-    typer.echo(write_claims(verdicts, folder).read_text())
+    typer.echo(write_claims(verdicts, folder, baseline=baseline).read_text())
 
 
 def claims_cmd(
@@ -326,6 +328,9 @@ def claims_cmd(
     ),
     device: str = typer.Option("auto", help="cpu | cuda | auto."),
     threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
+    baseline: str = typer.Option(
+        None, "--baseline", help="a model's name without its seed (runs/symvit-s0 ... -> symvit): every "
+        "other model's headline measures against its, paired by training seed (models with two or more seeds)"),
     resume: bool = typer.Option(
         False, "--resume", help="reuse the analyses an earlier run stored in --out (each model's is written "
         "as soon as it is done) where the weights, inputs and settings are the same: a killed run continues"),
@@ -354,7 +359,7 @@ def claims_cmd(
             raise ValueError("--untrained-baseline analyses the models' untrained copies; --from-analysis "
                              "judges stored analyses again (with the untrained_baseline_<model>.json a run "
                              "stored): give one of them")
-        return _rejudge(from_analysis, report)
+        return _rejudge(from_analysis, report, baseline)
     _check_options(max_samples=max_samples, prefixes=prefixes, detail_samples=detail_samples,
                    null_samples=null_samples, null_draws=null_draws, control_samples=control_samples,
                    threads=threads, split=split, texts=texts, images=images, dataset=dataset)
@@ -366,6 +371,12 @@ def claims_cmd(
     from ..studies.sources import model_label
 
     labels = [model_label(name) for name in models]
+    from ..report.kpca_seeds import seed_stem
+
+    stems = sorted({seed_stem(label) for label in labels})
+    if baseline is not None and baseline not in stems:
+        raise ValueError(f"--baseline {baseline!r} is not one of the models' names without their seed; "
+                         "valid: " + ", ".join(stems))
     for name, label in zip(models, labels, strict=True):
         if labels.count(label) > 1:
             others = [m for m, lab in zip(models, labels, strict=True) if lab == label]
@@ -409,7 +420,7 @@ def claims_cmd(
         else:
             base_file.unlink(missing_ok=True)  # never an older run's
         verdicts.append(judge(res, run_dir=Path(name) if Path(name).exists() else None, untrained=base))
-    md = write_claims(verdicts, out)
+    md = write_claims(verdicts, out, baseline=baseline)
     typer.echo(md.read_text())
 
 

@@ -21,7 +21,7 @@ from ..kpca.chance import NULL_LABELS, chance_word, model_family, verdict_null
 from ..kpca.claims import PAPER_EIGENVALUES, THRESHOLDS, fmt, fmt_p
 from ..plotting import new_figure, panel_grid, save_figure
 from ..tables import markdown_table
-from .kpca_seeds import seed_groups, seed_section
+from .kpca_seeds import against_baseline, seed_groups, seed_section
 
 __all__ = ["write_report", "write_claims"]
 
@@ -502,9 +502,11 @@ def write_report(res: dict[str, Any], out_dir: str | Path) -> Path:
     return write_text_atomic(out / "report.md", "\n".join(lines) + "\n")
 
 
-def write_claims(verdicts: list[dict[str, Any]], out_dir: str | Path) -> Path:
+def write_claims(verdicts: list[dict[str, Any]], out_dir: str | Path, baseline: str | None = None) -> Path:
     """``claims.md`` (one table) and ``claims.json`` in ``out_dir`` from
-    :func:`kpca_attention.kpca.claims.judge` results; returns the markdown path."""
+    :func:`kpca_attention.kpca.claims.judge` results, with the claims over training seeds of runs of one
+    recipe (:mod:`.kpca_seeds`) and, with ``baseline`` (a model's name without its seed), every model's
+    headline measures against that model's, paired by seed; returns the markdown path."""
     out = Path(out_dir)
     rows = [
         {
@@ -528,11 +530,14 @@ def write_claims(verdicts: list[dict[str, Any]], out_dir: str | Path) -> Path:
         "",
     ]
     groups = seed_groups(verdicts)
-    lines += seed_section(groups, out)
+    comparison = against_baseline(groups, baseline) if baseline is not None else None
+    lines += seed_section(groups, out, comparison)
     md = write_text_atomic(out / "claims.md", "\n".join(lines) + "\n")
     data: dict[str, Any] = {"thresholds": THRESHOLDS, "paper_eigenvalues": PAPER_EIGENVALUES,
                             "models": verdicts}
     if groups:
         data["over_seeds"] = groups
+    if comparison is not None:
+        data["over_seeds_baseline"] = comparison
     write_json_atomic(out / "claims.json", data)
     return md

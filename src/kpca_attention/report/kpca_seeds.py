@@ -29,7 +29,7 @@ from ..tables import markdown_table
 from .forest import forest_plot
 from .verdicts import BETTER, WORSE, Family, Verdict
 
-__all__ = ["seed_groups", "seed_section", "SEED_FAMILY"]
+__all__ = ["seed_groups", "seed_section", "against_baseline", "seed_stem", "SEED_FAMILY"]
 
 #: what one group's Holm family is, in words
 SEED_FAMILY = ("the group's seed-level tests: each headline measure against its verdict null and against "
@@ -47,9 +47,14 @@ _LABELS = {"linear_cka": "linear CKA", "kernel_cka": "kernel CKA", "optimal_cosi
 _SEED_SUFFIX = re.compile(r"[-_]s(?:eed)?\d+$")
 
 
+def seed_stem(name: str) -> str:
+    """A run's name without its seed: ``runs/symvit-s0`` -> ``symvit`` (the name of its group)."""
+    return _SEED_SUFFIX.sub("", Path(name).name)
+
+
 def _group_label(names: Sequence[str]) -> str:
     """The models' common name: run folders ``symvit-s0``, ``symvit-s1`` -> ``symvit``."""
-    stems = {_SEED_SUFFIX.sub("", Path(n).name) for n in names}
+    stems = {seed_stem(n) for n in names}
     return stems.pop() if len(stems) == 1 else Path(names[0]).name
 
 
@@ -125,6 +130,39 @@ def _group(recipe: str, members: Sequence[Mapping[str, Any]], alpha: float) -> d
             "family": family.to_dict() if len(family) else None, "values": values, "tests": tests}
 
 
+def against_baseline(groups: Sequence[Mapping[str, Any]], baseline: str,
+                     alpha: float = 0.05) -> dict[str, Any]:
+    """Every other group's headline measures against the group ``baseline``'s, paired by training seed (runs
+    of one seed start from the same weights and see the same batches in this project's studies): per seed the
+    difference of the two models' values, a paired t test over the seeds both have, Holm over every (model,
+    measure) of the comparison. JSON-ready; a ValueError naming the valid labels when ``baseline`` is not a
+    group's."""
+    labels = [g["label"] for g in groups if g.get("values")]
+    base = next((g for g in groups if g["label"] == baseline and g.get("values")), None)
+    if base is None:
+        raise ValueError(f"--baseline {baseline!r} is not a model judged here with two or more seeds; valid: "
+                         + (", ".join(labels) or "none (no model has two seeds)"))
+    at = {s: i for i, s in enumerate(base["seeds"])}
+    family = Family(f"every model's headline measures against {baseline}'s, paired by training seed")
+    seeds: dict[tuple[str, str], list[int]] = {}
+    for g in groups:
+        if g is base or not g.get("values"):
+            continue
+        common = [s for s in g["seeds"] if s in at]
+        for k in BASELINE_MEASURES:
+            if k in g["values"] and k in base["values"] and len(common) >= 2:
+                mine = dict(zip(g["seeds"], g["values"][k]["per_seed"], strict=True))
+                family.add((g["label"], k), [mine[s] - base["values"][k]["per_seed"][at[s]] for s in common])
+                seeds[(g["label"], k)] = common
+    verdicts = family.verdicts(None, lambda key: HIGHER_IS_BETTER[key[1]], alpha) if len(family) else {}
+    words = {BETTER: f"more aligned than {baseline}", WORSE: f"less aligned than {baseline}"}
+    tests = [{"model": m, "measure": k, "seeds": seeds[(m, k)],
+              "per_seed": [float(x) for x in family.tests[(m, k)]],
+              "word": words.get(vd.word, f"not distinguished from {baseline}"), "verdict": vd.to_dict()}
+             for (m, k), vd in verdicts.items()]
+    return {"baseline": baseline, "family": family.to_dict() if len(family) else None, "tests": tests}
+
+
 def _verdict(d: Mapping[str, Any]) -> Verdict:
     fields = dict(d)
     for k in ("ci", "tost_ci"):
@@ -132,9 +170,37 @@ def _verdict(d: Mapping[str, Any]) -> Verdict:
     return Verdict(**fields)
 
 
-def seed_section(groups: Sequence[Mapping[str, Any]], out: Path) -> list[str]:
+def _baseline_lines(comparison: Mapping[str, Any], out: Path) -> list[str]:
+    b = comparison["baseline"]
+    lines = [f"### Against {b}, paired by training seed", ""]
+    if not comparison["tests"]:
+        return lines + [f"No model shares two or more training seeds with {b}.", ""]
+    rows = []
+    for t in comparison["tests"]:
+        vd = t["verdict"]
+        ci = vd["ci"]
+        rows.append({"model": t["model"], "measure": _LABELS[t["measure"]],
+                     "per_seed": ", ".join(fmt(x) for x in t["per_seed"]),
+                     "mean": fmt(vd["mean"]) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else ""),
+                     "p": fmt_p(vd["p_raw"]), "holm": fmt_p(vd["p_holm"]),
+                     "seeds": ", ".join(map(str, t["seeds"])), "verdict": f"**{t['word']}**"})
+    columns = {"model": "model", "measure": "measure", "per_seed": f"minus {b}, per seed",
+               "mean": "mean [95 % t]", "p": "p", "holm": "Holm p", "seeds": "seeds", "verdict": "verdict"}
+    lines += [markdown_table(rows, columns), "",
+              f"Family: {comparison['family']['family']}.", ""]
+    png = forest_plot([(f"{t['model']}: {_LABELS[t['measure']]}", _verdict(t["verdict"]))
+                       for t in comparison["tests"]],
+                      output_path(out, f"seeds_vs_{b}.png", what="plot"),
+                      title=f"Each model minus {b}, paired by training seed", unit="CKA / cosine units",
+                      words=[t["word"] for t in comparison["tests"]], difference=f"model - {b}")
+    return lines + [f"![against {b}]({png.name})", ""]
+
+
+def seed_section(groups: Sequence[Mapping[str, Any]], out: Path,
+                 comparison: Mapping[str, Any] | None = None) -> list[str]:
     """The markdown of the claims over seeds, with a forest plot per group (``seeds_<label>.png`` in
-    ``out``: the alignment measures' differences, which share a scale); empty when no group."""
+    ``out``: the alignment measures' differences, which share a scale), and of ``comparison``
+    (:func:`against_baseline`) with its plot ``seeds_vs_<baseline>.png``; empty when no group."""
     if not groups:
         return []
     lines = ["## Over training seeds", "",
@@ -182,4 +248,6 @@ def seed_section(groups: Sequence[Mapping[str, Any]], out: Path) -> list[str]:
                 unit="CKA / cosine units", words=[t["word"] for t in shown],
                 difference="trained - comparator")
             lines += [f"![{g['label']} over seeds]({png.name})", ""]
+    if comparison is not None:
+        lines += _baseline_lines(comparison, out)
     return lines
