@@ -1,10 +1,13 @@
 """Train one (variant, seed) of a registered study with its recipe, logging J_proj every epoch
 (``ProjectionLossCallback`` on the first 32 examples of the run's held-out split: the validation images
-carved from the training data, or a language model's first 32 windows of the corpus's valid split), without
+carved from the training data - for a legacy recipe without a validation split, test images -, or a language
+model's first 32 windows of the corpus's valid split), without
 the study's evaluation: the models of ``results/kpca-vision`` and ``results/kpca-language``
 (``kpca-attention claims`` then judges P2, "J_proj falls during training", from the run's ``epochs.csv``).
 The callback draws no random numbers, so the trained weights are those of the study's own run of the same
-(variant, seed) on the same kind of machine. A killed run resumes from its last checkpoint.
+(variant, seed) on the same kind of machine. A killed run resumes from its last checkpoint, refused if its
+epochs were logged on another batch (``jproj_batch.sha256`` in the run folder: P2 compares the first and last
+epochs, which must be measured on the same examples).
 
     .venv/bin/python benchmarks/kpca_train_logged.py vision symvit 0 runs/kpca-vision
     .venv/bin/python benchmarks/kpca_train_logged.py language symlm 0 runs/kpca-language
@@ -13,6 +16,7 @@ The callback draws no random numbers, so the trained weights are those of the st
 from __future__ import annotations
 
 import argparse
+import hashlib
 from pathlib import Path
 
 import torch
@@ -46,7 +50,14 @@ def main() -> None:
     if held_out is None or len(held_out) < BATCH:
         ap.error(f"{args.study}/{args.variant}: the run's held-out split has fewer than {BATCH} examples")
     batch = torch.stack([held_out[i][0] for i in range(BATCH)])
-    result = train(cfg, callbacks=[ProjectionLossCallback(batch)], resume=(run_dir / "checkpoints").exists())
+    digest = hashlib.sha256(batch.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+    resume = (run_dir / "checkpoints").exists()
+    mark = run_dir / "jproj_batch.sha256"
+    if resume and mark.exists() and mark.read_text().strip() != digest:
+        ap.error(f"{run_dir} logged J_proj on another batch ({mark}): train it again in another folder")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    mark.write_text(digest + "\n")
+    result = train(cfg, callbacks=[ProjectionLossCallback(batch)], resume=resume)
     print(result.run_dir)
 
 

@@ -321,7 +321,8 @@ def test_claims_resume_reuses_only_analyses_of_the_same_weights_inputs_and_setti
     assert first.exit_code == 0, first.output
     table = (tmp_path / "c" / "claims.md").read_text()
     stored = json.loads((tmp_path / "c" / "analysis_all-MiniLM-L6-v2.json").read_text())
-    assert set(stored["provenance"]) == {"weights_sha256", "inputs_sha256", "prefixes", "config"}
+    assert set(stored["provenance"]) == {"network", "weights_sha256", "inputs_sha256", "prefixes", "config"}
+    assert "config_sha256" in stored["provenance"]["network"]  # a Hugging Face model: its config too
     calls = []
     real = run_mod.analyze_model
     with pytest.MonkeyPatch.context() as mp:
@@ -340,6 +341,40 @@ def test_claims_resume_reuses_only_analyses_of_the_same_weights_inputs_and_setti
         assert more.exit_code == 0 and len(calls) == 4, more.output
     mixed = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c"), "--resume"])
     assert mixed.exit_code == 2 and "give one of them" in mixed.output
-    # --baseline names a model given (without its seed), checked before anything is loaded
+    # --baseline names a model given here with two or more seeds, checked before any analysis
     bad = CliRunner().invoke(app, [*args, "--baseline", "symvit"])
-    assert bad.exit_code == 2 and "valid: all-MiniLM-L6-v2" in bad.output
+    assert bad.exit_code == 2 and "valid: none" in bad.output
+
+
+def test_claims_over_seeds_of_project_runs_resume_and_baseline(tmp_path):
+    """Two seeds of a tiny digits run: claims groups them (with each run's own initial weights as the copy);
+    --baseline names the group; retraining a run (other weights) makes --resume analyse it and its copy
+    again while the other run's analyses are reused."""
+    import kpca_attention.kpca.run as run_mod
+    from kpca_attention.train import get_preset, train
+
+    def run(seed: int, lr: float = 1e-3) -> str:
+        cfg = get_preset("digits-cpu", output_dir=str(tmp_path / f"m-s{seed}"), epochs=1, train_subset=64,
+                         eval_subset=32, batch_size=32, progress=False, num_workers=0, seed=seed, lr=lr,
+                         model_kwargs={"depth": 1, "embed_dim": 32})
+        return str(train(cfg, overwrite=True).run_dir)
+
+    runs = [run(0), run(1)]
+    args = ["claims", *runs, "--dataset", "digits", "--out", str(tmp_path / "c"), "--max-samples", "6",
+            "--detail-samples", "0", "--null-samples", "2", "--control-samples", "0", "--no-report",
+            "--untrained-baseline", "--threads", "1"]
+    first = CliRunner().invoke(app, [*args, "--baseline", "m"])
+    assert first.exit_code == 0, first.output
+    data = json.loads((tmp_path / "c" / "claims.json").read_text())
+    (group,) = data["over_seeds"]
+    assert group["label"] == "m" and group["seeds"] == [0, 1] and group["copy_init_seeds"] == [0, 1]
+    assert data["over_seeds_baseline"]["baseline"] == "m" and not data["over_seeds_baseline"]["tests"]
+    run(1, lr=2e-3)  # seed 1 retrained with other settings: other weights, another recipe
+    calls = []
+    real = run_mod.analyze_model
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(run_mod, "analyze_model", lambda *a, **k: calls.append(1) or real(*a, **k))
+        again = CliRunner().invoke(app, [*args, "--resume"])
+    assert again.exit_code == 0, again.output
+    assert len(calls) == 2 and again.output.count("reused") == 2  # seed 1 and its copy again; seed 0's kept
+    assert "over_seeds" not in json.loads((tmp_path / "c" / "claims.json").read_text())  # two recipes now

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -226,7 +227,9 @@ def _read_baseline(path: Path, res: dict[str, Any]) -> dict[str, Any] | None:
                          "--untrained-baseline again")
     base = _nan_for_null(base)
     prov = [(r.get("provenance") or {}) for r in (res, base)]
+    mine, copy = res.get("model") or {}, base.get("model") or {}
     differ = [key for key, a, b in (
+        ("run", (mine.get("recipe"), mine.get("train_seed")), (copy.get("recipe"), copy.get("train_seed"))),
         ("inputs", res.get("inputs"), base.get("inputs")),
         ("inputs", prov[0].get("inputs_sha256"), prov[1].get("inputs_sha256")),
         ("prefixes", prov[0].get("prefixes"), prov[1].get("prefixes")),
@@ -240,14 +243,22 @@ def _read_baseline(path: Path, res: dict[str, Any]) -> dict[str, Any] | None:
     return base
 
 
-def _provenance(model: Any, inputs: Any, cfg: Any, prefixes: int) -> dict[str, Any]:
+def _provenance(loaded: Any, inputs: Any, cfg: Any, prefixes: int) -> dict[str, Any]:
     """What an analysis was computed from, stored with it: ``claims --resume`` reuses a stored analysis only
-    when all of it is the same (the weights, the inputs themselves, the settings and the prefixes of a causal
-    model; not the analysis code: after a change of it, run without ``--resume``)."""
+    when all of it is the same - the network (its class, what the loader knows of it: a run's recipe digest
+    and seed, a copy's init seed; a Hugging Face model's config), its weights, the inputs themselves, the
+    settings and the prefixes of a causal model; not the analysis code: after a change of it, run without
+    ``--resume``."""
+    from ..io import json_ready
     from ..modules import weights_sha256
 
-    return {"weights_sha256": weights_sha256(model), "inputs_sha256": inputs.sha256(), "prefixes": prefixes,
-            "config": cfg.to_json()}
+    model = loaded.model
+    network: dict[str, Any] = {"class": type(model).__name__, "info": json_ready(dict(loaded.info))}
+    config = getattr(model, "config", None)
+    if hasattr(config, "to_json_string"):  # Hugging Face: settings that live outside the weights
+        network["config_sha256"] = hashlib.sha256(config.to_json_string().encode()).hexdigest()
+    return {"network": network, "weights_sha256": weights_sha256(model), "inputs_sha256": inputs.sha256(),
+            "prefixes": prefixes, "config": cfg.to_json()}
 
 
 def _resumed(path: Path, provenance: dict[str, Any]) -> dict[str, Any] | None:
@@ -285,6 +296,13 @@ def _rejudge(folder: Path, report: bool, baseline: str | None) -> None:
         baseline = (stored.get("over_seeds_baseline") or {}).get("baseline")
     order = list(before)
     results = [_nan_for_null(read_json(f)) for f in files]
+    if before:  # the models the folder's claims were written with, not leftovers of other runs in it
+        left = [f.name for f, r in zip(files, results, strict=True) if r["model"]["name"] not in before]
+        if left:
+            typer.echo(f"not judged (not in {folder / 'claims.json'}): {', '.join(left)}")
+        results = [r for r in results if r["model"]["name"] in before]
+        if not results:
+            raise ValueError(f"{folder}: none of the models in claims.json has its analysis_<model>.json here")
     results.sort(key=lambda r: order.index(r["model"]["name"]) if r["model"]["name"] in order else len(order))
     verdicts = []
     for res in results:
@@ -293,7 +311,7 @@ def _rejudge(folder: Path, report: bool, baseline: str | None) -> None:
         name = res["model"]["name"]
         run_dir = Path(name) if Path(name).exists() else None
         base = _read_baseline(folder / f"{BASELINE_PREFIX}{model_label(name)}.json", res)
-        verdict = judge(res, run_dir=run_dir, untrained=base)
+        verdict = {**judge(res, run_dir=run_dir, untrained=base), "label": model_label(name)}
         old = before.get(name)
         if run_dir is None and old is not None:  # the logs are not here: the rows judged from them stay
             rows = [r for r in verdict["rows"] if not _training_row(r)]
@@ -371,12 +389,6 @@ def claims_cmd(
     from ..studies.sources import model_label
 
     labels = [model_label(name) for name in models]
-    from ..report.kpca_seeds import seed_stem
-
-    stems = sorted({seed_stem(label) for label in labels})
-    if baseline is not None and baseline not in stems:
-        raise ValueError(f"--baseline {baseline!r} is not one of the models' names without their seed; "
-                         "valid: " + ", ".join(stems))
     for name, label in zip(models, labels, strict=True):
         if labels.count(label) > 1:
             others = [m for m, lab in zip(models, labels, strict=True) if lab == label]
@@ -386,29 +398,38 @@ def claims_cmd(
         output_path(out, f"{BASELINE_PREFIX}{label}.json", what=f"the name of model {name}")
         output_path(out, label, what=f"the name of model {name}")
     # every model and its inputs are checked (loaded once) before any is analysed
-    prepared = []
-    for name in models:
-        _, inputs = _model_and_inputs(name, pretrained, device, texts=texts, images=images,
-                                      dataset=dataset, split=split, data_root=data_root,
-                                      max_samples=max_samples, bible_fallback=True)
+    prepared, identity = [], []
+    for name, label in zip(models, labels, strict=True):
+        loaded, inputs = _model_and_inputs(name, pretrained, device, texts=texts, images=images,
+                                           dataset=dataset, split=split, data_root=data_root,
+                                           max_samples=max_samples, bible_fallback=True)
         prepared.append(inputs)
+        identity.append((label, loaded.info.get("recipe"), loaded.info.get("train_seed")))
+    if baseline is not None:  # the groups the summary over seeds will form, by the same rule
+        from ..report.kpca_seeds import group_names
+
+        valid = list(group_names(identity).values())
+        if baseline not in valid:
+            raise ValueError(f"--baseline {baseline!r} is not a model given here with two or more seeds of "
+                             "one recipe; valid: " + (", ".join(valid) or "none"))
     verdicts = []
     for name, label, inputs in zip(models, labels, prepared, strict=True):
         loaded = load_for_analysis(name, pretrained=pretrained, device=device)
         file = output_path(out, f"analysis_{label}.json")
-        prov = _provenance(loaded.model, inputs, cfg, prefixes)
+        prov = _provenance(loaded, inputs, cfg, prefixes)
         res = _resumed(file, prov) if resume else None
+        base_file = output_path(out, f"{BASELINE_PREFIX}{label}.json")
         if res is None:
+            base_file.unlink(missing_ok=True)  # a copy's analysis belongs to its model's: never an older one
             res = analyze_model(loaded, **inputs.kwargs(), config=cfg, prefixes=prefixes)
             res.update(inputs=inputs.description, provenance=prov)
             write_json_atomic(file, _stored(res), indent=None)
         if report:
             typer.echo(f"report: {write_report(res, output_path(out, label))}")
         base = None
-        base_file = output_path(out, f"{BASELINE_PREFIX}{label}.json")
         if untrained_baseline:
             copy = untrained_copy(loaded)
-            base_prov = _provenance(copy.model, inputs, cfg, prefixes)
+            base_prov = _provenance(copy, inputs, cfg, prefixes)
             base = _resumed(base_file, base_prov) if resume else None
             if base is None:
                 base_file.unlink(missing_ok=True)  # never an older run's beside this analysis
@@ -419,7 +440,8 @@ def claims_cmd(
                 write_json_atomic(base_file, {k: v for k, v in base.items() if k != "records"}, indent=None)
         else:
             base_file.unlink(missing_ok=True)  # never an older run's
-        verdicts.append(judge(res, run_dir=Path(name) if Path(name).exists() else None, untrained=base))
+        verdict = judge(res, run_dir=Path(name) if Path(name).exists() else None, untrained=base)
+        verdicts.append({**verdict, "label": label})
     md = write_claims(verdicts, out, baseline=baseline)
     typer.echo(md.read_text())
 

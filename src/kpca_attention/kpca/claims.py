@@ -218,16 +218,18 @@ def copy_family(res: dict[str, Any], base: dict[str, Any]) -> dict[str, dict[str
     return holm_family(tests)
 
 
-def _seed_data(res: dict[str, Any], family: dict[str, dict[str, Any]],
+def _seed_data(res: dict[str, Any], family: dict[str, dict[str, Any]], vs_copy: dict[str, dict[str, Any]],
                base: dict[str, Any] | None) -> dict[str, Any]:
     """What the summary over training seeds (``report.kpca_seeds``) reads of one model: its run's seed and
-    recipe (runs of one recipe are seeds of one model), each headline measure and its difference from its
-    verdict null and from the untrained copy (means over units), and the gamma test's difference."""
+    recipe (runs of one recipe are seeds of one model), what it was analysed on, each headline measure and
+    its difference from its verdict null and from the untrained copy (means over units), and the gamma
+    test's difference."""
     model, s = res["model"], res["summary"]
-    vs_copy = copy_family(res, base) if base is not None else {}
     return {
         "train_seed": model.get("train_seed"),
         "recipe": model.get("recipe"),
+        "inputs": res.get("inputs"),
+        "inputs_sha256": (res.get("provenance") or {}).get("inputs_sha256"),
         "values": {k: s.get(k) for k in BASELINE_MEASURES},
         "vs_null": {k: family[k]["diff"] for k in (*BASELINE_MEASURES, "gamma") if k in family},
         "vs_copy": {k: t["diff"] for k, t in vs_copy.items()},
@@ -235,12 +237,12 @@ def _seed_data(res: dict[str, Any], family: dict[str, dict[str, Any]],
     }
 
 
-def _untrained_rows(res: dict[str, Any], base: dict[str, Any]) -> list[dict[str, Any]]:
+def _untrained_rows(res: dict[str, Any], base: dict[str, Any],
+                    family: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Trained against an untrained copy of itself (:func:`kpca_attention.train.resolve.untrained_copy`),
     on the same inputs: each of :data:`BASELINE_MEASURES` paired over (layer, head) units (Wilcoxon, Holm
-    over these tests), with both models' standing against their own nulls; and the gamma test of both."""
-
-    family = copy_family(res, base)
+    over these tests: ``family``, :func:`copy_family`), with both models' standing against their own nulls;
+    and the gamma test of both."""
     own, copy = model_family(res["summary"], CHANCE_MEASURES), model_family(base["summary"], CHANCE_MEASURES)
     seed = (base.get("model") or {}).get("init_seed")
     label = f"untrained copy (init seed {seed})" if seed is not None else "untrained copy"
@@ -312,6 +314,7 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
         else ""
     rows: list[dict[str, Any]] = []
     family = model_family(s, CHANCE_MEASURES)  # the tests the verdicts rest on, Holm-adjusted together
+    vs_copy = copy_family(res, untrained) if untrained is not None else {}
 
     ratio = s.get("log10_h_over_phi")
     rows.append(
@@ -517,14 +520,14 @@ def judge(res: dict[str, Any], run_dir: Path | None = None,
             )
         )
     if untrained is not None:
-        rows += _untrained_rows(res, untrained)
+        rows += _untrained_rows(res, untrained, vs_copy)
     return {
         "model": name,
         "inputs": res.get("inputs"),
         "attention_types": types,
         "rows": rows,
         "summary": {k: s.get(k) for k in SUMMARY_KEYS},
-        "seed_data": _seed_data(res, family, untrained),
+        "seed_data": _seed_data(res, family, vs_copy, untrained),
     }
 
 

@@ -44,6 +44,8 @@ def forest_plot(rows: Sequence[tuple[str, Verdict]] | Mapping[str, Verdict], pat
         if not isinstance(v, Verdict):
             raise ValueError(f"row {label!r}: expected a Verdict, got {type(v).__name__}")
     n_rows = len(items)
+    if words is not None and len(words) != n_rows:
+        raise ValueError(f"words: one per row ({n_rows}), got {len(words)}")
     fig, ax = new_figure(figsize=(7.5, 1.4 + 0.42 * n_rows))
     ys = [n_rows - 1 - i for i in range(n_rows)]
     xs: list[float] = [0.0]
@@ -72,8 +74,6 @@ def forest_plot(rows: Sequence[tuple[str, Verdict]] | Mapping[str, Verdict], pat
     ax.set_yticks(ys, [f"{label}  (n={v.n})" for label, v in items])
     right = ax.twinx()
     right.set_ylim(ax.get_ylim())
-    if words is not None and len(words) != n_rows:
-        raise ValueError(f"words: one per row ({n_rows}), got {len(words)}")
     right.set_yticks(ys, list(words) if words is not None else [v.word for _, v in items])
     for tick, (_, v) in zip(right.get_yticklabels(), items, strict=True):
         tick.set_color(verdict_color(v.word))

@@ -287,9 +287,10 @@ def resolve_model(spec: str, *, pretrained: bool = True, device: str = "cpu",
 
 def run_identity(config: Any) -> dict[str, Any]:
     """What a project checkpoint's analysis records of its run: the dataset, the training seed and
-    ``recipe``, a digest of every setting that shapes the weights but the seed
-    (:func:`~.rundir.trajectory_settings`): runs with the same recipe are seeds of one model, which the
-    KPCA claims summarise over seeds."""
+    ``recipe``, a digest of the settings :func:`~.rundir.trajectory_settings` keeps (those a finished run's
+    reuse depends on, ``data_root`` among them) but the seed: runs with the same recipe are seeds of one
+    model, which the KPCA claims summarise over seeds (runs read from other data folders are other
+    recipes, and the summary says so when they share a name)."""
     settings = {k: v for k, v in trajectory_settings(config).items() if k != "seed"}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return {"dataset": getattr(config, "dataset", None), "train_seed": int(config.seed), "recipe": digest}
