@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -307,11 +308,21 @@ def test_undefined_units_are_counted_not_dropped_in_silence():
     assert "undefined on 1 of 2 (input, head) units" in row["note"]
 
 
+@contextlib.contextmanager
+def counted_analyses():
+    """The list of kpca.run.analyze_model calls made inside the block (each still runs)."""
+    import kpca_attention.kpca.run as run_mod
+
+    calls: list[int] = []
+    real = run_mod.analyze_model
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(run_mod, "analyze_model", lambda *a, **k: calls.append(1) or real(*a, **k))
+        yield calls
+
+
 def test_claims_resume_reuses_only_analyses_of_the_same_weights_inputs_and_settings(tmp_path):
     """A killed claims run continues with --resume: a stored analysis (and its untrained copy's) is reused
     when the weights, the inputs themselves and the settings are this run's, and computed again otherwise."""
-    import kpca_attention.kpca.run as run_mod
-
     texts = tmp_path / "t.txt"
     texts.write_text(TEXTS)
     args = ["claims", "all-MiniLM-L6-v2", "--texts", str(texts), "--out", str(tmp_path / "c"),
@@ -323,10 +334,7 @@ def test_claims_resume_reuses_only_analyses_of_the_same_weights_inputs_and_setti
     stored = json.loads((tmp_path / "c" / "analysis_all-MiniLM-L6-v2.json").read_text())
     assert set(stored["provenance"]) == {"network", "weights_sha256", "inputs_sha256", "prefixes", "config"}
     assert "config_sha256" in stored["provenance"]["network"]  # a Hugging Face model: its config too
-    calls = []
-    real = run_mod.analyze_model
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(run_mod, "analyze_model", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with counted_analyses() as calls:
         again = CliRunner().invoke(app, [*args, "--resume"])
         assert again.exit_code == 0, again.output
         assert calls == [] and again.output.count("reused") == 2  # the model's analysis and its copy's
@@ -350,7 +358,6 @@ def test_claims_over_seeds_of_project_runs_resume_and_baseline(tmp_path):
     """Two seeds of a tiny digits run: claims groups them (with each run's own initial weights as the copy);
     --baseline names the group; retraining a run (other weights) makes --resume analyse it and its copy
     again while the other run's analyses are reused."""
-    import kpca_attention.kpca.run as run_mod
     from kpca_attention.train import get_preset, train
 
     def run(seed: int, lr: float = 1e-3) -> str:
@@ -370,10 +377,7 @@ def test_claims_over_seeds_of_project_runs_resume_and_baseline(tmp_path):
     assert group["label"] == "m" and group["seeds"] == [0, 1] and group["copy_init_seeds"] == [0, 1]
     assert data["over_seeds_baseline"]["baseline"] == "m" and not data["over_seeds_baseline"]["tests"]
     run(1, lr=2e-3)  # seed 1 retrained with other settings: other weights, another recipe
-    calls = []
-    real = run_mod.analyze_model
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(run_mod, "analyze_model", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with counted_analyses() as calls:
         again = CliRunner().invoke(app, [*args, "--resume"])
     assert again.exit_code == 0, again.output
     assert len(calls) == 2 and again.output.count("reused") == 2  # seed 1 and its copy again; seed 0's kept
