@@ -23,6 +23,7 @@ import torch
 
 from kpca_attention import tasks
 from kpca_attention.kpca.callback import ProjectionLossCallback
+from kpca_attention.modules import tensor_bytes
 from kpca_attention.studies import get_study
 from kpca_attention.train import train
 
@@ -50,7 +51,7 @@ def main() -> None:
     if held_out is None or len(held_out) < BATCH:
         ap.error(f"{args.study}/{args.variant}: the run's held-out split has fewer than {BATCH} examples")
     batch = torch.stack([held_out[i][0] for i in range(BATCH)])
-    digest = hashlib.sha256(batch.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+    digest = hashlib.sha256(tensor_bytes(batch)).hexdigest()
     resume = (run_dir / "checkpoints").exists()
     mark = run_dir / "jproj_batch.sha256"
     if resume and mark.exists() and mark.read_text().strip() != digest:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-__all__ = ["eval_mode", "kept_grads", "model_device", "weights_sha256"]
+__all__ = ["eval_mode", "kept_grads", "model_device", "tensor_bytes", "weights_sha256"]
 
 
 @contextlib.contextmanager
@@ -48,11 +48,17 @@ def model_device(model: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
+def tensor_bytes(x: torch.Tensor) -> bytes:
+    """The raw bytes of ``x`` (on the CPU, contiguous, any dtype - bfloat16 included, which numpy lacks): what
+    the fingerprints of weights and of analysed inputs hash."""
+    return x.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+
 def weights_sha256(model: nn.Module) -> str:
     """SHA-256 of ``model``'s state dict: each entry's name and raw bytes, in name order (any dtype,
     bfloat16 included): the fingerprint of the weights a result was computed with."""
     h = hashlib.sha256()
     for k, v in sorted(model.state_dict().items()):
         h.update(k.encode())
-        h.update(v.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        h.update(tensor_bytes(v))
     return h.hexdigest()

@@ -27,6 +27,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..checks import check_count, check_int
+from ..modules import tensor_bytes
 from .analysis import AnalysisConfig, Analyzer
 from .capture import QKVCapture
 from .load import LoadedModel, bible_texts, load_image_folder, read_texts
@@ -62,9 +63,8 @@ class ModelInputs:
                 h.update(t.encode() + b"\0")
         for name, x in (("tokens", self.tokens), ("images", self.images)):
             if x is not None:
-                x = x.detach().cpu().contiguous()
                 h.update(f"{name} {x.dtype} {tuple(x.shape)}".encode())
-                h.update(x.view(-1).view(torch.uint8).numpy().tobytes())
+                h.update(tensor_bytes(x))
         return h.hexdigest()
 
 
