@@ -164,3 +164,36 @@ def test_settings_and_report_name_the_protocol():
     assert _metric_title("cw@127.5", {"cw": "L2"}) == "CW L2 0.5"
     assert attack_title("cw", {"cw": "L2"}) == ("CW L2", "")
     assert attack_title("pgd-lab") == ("PGD", " (lab)")
+
+
+def test_an_attack_on_fewer_images_than_the_draw_is_keyed_by_the_draw(tmp_path):
+    """The first 4 images of a draw of 6 are not the first 4 of a draw of 8: an item of the smaller attack
+    is never reused after the draw changes; items stored before keys named the draw are reused only while
+    the draw is the one they were computed on."""
+    model, (x, y) = _model(), _images(10)
+    data = TensorDataset(x, y)
+    store = ResultStore(tmp_path / "m.json")
+    small = Attack("fgsm", (2 / 255,), n=4)
+
+    def run(n_big: int) -> dict:
+        return evaluate_image_suites(model, data, _suites(small, Attack("pgd", (2 / 255,), n=n_big)), store,
+                                     {"w": 1}, log=lambda m: None, progress=False)
+
+    run(6)
+    assert store._items["attacks/fgsm/2"]["key"]["draw"] == 6
+    assert "draw" not in store._items["attacks/pgd/2"]["key"]  # an attack on the whole draw: key as before
+    key = dict(store._items["attacks/fgsm/2"]["key"])
+    del key["draw"]  # as an older version wrote it
+    store.put("attacks/fgsm/2", key, {"legacy": True, "top1": 0.5})
+    assert run(6)["attacks"]["fgsm"]["2"] == {"legacy": True, "top1": 0.5}  # same draw: read, re-keyed
+    assert store._items["attacks/fgsm/2"]["key"]["draw"] == 6
+    store.put("attacks/fgsm/2", key, {"legacy": True, "top1": 0.5})
+    out = run(8)  # another draw: the legacy item is not this draw's first 4 images
+    assert "legacy" not in out["attacks"]["fgsm"]["2"]
+    assert store._items["attacks/fgsm/2"]["key"]["draw"] == 8
+    again = run(6)  # and the draw-8 item is not taken for the draw-6 one either
+    assert store._items["attacks/fgsm/2"]["key"]["draw"] == 6
+    assert again["attacks"]["fgsm"]["2"]["top1"] == pytest.approx(
+        evaluate_image_suites(model, data, _suites(small, Attack("pgd", (2 / 255,), n=6)),
+                              ResultStore(tmp_path / "fresh.json"), {"w": 1}, log=lambda m: None,
+                              progress=False)["attacks"]["fgsm"]["2"]["top1"])

@@ -281,10 +281,15 @@ def evaluate_image_suites(
             loaded.append(model())  # type: ignore[operator]
         return loaded[0]
 
-    def item(name: str, params: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
+    def item(name: str, params: Mapping[str, Any], compute: Callable[[], Any], same_draw: bool = True) -> Any:
         key = {**base_key, **params}
-        if params.get("protocol") == "pixel":  # a pixel item stored before keys named the protocol
-            legacy = store.get(name, {k: v for k, v in key.items() if k != "protocol"})
+        # fields keys gained later: an item stored without them is read as having them (re-keyed) when
+        # that is what it was computed with - a pixel item before keys named the protocol, an attack on
+        # fewer images than the draw before keys named the draw (only if the draw is unchanged since)
+        later = [k for k in ("protocol", "draw") if k in params
+                 and (params[k] == "pixel" if k == "protocol" else same_draw)]
+        for drop in [[f] for f in later] + ([later] if len(later) > 1 else []):
+            legacy = store.get(name, {k: v for k, v in key.items() if k not in drop})
             if legacy is not None:
                 store.put(name, key, legacy)
                 return legacy
@@ -327,6 +332,9 @@ def evaluate_image_suites(
         xs, ys = zip(*(att_base[i] for i in range(n_att)), strict=True)
         x_all, y_all = torch.stack(xs), torch.as_tensor(ys)
         params = {"n": n_att, "data_seed": suites.data_seed + 1}
+        # an attack on fewer images takes the first a.n of this draw, which depend on n_att: its key names
+        # the draw; items stored before it did are this draw's only if the last evaluation drew the same
+        same_draw = store.get("attacks/clean", {**base_key, **params}) is not None
         out["clean_attack_subset"] = item("attacks/clean", params, lambda: _clean(net(), att_base, bs))
         res: dict[str, dict[str, Any]] = {}
         for a in attacks:
@@ -341,7 +349,8 @@ def evaluate_image_suites(
 
                 t_a = time.perf_counter()
                 res.setdefault(a.name, {})[eps_label(eps)] = item(
-                    f"attacks/{a.name}/{eps_label(eps)}", attack_key(a, eps, suites.data_seed + 1), compute)
+                    f"attacks/{a.name}/{eps_label(eps)}", attack_key(a, eps, suites.data_seed + 1, n_att),
+                    compute, same_draw)
                 r = res[a.name][eps_label(eps)]
                 log(f"  {a.name} eps {eps_label(eps)}/255 ({a.protocol}): top-1 {100 * r['top1']:.1f}% "
                     f"({time.perf_counter() - t_a:.0f} s)")
@@ -420,11 +429,13 @@ def evaluate_ood(
     return out
 
 
-def attack_key(a: Attack, eps: float, data_seed: int) -> dict[str, Any]:
+def attack_key(a: Attack, eps: float, data_seed: int, draw: int | None = None) -> dict[str, Any]:
     """The parameters of one attack item (added to the model's key): images, method, budget, options and
-    the protocol."""
+    the protocol. An attack on fewer images than the suite's draw (``draw``: the most any of its attacks
+    uses) runs on the draw's first ``a.n``, which depend on the draw's size: the key names it then."""
+    more = {"draw": draw} if draw is not None and draw != a.n else {}
     return {"n": a.n, "data_seed": data_seed, "method": a.method, "eps": eps, "options": dict(a.options),
-            "protocol": a.protocol}
+            "protocol": a.protocol, **more}
 
 
 def evaluate_autoattack(
