@@ -115,6 +115,10 @@ def test_benchmark_corruptions(net, tmp_path):
     assert rec["eps"] is None and rec["corruptions_mce"] is None  # mCE is AlexNet's, ImageNet only
     assert 0 <= float(rec["corruptions_acc"]) <= 100
     assert (tmp_path / "digits" / "corruptions" / "mlp.json").exists()
+    items = ResultStore(tmp_path / "results" / "mlp.json")._items
+    assert len(items) == 1 + 15 * 5  # clean and 15 corruptions x 5 severities
+    # the images are the committed list's first n: an item made on another list is not reused
+    assert all(v["key"]["ids_sha256"] == image_ids_sha256("digits") for v in items.values())
 
 
 def test_wrong_models_are_refused_with_one_line(net, digits):

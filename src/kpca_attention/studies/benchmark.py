@@ -333,7 +333,11 @@ def _corruptions(net: nn.Module, base: Dataset, store: Any, base_key: dict[str, 
     def clean_of(ds: Dataset) -> dict[str, Any]:
         return example_result(*collect_logits(net, ds, batch_size=batch_size, progress=False))
 
-    key = {**base_key, "n": len(base), "corruption_seed": 0}  # type: ignore[arg-type]
+    from ..robustness.image_ids import ids_path, image_ids_sha256
+
+    # the images are the first n of the committed list: its digest keys them, as the AutoAttack items'
+    key = {**base_key, "n": len(base), "ids": ids_path(ds_name).name,  # type: ignore[arg-type]
+           "ids_sha256": image_ids_sha256(ds_name), "corruption_seed": 0}
     clean = store.get_or_compute("corruptions/clean", key, lambda: clean_of(base))[0]
     views = corrupted_views(base, COMMON_CORRUPTIONS, SEVERITIES, seed=0, cache_dir=root / "cache")
     bits, errors = [], {}
