@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from kpca_attention.cli import app
+from kpca_attention.cli import kpca as kpca_cli
 from kpca_attention.kpca import pack_records, unpack_records
 
 TEXTS = "\n".join(
@@ -332,7 +333,8 @@ def test_claims_resume_reuses_only_analyses_of_the_same_weights_inputs_and_setti
     assert first.exit_code == 0, first.output
     table = (tmp_path / "c" / "claims.md").read_text()
     stored = json.loads((tmp_path / "c" / "analysis_all-MiniLM-L6-v2.json").read_text())
-    assert set(stored["provenance"]) == {"network", "weights_sha256", "inputs_sha256", "prefixes", "config"}
+    assert set(stored["provenance"]) == {"network", "weights_sha256", "inputs_sha256", "prefixes", "config",
+                                         "code_sha256"}
     assert "config_sha256" in stored["provenance"]["network"]  # a Hugging Face model: its config too
     with counted_analyses() as calls:
         again = CliRunner().invoke(app, [*args, "--resume"])
@@ -344,9 +346,17 @@ def test_claims_resume_reuses_only_analyses_of_the_same_weights_inputs_and_setti
         other = CliRunner().invoke(app, [*args, "--resume"])
         assert other.exit_code == 0, other.output
         assert len(calls) == 2 and "reused" not in other.output
+        assert "stored with other inputs_sha256" in other.output
         # other settings: analysed again
         more = CliRunner().invoke(app, [*[a if a != "2" else "3" for a in args], "--resume"])
         assert more.exit_code == 0 and len(calls) == 4, more.output
+        # other code (a commit that changed the package): analysed again, and said
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(kpca_cli, "_code_sha256", lambda: "0" * 64)
+            newer = CliRunner().invoke(app, [*[a if a != "2" else "3" for a in args], "--resume"])
+        assert newer.exit_code == 0 and len(calls) == 6, newer.output
+        # said once: the copy's analysis goes with its model's (deleted when the model's is made again)
+        assert newer.output.count("stored with other code_sha256") == 1
     mixed = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c"), "--resume"])
     assert mixed.exit_code == 2 and "give one of them" in mixed.output
     # --baseline names a model given here with two or more seeds, checked before any analysis

@@ -247,8 +247,8 @@ def _provenance(loaded: Any, inputs: Any, cfg: Any, prefixes: int) -> dict[str, 
     """What an analysis was computed from, stored with it: ``claims --resume`` reuses a stored analysis only
     when all of it is the same - the network (its class, what the loader knows of it: a run's recipe digest
     and seed, a copy's init seed; a Hugging Face model's config), its weights, the inputs themselves, the
-    settings and the prefixes of a causal model; not the analysis code: after a change of it, run without
-    ``--resume``."""
+    settings, the prefixes of a causal model, and the package's code (:func:`_code_sha256`): an analysis
+    made by another version of the code is made again."""
     from ..io import json_ready
     from ..modules import weights_sha256
 
@@ -258,7 +258,19 @@ def _provenance(loaded: Any, inputs: Any, cfg: Any, prefixes: int) -> dict[str, 
     if hasattr(config, "to_json_string"):  # Hugging Face: settings that live outside the weights
         network["config_sha256"] = hashlib.sha256(config.to_json_string().encode()).hexdigest()
     return {"network": network, "weights_sha256": weights_sha256(model), "inputs_sha256": inputs.sha256(),
-            "prefixes": prefixes, "config": cfg.to_json()}
+            "prefixes": prefixes, "config": cfg.to_json(), "code_sha256": _code_sha256()}
+
+
+def _code_sha256() -> str:
+    """SHA-256 over the package's Python sources (relative path and bytes of each, in path order): any
+    change of the code that captures, measures or loads - the whole package, not a guess at which modules
+    matter - makes ``--resume`` analyse again. The version string is not enough: it changes by release, the
+    code by commit."""
+    root = Path(__file__).resolve().parents[1]  # the package: this is its cli/kpca.py
+    digest = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        digest.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _resumed(path: Path, provenance: dict[str, Any]) -> dict[str, Any] | None:
@@ -268,8 +280,13 @@ def _resumed(path: Path, provenance: dict[str, Any]) -> dict[str, Any] | None:
     from ..kpca.analysis import unpack_records
 
     res = read_json(path)  # None when missing or unreadable (a file a crash cut short): analysed again
-    if not isinstance(res, dict) or json.dumps(res.get("provenance"), sort_keys=True) != json.dumps(
-            provenance, sort_keys=True):
+    if not isinstance(res, dict):
+        return None
+    stored = res.get("provenance") if isinstance(res.get("provenance"), dict) else {}
+    differ = [k for k in sorted(set(stored) | set(provenance))
+              if json.dumps(stored.get(k), sort_keys=True) != json.dumps(provenance.get(k), sort_keys=True)]
+    if differ:
+        typer.echo(f"{path.name}: analysed again (--resume: stored with other {', '.join(differ)})")
         return None
     res = _nan_for_null(res)
     if isinstance(res.get("records"), dict):
