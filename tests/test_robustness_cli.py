@@ -90,6 +90,25 @@ def test_corruptions_and_attacks_side_by_side_and_resumed(runs, tmp_path, monkey
                              attack_n=8, seed=1)
     with pytest.raises(AssertionError, match="recomputed"):
         run_study(study, out, runs=out, progress=False, checks=False)
+    # the same study on another split: other images, so never the test split's items
+    same = dict(n=24, corruptions=("gaussian_noise", "fog"), methods=("fgsm", "pgd"), eps=(2 / 255, 8 / 255),
+                attack_n=8, attack_options={"pgd": {"steps": 2}}, batch_size=32)
+    suites = ("corruptions", "attacks")
+    run_study(robustness_study([str(r) for r in runs], suites, **same), out, runs=out, progress=False,
+              checks=False)  # the test split: every item reused
+    with pytest.raises(AssertionError, match="recomputed"):
+        run_study(robustness_study([str(r) for r in runs], suites, split="val", **same), out, runs=out,
+                  progress=False, checks=False)
+
+
+def test_autoattack_and_imagenet_c_are_refused_on_another_split():
+    from kpca_attention.tasks.classification.suites import AutoAttackSuite, ImageSuites
+
+    with pytest.raises(ValueError, match="test split only, not split='val'"):
+        ImageSuites(split="val", autoattack=AutoAttackSuite(eps=(4 / 255,), n=8))
+    with pytest.raises(ValueError, match="imagenet_c .* test split only"):
+        ImageSuites(split="train", imagenet_c="/data/imagenet-c")
+    assert ImageSuites(split="val").split == "val"
 
 
 def test_bad_input_is_reported(runs, tmp_path):

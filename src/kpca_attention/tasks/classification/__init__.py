@@ -127,8 +127,10 @@ class ImageClassification(ImageTask):
     def evaluate_suites(self, suites: ImageSuites, model: Any, cfg: Any, store: Any,
                         base_key: Mapping[str, Any], *, has_pap: bool = False, **kw: Any) -> dict[str, Any]:
         """:func:`~.suites.evaluate_image_suites` on the test split of ``cfg``'s dataset (or
-        ``suites.split``)."""
+        ``suites.split``: then named in every item's key - other images than the test split's items)."""
         data = self.test_set(cfg) if suites.split == "test" else self.builder(cfg)(suites.split, False, None)
+        if suites.split != "test":  # items stored on the test split keep their key
+            base_key = {**base_key, "split": suites.split}
         return evaluate_image_suites(model, data, suites, store, base_key, dataset=cfg.dataset,
                                      img_size=cfg.img_size, **kw)
 

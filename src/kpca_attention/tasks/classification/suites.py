@@ -176,6 +176,12 @@ class ImageSuites:
             check_int(self.clean, "clean images", min=1)
         check_int(self.batch_size, "batch size", min=1)
         check_int(self.attack_batch_size, "attack batch size", min=1)
+        if self.split != "test":
+            for what, on in (("autoattack (the committed test-image list)", self.autoattack),
+                             ("imagenet_c (the released test images)", self.imagenet_c)):
+                if on is not None:
+                    raise ValueError(f"{what} runs on the test split only, not split={self.split!r}: "
+                                     "leave split at test or drop it")
         names = [a.name for a in self.attacks]
         if len(set(names)) != len(names):
             raise ValueError(f"two attacks share a name {names}: give them different options")
