@@ -26,8 +26,8 @@ from kpca_attention.robustness.store import ResultStore, decode_bits, encode_bit
 from kpca_attention.stats import bootstrap_diff_ci, mcnemar, seed_test
 from kpca_attention.studies import ablation_study, get_study, machines, quick_demo_study, run_study
 from kpca_attention.studies.ablations import ablation_variants, candes_lambda
-from kpca_attention.studies.engine import ensure_trained
 from kpca_attention.studies.rpc_seeds import MIN_SEEDS, SEED_CAP
+from kpca_attention.studies.runs import ensure_trained
 from kpca_attention.tasks.classification.suites import Attack, Corruptions, ImageSuites, fixed_subset
 from kpca_attention.train import evaluate_vision, load_model
 
@@ -495,10 +495,37 @@ def test_runs_with_other_trajectory_settings_are_retrained(tmp_path, capsys) -> 
     assert any("trained with other settings (lr differ)" in m for m in logs)
 
 
+def test_a_run_trained_again_after_its_checkpoint_is_gone_must_reproduce_its_weights(tmp_path) -> None:
+    """Its results file keeps the items of the first training: the new training is evaluated only when its
+    weights are those bit for bit (the run item's SHA-256), else refused with what to do."""
+    from kpca_attention.studies.engine import result_path, run_one
+
+    base = quick_demo_study().replace(recipe={**quick_demo_study().recipe, "train_subset": 128}, trace=0)
+    out, runs = tmp_path / "out", tmp_path / "runs"
+
+    def run(clean: int) -> ResultStore:
+        study = base.replace(suites=ImageSuites(clean=clean, corruptions=None, attacks=()))
+        run_one(study, "symvit", 0, out, runs, progress=False)
+        return ResultStore(result_path(out, study.variant("symvit"), 0))
+
+    first = run(32).records()["run"]
+    assert len(first["result"]["weights_sha256"]) == 64
+    shutil.rmtree(runs / "symvit-s0")
+    assert run(48).items()["clean"]["n"] == 48  # trained again, same weights: evaluated
+    for stored, why in (("0" * 64, "the new weights differ"), (None, "predate weight fingerprints")):
+        shutil.rmtree(runs / "symvit-s0")
+        store = ResultStore(result_path(out, base.variant("symvit"), 0))
+        summary = {k: v for k, v in first["result"].items() if k != "weights_sha256"}
+        store.put("run", first["key"], summary if stored is None else {**summary, "weights_sha256": stored})
+        with pytest.raises(ValueError, match=f"was trained again .*{why}.*move .* aside"):
+            run(64)
+        assert ResultStore(store.path).items()["clean"]["n"] == 48  # nothing of the new training stored
+
+
 def test_a_finished_run_that_no_longer_loads_is_refused_not_deleted(tmp_path, monkeypatch) -> None:
     """It used to be deleted and trained again under the same key, beside the items computed from the old
     weights: one row of two trainings. Now the engine stops and says what to do; nothing is deleted."""
-    from kpca_attention.studies import engine
+    from kpca_attention.studies import runs
     from kpca_attention.train import CheckpointError
 
     study = quick_demo_study().replace(recipe={**quick_demo_study().recipe, "train_subset": 128})
@@ -509,7 +536,7 @@ def test_a_finished_run_that_no_longer_loads_is_refused_not_deleted(tmp_path, mo
     def broken(*_a, **_k):
         raise CheckpointError("weights x belong to a model with other attention settings")
 
-    monkeypatch.setattr(engine, "load_model", broken)
+    monkeypatch.setattr(runs, "load_model", broken)
     with pytest.raises(ValueError, match="does not load .*move the run folder and its result file aside"):
         ensure_trained(study, v, 0, tmp_path, progress=False, log=lambda _m: None)
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before

@@ -28,13 +28,15 @@ file holds every item with the same key (the training settings that change the w
 evaluation parameters) is neither trained nor evaluated again - its checkpoint is not even needed.
 Otherwise the run is trained when needed: a finished run with the same trajectory settings is reused,
 a killed one is resumed exactly, one made with other settings is trained again (one line says why).
+A run whose results file holds part of its items but whose checkpoint is gone is trained again and then
+evaluated only if the new weights are bit for bit those the stored items were computed from (the SHA-256
+in its ``run`` item; :func:`~.runs.check_retrained`) - two trainings never share a row.
 An existing model's items are keyed by the SHA-256 of its weights: a second call computes nothing, other
 weights or parameters are computed anew.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import sys
@@ -49,12 +51,18 @@ from torch import nn
 from ..io import folder_lock, read_json, write_json_atomic
 from ..machine import machine_info
 from ..robustness.store import ResultStore, normalise_key, write_reference
-from ..tasks import Task
 from ..tasks import get as get_task
-from ..train import CheckpointError, load_model, train
+from ..train import load_model
 from ..train.distributed import resolve_device
 from ..train.rundir import RunDir, trajectory_settings
-from .machines import check_machine_kind, run_machine
+from .machines import check_machine_kind
+from .runs import (
+    check_retrained,
+    delete_runs,
+    ensure_trained,
+    run_dir_of,
+    training_summary,
+)
 from .sources import LoadedSource
 from .spec import Study, Variant
 
@@ -63,33 +71,6 @@ __all__ = ["run_study", "run_one", "run_state", "result_path", "run_dir_of", "tr
 
 #: bump when the per-run results change meaning (older stored items are then recomputed)
 RESULTS_VERSION = 3
-
-
-def run_dir_of(runs: Path, variant: Variant, seed: int) -> Path:
-    return Path(runs) / f"{variant.slug}-s{seed}"
-
-
-def _delete_runs(paths: list[Path]) -> None:
-    """``--force``: delete run folders under their locks, all taken first, so a run another process is
-    training is refused (:class:`~kpca_attention.train.rundir.RunDirBusy`, naming its pid) before anything
-    is deleted. A folder is renamed away under its lock and then removed (a writer arriving meanwhile starts a
-    new folder, never one half deleted); a folder that is a link (a run kept on another disk) keeps its link
-    and loses its contents."""
-    existing = [p for p in paths if p.is_dir()]
-    with contextlib.ExitStack() as locks:
-        for p in existing:
-            locks.enter_context(RunDir(p).lock())
-        for p in existing:
-            if p.is_symlink():
-                for child in p.iterdir():
-                    if child.is_dir() and not child.is_symlink():
-                        shutil.rmtree(child)
-                    else:
-                        child.unlink()
-            else:
-                gone = p.with_name(f".{p.name}.deleted-{os.getpid()}")
-                p.rename(gone)
-                shutil.rmtree(gone)
 
 
 def result_path(out: Path, variant: Variant, seed: int) -> Path:
@@ -110,69 +91,6 @@ def _run_key(study: Study, variant: Variant, seed: int, runs: Path) -> dict[str,
     """What identifies a run's weights: the training settings that change the trajectory."""
     cfg = study.train_config(variant, seed, str(run_dir_of(runs, variant, seed)))
     return normalise_key({"train": trajectory_settings(cfg), "version": RESULTS_VERSION})
-
-
-def _unreadable_run(run_dir: Path, err: Exception) -> ValueError:
-    """The error for a run whose checkpoint the engine cannot read: its stored results were computed from
-    those weights under the same key, so training again in their place would mix two trainings in one
-    row - it is left to the user (the checkpoint module never falls back to a fresh start either)."""
-    return ValueError(f"the checkpoint in {run_dir} does not load ({err}); the study's results of this run "
-                      "were computed from it: repair it, or move the run folder and its result file aside "
-                      "to train it again")
-
-
-def ensure_trained(study: Study, variant: Variant, seed: int, runs: Path, *, progress: bool,
-                   log: Callable[[str], None], before_training: Callable[[], None] | None = None,
-                   loader_workers: int | None = None) -> Path:
-    """Train, resume or reuse the run of (variant, seed); returns its run directory. ``before_training``
-    is called before a run is trained or resumed (not when a finished one is reused); ``loader_workers``:
-    the training loader's processes in place of the recipe's (the batches are the same with any number)."""
-    run_dir = run_dir_of(runs, variant, seed)
-    cfg = study.train_config(variant, seed, str(run_dir))
-    cfg.progress = progress
-    if loader_workers is not None:
-        cfg.num_workers = loader_workers
-    rd = RunDir(run_dir)
-    if rd.has_checkpoint():
-        try:
-            changed = rd.changed_fields(cfg)
-        except (CheckpointError, FileNotFoundError) as e:
-            raise _unreadable_run(run_dir, e) from e
-        if changed:  # another run's weights (its items have another key: each is computed again)
-            log(f"{run_dir} was trained with other settings ({', '.join(sorted(changed))} differ): "
-                "training again")
-            shutil.rmtree(run_dir)
-        elif rd.finished():
-            try:
-                load_model(run_dir)
-            except CheckpointError as e:
-                raise _unreadable_run(run_dir, e) from e
-            log(f"finished checkpoint in {run_dir}: not retrained")
-            return run_dir
-    if before_training is not None:
-        before_training()
-    resume = rd.has_checkpoint()
-    log(f"{'resuming' if resume else 'training'} {cfg.model} {dict(cfg.model_kwargs) or ''} "
-        f"({cfg.epochs} epochs, {cfg.train_subset or 'all'} {study.task.unit}, seed {seed}, "
-        f"{torch.get_num_threads()} thread(s))")
-    train(cfg, resume=resume)
-    return run_dir
-
-
-def _training_summary(task: Task, run_dir: Path, model: nn.Module) -> dict[str, Any]:
-    from ..train.logger import read_csv
-
-    rows = read_csv(run_dir / "epochs.csv")
-    t = sum(r["epoch_time_s"] for r in rows)
-    unit = task.throughput_key  # images/s, tokens/s
-    done = sum(r.get(unit, 0.0) * r["epoch_time_s"] for r in rows)
-    return {
-        "train_time_s": t, unit: done / max(t, 1e-9), "steps": rows[-1]["step"],
-        "final_train_loss": rows[-1]["train_loss"],
-        "epochs": [{k: v for k, v in r.items() if isinstance(v, (int, float))} for r in rows],
-        "params": sum(p.numel() for p in model.parameters()),
-        **run_machine(run_dir),
-    }
 
 
 def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: str | os.PathLike, *,
@@ -200,6 +118,9 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
 
     def run_dir() -> Path:
         if "dir" not in state:
+            # items computed from a training whose checkpoint is gone: a new training must reproduce it
+            state["first"] = store.get("run", key)
+            state["retrained"] = not RunDir(run_dir_of(runs, variant, seed)).finished()
             state["dir"] = ensure_trained(study, variant, seed, runs, progress=progress, log=log,
                                           before_training=lambda: check_machine_kind(
                                               out, any_machine, run_dir_of(runs, variant, seed),
@@ -211,6 +132,8 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
         if "model" not in state:
             state["model"], _ = load_model(run_dir(), device=device or training_device(study, variant, seed,
                                                                                         runs))
+            if state["retrained"] and state["first"] is not None:
+                check_retrained(state["model"], state["first"], store.path, state["dir"])
         return state["model"]
 
     t0 = time.perf_counter()
@@ -232,7 +155,7 @@ def _evaluate_run(study: Study, variant: Variant, seed: int, runs: Path, store: 
                   log: Callable[[str], None], progress: bool) -> None:
     """Every item of one trained run: the training summary, the task's suites, the PAP trace."""
     task = study.task
-    store.get_or_compute("run", key, lambda: _training_summary(task, run_dir(), model()))
+    store.get_or_compute("run", key, lambda: training_summary(task, run_dir(), model()))
     cfg = study.train_config(variant, seed, str(run_dir_of(runs, variant, seed)))
     has_pap = task.has_pap(cfg)  # asked of the model (built untrained), not of its name
     # the task measures its suites (images, text, segmentation): see Study.suites
@@ -529,7 +452,7 @@ def run_study(
             raise ValueError(f"unknown variant(s) {sorted(unknown)}; valid: "
                              f"{', '.join(v.slug for v in study.variants)}")
     if force:
-        _delete_runs([run_dir_of(runs, v, s) for v, s in todo])
+        delete_runs([run_dir_of(runs, v, s) for v, s in todo])
         for v, s in todo:
             result_path(out, v, s).unlink(missing_ok=True)
         shutil.rmtree(out / "checks", ignore_errors=True)
