@@ -118,8 +118,14 @@ class LoadedSource:
     def key(self) -> dict[str, Any]:
         """What identifies the weights and how they are fed (the base of every result's key)."""
         cfg = self.config
-        return {"weights": self.fingerprint, "ema": self.source.ema, "dataset": cfg.dataset,
-                "img_size": getattr(cfg, "img_size", None), "context": getattr(cfg, "context", None)}
+        key = {"weights": self.fingerprint, "ema": self.source.ema, "dataset": cfg.dataset,
+               "img_size": getattr(cfg, "img_size", None), "context": getattr(cfg, "context", None)}
+        if not self.is_project:  # (added only when set: keys stored before stay valid)
+            if self.source.data_root is not None:  # an imagefolder is its root; other copies of a dataset
+                key["data_root"] = str(self.source.data_root)
+            if "@" in self.path:  # NAME@FILE: the name sets the normalisation and input size, the file not
+                key["model"] = self.path.partition("@")[0]
+        return key
 
 
 def model_label(name: str) -> str:
