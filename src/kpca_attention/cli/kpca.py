@@ -247,8 +247,8 @@ def _provenance(loaded: Any, inputs: Any, cfg: Any, prefixes: int) -> dict[str, 
     """What an analysis was computed from, stored with it: ``claims --resume`` reuses a stored analysis only
     when all of it is the same - the network (its class, what the loader knows of it: a run's recipe digest
     and seed, a copy's init seed; a Hugging Face model's config), its weights, the inputs themselves, the
-    settings, the prefixes of a causal model, and the package's code (:func:`_code_sha256`): an analysis
-    made by another version of the code is made again."""
+    settings, the prefixes of a causal model, the package's code (:func:`_code_sha256`), the device and the
+    compiled kernels that ran (:func:`_kernels`): an analysis made by other code is made again."""
     from ..io import json_ready
     from ..modules import weights_sha256
 
@@ -257,20 +257,35 @@ def _provenance(loaded: Any, inputs: Any, cfg: Any, prefixes: int) -> dict[str, 
     config = getattr(model, "config", None)
     if hasattr(config, "to_json_string"):  # Hugging Face: settings that live outside the weights
         network["config_sha256"] = hashlib.sha256(config.to_json_string().encode()).hexdigest()
+    device = next(iter(model.parameters()), torch.empty(0)).device.type
     return {"network": network, "weights_sha256": weights_sha256(model), "inputs_sha256": inputs.sha256(),
-            "prefixes": prefixes, "config": cfg.to_json(), "code_sha256": _code_sha256()}
+            "prefixes": prefixes, "config": cfg.to_json(), "code_sha256": _code_sha256(), "device": device,
+            "kernels": _kernels()}
 
 
 def _code_sha256() -> str:
-    """SHA-256 over the package's Python sources (relative path and bytes of each, in path order): any
-    change of the code that captures, measures or loads - the whole package, not a guess at which modules
-    matter - makes ``--resume`` analyse again. The version string is not enough: it changes by release, the
-    code by commit."""
+    """SHA-256 over the package's sources - Python and the compiled kernels' C++ (relative path and bytes
+    of each, in path order): any change of the code that captures, measures or loads - the whole package,
+    not a guess at which modules matter - makes ``--resume`` analyse again. The version string is not
+    enough: it changes by release, the code by commit."""
     root = Path(__file__).resolve().parents[1]  # the package: this is its cli/kpca.py
     digest = hashlib.sha256()
-    for f in sorted(root.rglob("*.py")):
+    for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cpp", ".h")):
         digest.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def _kernels() -> str:
+    """Which PAP / RKDE kernels ran: ``eager``, or the compiled build loaded (AVX2 or AVX512) with the
+    SHA-256 of its library - a build made from older sources (not rebuilt after a change) differs too."""
+    import sys
+
+    from ..pap import kernels
+
+    if kernels.active() is None or kernels.BUILD is None:
+        return "eager"
+    lib = Path(sys.modules[f"{kernels.__package__}.{kernels.BUILD}"].__file__ or "")
+    return f"{kernels.BUILD} {hashlib.sha256(lib.read_bytes()).hexdigest() if lib.is_file() else '?'}"
 
 
 def _resumed(path: Path, provenance: dict[str, Any]) -> dict[str, Any] | None:
