@@ -197,3 +197,25 @@ def test_an_attack_on_fewer_images_than_the_draw_is_keyed_by_the_draw(tmp_path):
         evaluate_image_suites(model, data, _suites(small, Attack("pgd", (2 / 255,), n=6)),
                               ResultStore(tmp_path / "fresh.json"), {"w": 1}, log=lambda m: None,
                               progress=False)["attacks"]["fgsm"]["2"]["top1"])
+
+
+def test_an_attack_in_batches_of_another_size_is_another_item(tmp_path):
+    """A randomised attack seeds each batch once: PGD's random starts, and so its results, depend on the
+    batch size. Batches of the default size keep the key they always had."""
+    from kpca_attention.tasks.classification.suites import ATTACK_BATCH_SIZE, attack_key
+
+    model, (x, y) = _model(), _images(10)
+    data = TensorDataset(x, y)
+    pgd = Attack("pgd", (8 / 255,), n=8, options={"steps": 2})
+
+    def run(batch: int) -> dict:
+        store = ResultStore(tmp_path / f"b{batch}.json")
+        suites = ImageSuites(clean=8, attacks=(pgd,), batch_size=8, attack_batch_size=batch)
+        evaluate_image_suites(model, data, suites, store, {"w": 1}, log=lambda m: None, progress=False)
+        return store._items["attacks/pgd-steps2/8"]
+
+    small, whole = run(3), run(8)
+    assert small["key"]["batch"] == 3 and whole["key"]["batch"] == 8
+    assert small["result"]["correct"] != whole["result"]["correct"] or small["result"]["mean_norm"] != \
+        whole["result"]["mean_norm"]  # other random starts after the first batch
+    assert "batch" not in attack_key(pgd, 8 / 255, 1, 8, ATTACK_BATCH_SIZE)

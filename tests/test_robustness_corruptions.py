@@ -115,9 +115,19 @@ def test_cache_is_written_once_and_read_back(tmp_path, monkeypatch):
     # another base data set gets another cache file
     other = _Base(5)
     assert C.CorruptedDataset(other, "glass_blur", 2, seed=3, cache_dir=tmp_path).cache_path != path
-    # and other images of corrupt() (a fix, its version bumped) another file
+    # a subset with the same length and ends but other images in its middle: another file
+    from torch.utils.data import Subset
+
+    ten = _Base(10)
+    paths = {C.CorruptedDataset(Subset(ten, ids), "glass_blur", 2, seed=3, cache_dir=tmp_path).cache_path
+             for ids in ([0, 3, 9], [0, 4, 9], [0, 4, 9])}
+    assert len(paths) == 2
+    # and other images of corrupt() (a fix, its version bumped) another file, and the results made on
+    # them another key (nothing added at version 1: every key stored so far)
+    assert C.images_version_key() == {}
     monkeypatch.setattr(C, "IMAGES_VERSION", C.IMAGES_VERSION + 1)
     assert C.CorruptedDataset(base, "glass_blur", 2, seed=3, cache_dir=tmp_path).cache_path != path
+    assert C.images_version_key() == {"images_version": 2}
 
 
 def test_partial_cache_is_repaired(tmp_path, monkeypatch):

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 from tqdm.auto import tqdm
 
 from ..checks import check_int
@@ -55,9 +55,15 @@ CORRUPTION_SUBSETS: dict[str, tuple[str, ...]] = {"common": COMMON_CORRUPTIONS, 
                                                   "all": ALL_CORRUPTIONS}
 SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
 #: the version of the corrupted images :func:`corrupt` makes, in every cache file's name: bump it with any
-#: change of what it returns, so images cached before are not read as the new ones (the studies' results
-#: version, which keys the results, does not reach the image cache)
+#: change of what it returns, so images cached before are not read as the new ones; the results computed
+#: on corrupted images name it in their keys when it is not 1 (:func:`images_version_key`)
 IMAGES_VERSION = 1
+
+
+def images_version_key() -> dict[str, int]:
+    """What a result computed on :func:`corrupt`'s images adds to its key: ``{"images_version": v}`` once
+    the images changed (v > 1), nothing before (every result stored so far was made on version 1)."""
+    return {"images_version": IMAGES_VERSION} if IMAGES_VERSION != 1 else {}
 
 # Corruptions whose implementation accepts its own ``seed`` (they do not use numpy's global RNG).
 _SEEDED_BY_ARGUMENT = frozenset({"glass_blur", "impulse_noise"})
@@ -208,9 +214,14 @@ class CorruptedDataset(Dataset):
         return len(self.base)  # type: ignore[arg-type]
 
     def fingerprint(self) -> str:
-        """Hash of the base dataset's length and its first and last items (images and labels)."""
+        """Hash of the base dataset's length, its first and last items (images and labels) and, for a
+        subset (at any depth), the indices it takes: a list of ids changed in its middle is another set."""
         if self._fingerprint is None:
             h = hashlib.sha1(str(len(self)).encode())
+            data = self.base
+            while isinstance(data, Subset):
+                h.update(np.asarray(data.indices, dtype=np.int64).tobytes())
+                data = data.dataset
             for i in sorted({0, len(self) - 1} if len(self) else set()):
                 img, label = self.base[i]
                 h.update(tensor_to_uint8(img).tobytes())

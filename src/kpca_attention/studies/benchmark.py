@@ -326,7 +326,7 @@ def _acc(field: str, r: dict[str, Any]) -> dict[str, Any]:
 def _corruptions(net: nn.Module, base: Dataset, store: Any, base_key: dict[str, Any], ds_name: str,
                  batch_size: int, root: Path) -> dict[str, Any]:
     from ..robustness.common import collect_logits
-    from ..robustness.corruptions import COMMON_CORRUPTIONS, SEVERITIES, corrupted_views
+    from ..robustness.corruptions import COMMON_CORRUPTIONS, SEVERITIES, corrupted_views, images_version_key
     from ..robustness.metrics import mce
     from ..robustness.store import decode_bits, example_result
 
@@ -337,7 +337,7 @@ def _corruptions(net: nn.Module, base: Dataset, store: Any, base_key: dict[str, 
 
     # the images are the first n of the committed list: its digest keys them, as the AutoAttack items'
     key = {**base_key, "n": len(base), "ids": ids_path(ds_name).name,  # type: ignore[arg-type]
-           "ids_sha256": image_ids_sha256(ds_name), "corruption_seed": 0}
+           "ids_sha256": image_ids_sha256(ds_name), "corruption_seed": 0, **images_version_key()}
     clean = store.get_or_compute("corruptions/clean", key, lambda: clean_of(base))[0]
     views = corrupted_views(base, COMMON_CORRUPTIONS, SEVERITIES, seed=0, cache_dir=root / "cache")
     bits, errors = [], {}

@@ -151,6 +151,11 @@ class OODSets:
         return {"imagenet-a": self.imagenet_a, "imagenet-r": self.imagenet_r, "imagenet-o": self.imagenet_o}
 
 
+#: images attacked at once by default: a randomised attack seeds each batch once, so its random starts (and
+#: results) depend on the batch size - an item attacked in batches of another size names it in its key
+ATTACK_BATCH_SIZE = 100
+
+
 @dataclass(frozen=True)
 class ImageSuites:
     """What to measure on an image classifier (see the module docstring)."""
@@ -160,7 +165,7 @@ class ImageSuites:
     attacks: tuple[Attack, ...] = ()
     data_seed: int = 0
     batch_size: int = 500
-    attack_batch_size: int = 100
+    attack_batch_size: int = ATTACK_BATCH_SIZE
     autoattack: AutoAttackSuite | None = None
     ood: OODSets | None = None
     split: str = "test"
@@ -275,7 +280,7 @@ def evaluate_image_suites(
     from tqdm.auto import tqdm
 
     from ...robustness.attacks import attack_logits, attack_norm
-    from ...robustness.corruptions import corrupted_views
+    from ...robustness.corruptions import corrupted_views, images_version_key
 
     t0 = time.perf_counter()
     out: dict[str, Any] = {}
@@ -312,6 +317,8 @@ def evaluate_image_suites(
         params = {"n": c.n, "data_seed": suites.data_seed}
         if suites.imagenet_c:  # released images, not corrupted here
             params["imagenet_c"] = suites.imagenet_c
+        else:
+            params.update(images_version_key())
         out["clean_corrupt_subset"] = item("corruptions/clean", params, lambda: _clean(net(), base, bs))
         if suites.imagenet_c:
             views = _imagenet_c_views(suites.imagenet_c, c, base, img_size)
@@ -354,9 +361,9 @@ def evaluate_image_suites(
                             "max_norm": nm.max().item()}
 
                 t_a = time.perf_counter()
+                key = attack_key(a, eps, suites.data_seed + 1, n_att, suites.attack_batch_size)
                 res.setdefault(a.name, {})[eps_label(eps)] = item(
-                    f"attacks/{a.name}/{eps_label(eps)}", attack_key(a, eps, suites.data_seed + 1, n_att),
-                    compute, same_draw)
+                    f"attacks/{a.name}/{eps_label(eps)}", key, compute, same_draw)
                 r = res[a.name][eps_label(eps)]
                 log(f"  {a.name} eps {eps_label(eps)}/255 ({a.protocol}): top-1 {100 * r['top1']:.1f}% "
                     f"({time.perf_counter() - t_a:.0f} s)")
@@ -435,11 +442,15 @@ def evaluate_ood(
     return out
 
 
-def attack_key(a: Attack, eps: float, data_seed: int, draw: int | None = None) -> dict[str, Any]:
+def attack_key(a: Attack, eps: float, data_seed: int, draw: int | None = None,
+               batch: int = ATTACK_BATCH_SIZE) -> dict[str, Any]:
     """The parameters of one attack item (added to the model's key): images, method, budget, options and
     the protocol. An attack on fewer images than the suite's draw (``draw``: the most any of its attacks
-    uses) runs on the draw's first ``a.n``, which depend on the draw's size: the key names it then."""
+    uses) runs on the draw's first ``a.n``, which depend on the draw's size: the key names it then; and the
+    batch size when it is not :data:`ATTACK_BATCH_SIZE` (random starts are drawn per batch)."""
     more = {"draw": draw} if draw is not None and draw != a.n else {}
+    if batch != ATTACK_BATCH_SIZE:
+        more["batch"] = batch
     return {"n": a.n, "data_seed": data_seed, "method": a.method, "eps": eps, "options": dict(a.options),
             "protocol": a.protocol, **more}
 

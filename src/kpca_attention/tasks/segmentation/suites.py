@@ -46,6 +46,7 @@ from torch.utils.data import Dataset
 from ...checks import check_int
 from ...io import pack_bytes, unpack_bytes
 from ...robustness.common import model_device
+from ...robustness.corruptions import images_version_key
 from ...robustness.store import ResultStore
 from ...segmentation.corruptions import CorruptedSegmentation, segmentation_items
 from ...segmentation.metrics import metrics_from_areas
@@ -236,7 +237,8 @@ def evaluate_segmentation_suites(
         corr: dict[str, dict[str, Any]] = {}
         views = [(name, sev) for name in c.names for sev in c.severities]
         for name, sev in tqdm(views, desc="corruptions", disable=None if progress else True, leave=False):
-            key = {**base_key, **params, "n": c.n, "corruption": name, "severity": sev}
+            key = {**base_key, **params, "n": c.n, "corruption": name, "severity": sev,
+                   **images_version_key()}
             view = CorruptedSegmentation(test_set, name, sev, seed=suites.data_seed)
             corr.setdefault(name, {})[str(sev)], _ = store.get_or_compute(
                 f"corruptions/{name}/{sev}", key, lambda view=view: measure(view, c.n, False))
