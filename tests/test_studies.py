@@ -781,3 +781,14 @@ def test_a_cpu_pinned_study_on_a_gpu_host_is_of_its_cpus_kind(tmp_path, monkeypa
     machines.check_machine_kind(tmp_path / "study", run_dir=run, device="cpu")  # its own CPU: no refusal
     with pytest.raises(ValueError, match="this machine is NVIDIA H200"):
         machines.check_machine_kind(tmp_path / "study", run_dir=run, device="cuda")
+
+
+def test_the_pap_trace_key_names_its_data_seed_when_it_is_not_0() -> None:
+    """The trace's batches are drawn with the suites' data seed: a study with another one is another item
+    (traces stored before the key named it were all drawn with 0)."""
+    from kpca_attention.studies.engine import trace_key
+
+    study = quick_demo_study()
+    assert trace_key(study, {"k": 1}) == {"k": 1, "n": study.trace}
+    other = study.replace(suites=ImageSuites(clean=32, data_seed=3))
+    assert trace_key(other, {"k": 1}) == {"k": 1, "n": study.trace, "data_seed": 3}

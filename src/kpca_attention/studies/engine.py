@@ -142,6 +142,13 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
     return store.path
 
 
+def trace_key(study: Study, key: dict[str, Any]) -> dict[str, Any]:
+    """The PAP trace's key: its batches are drawn with the suites' data seed (named when it is not 0, the
+    value of every trace stored before it was)."""
+    seed = getattr(study.suites, "data_seed", 0)
+    return {**key, "n": study.trace, **({"data_seed": seed} if seed else {})}
+
+
 def training_device(study: Study, variant: Variant, seed: int, runs: Path) -> str:
     """The device the recipe trains a run of ``study`` on (``TrainConfig.device``; "auto" is the GPU when
     there is one). A trained run is evaluated there too by default, so a study run on a GPU machine is
@@ -167,7 +174,7 @@ def _evaluate_run(study: Study, variant: Variant, seed: int, runs: Path, store: 
         def trace() -> dict[str, Any]:
             return trace_model(model(), task.trace_batches(study.suites, cfg, study.trace))
 
-        store.get_or_compute("trace", {**key, "n": study.trace}, trace)
+        store.get_or_compute("trace", trace_key(study, key), trace)
 
 
 class _Missing(Exception):
@@ -299,7 +306,7 @@ def _evaluate_source(study: Study, variant: Variant, out: Path, runs: Path, *, p
         def trace() -> dict[str, Any]:
             return trace_model(src.load(), task.trace_batches(study.suites, cfg, study.trace))
 
-        store.get_or_compute("trace", {**key, "n": study.trace}, trace)
+        store.get_or_compute("trace", trace_key(study, key), trace)
     _done(store, t0, log)
     return store.path
 
