@@ -213,6 +213,12 @@ def test_autoattack_suite_items_carry_the_list_and_protocol(net, tmp_path):
     key = store._items["autoattack/standard-Linf/64"]["key"]
     assert key["ids_sha256"] == image_ids_sha256("digits") and key["protocol"] == "pixel"
     assert key["version"] == "standard" and key["n"] == 4
+    assert "batch" not in key  # the default attack batch (100): the key every item stored so far has
+    # in batches of 2 (each one seeded AutoAttack run): another item, named by its batch size
+    out = evaluate_image_suites(good, test_set, ImageSuites(clean=10, autoattack=suites.autoattack,
+                                                            attack_batch_size=2), store, {"w": 1}, seed=0,
+                                dataset="digits", **QUIET, progress=False)
+    assert store._items["autoattack/standard-Linf/64"]["key"]["batch"] == 2
 
 
 def test_autoattack_resumes_at_its_first_missing_chunk(net, tmp_path, monkeypatch):

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["IDS_SEED", "ID_LISTS", "draw_image_ids", "ids_path", "load_image_ids", "image_ids_sha256"]
+__all__ = ["IDS_SEED", "ID_LISTS", "draw_image_ids", "ids_path", "load_image_ids", "image_ids_sha256",
+           "ids_key"]
 
 #: the seed the committed lists were drawn with
 IDS_SEED = 26
@@ -61,3 +62,9 @@ def load_image_ids(dataset: str, n: int | None = None) -> list[int]:
 def image_ids_sha256(dataset: str) -> str:
     """SHA-256 of ``dataset``'s committed list file (recorded with every result made on it)."""
     return hashlib.sha256(ids_path(dataset).read_bytes()).hexdigest()
+
+
+def ids_key(dataset: str) -> dict[str, str]:
+    """What a stored result made on ``dataset``'s committed list names in its key: the list and its
+    SHA-256 (a changed list is other images)."""
+    return {"ids": ids_path(dataset).name, "ids_sha256": image_ids_sha256(dataset)}

@@ -333,12 +333,12 @@ def _corruptions(net: nn.Module, base: Dataset, store: Any, base_key: dict[str, 
     def clean_of(ds: Dataset) -> dict[str, Any]:
         return example_result(*collect_logits(net, ds, batch_size=batch_size, progress=False))
 
-    from ..robustness.image_ids import ids_path, image_ids_sha256
+    from ..robustness.image_ids import ids_key
 
-    # the images are the first n of the committed list: its digest keys them, as the AutoAttack items'
-    key = {**base_key, "n": len(base), "ids": ids_path(ds_name).name,  # type: ignore[arg-type]
-           "ids_sha256": image_ids_sha256(ds_name), "corruption_seed": 0, **images_version_key()}
+    # the images are the first n of the committed list: it keys them, as the AutoAttack items'
+    key = {**base_key, "n": len(base), **ids_key(ds_name), "corruption_seed": 0}  # type: ignore[arg-type]
     clean = store.get_or_compute("corruptions/clean", key, lambda: clean_of(base))[0]
+    key.update(images_version_key())  # the corrupted views: made by corrupt()
     views = corrupted_views(base, COMMON_CORRUPTIONS, SEVERITIES, seed=0, cache_dir=root / "cache")
     bits, errors = [], {}
     for (c, s), view in views.items():

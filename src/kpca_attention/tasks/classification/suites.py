@@ -294,15 +294,15 @@ def evaluate_image_suites(
 
     def item(name: str, params: Mapping[str, Any], compute: Callable[[], Any], same_draw: bool = True) -> Any:
         key = {**base_key, **params}
-        # fields keys gained later: an item stored without them is read as having them (re-keyed) when
-        # that is what it was computed with - a pixel item before keys named the protocol, an attack on
-        # fewer images than the draw before keys named the draw (only if the draw is unchanged since)
-        later = [k for k in ("protocol", "draw") if k in params
-                 and (params[k] == "pixel" if k == "protocol" else same_draw)]
+        # fields keys gained later -> whether an item stored without it was computed with this key's value:
+        # a pixel item before keys named the protocol; an attack on fewer images than the draw before keys
+        # named the draw, if the draw is unchanged since. Such an item is read as it is stored, never
+        # rewritten: another study's file may refer to it by its hash (Study.reuse)
+        legacy_ok = {"protocol": params.get("protocol") == "pixel", "draw": same_draw}
+        later = [f for f, ok in legacy_ok.items() if f in params and ok]
         for drop in [[f] for f in later] + ([later] if len(later) > 1 else []):
             legacy = store.get(name, {k: v for k, v in key.items() if k not in drop})
             if legacy is not None:
-                store.put(name, key, legacy)
                 return legacy
         return store.get_or_compute(name, key, compute)[0]
 
@@ -317,9 +317,9 @@ def evaluate_image_suites(
         params = {"n": c.n, "data_seed": suites.data_seed}
         if suites.imagenet_c:  # released images, not corrupted here
             params["imagenet_c"] = suites.imagenet_c
-        else:
-            params.update(images_version_key())
         out["clean_corrupt_subset"] = item("corruptions/clean", params, lambda: _clean(net(), base, bs))
+        if not suites.imagenet_c:  # the views: corrupt()'s images
+            params.update(images_version_key())
         if suites.imagenet_c:
             views = _imagenet_c_views(suites.imagenet_c, c, base, img_size)
         else:
@@ -473,7 +473,7 @@ def evaluate_autoattack(
     Returns ``{"clean_autoattack_subset": r, "autoattack": {suite.name: {eps label: r}}}``; each robust
     ``r`` also holds the perturbation norms (pixel units) and the protocol (``pixel``)."""
     from ...robustness.attacks import attack_logits
-    from ...robustness.image_ids import ids_path, image_ids_sha256, load_image_ids
+    from ...robustness.image_ids import ids_key, load_image_ids
 
     if dataset is None:
         raise ValueError("autoattack needs the dataset's name to find its committed test-image list")
@@ -482,7 +482,7 @@ def evaluate_autoattack(
     subset = Subset(test_set, ids)
     xs, ys = zip(*(subset[i] for i in range(len(ids))), strict=True)
     x_all, y_all = torch.stack(xs), torch.as_tensor(ys)
-    params = {"n": suite.n, "ids": ids_path(dataset).name, "ids_sha256": image_ids_sha256(dataset)}
+    params = {"n": suite.n, **ids_key(dataset)}
 
     def get(name: str, extra: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
         return store.get_or_compute(name, {**base_key, **params, **extra}, compute)[0]
@@ -491,10 +491,12 @@ def evaluate_autoattack(
         "autoattack/clean", {}, lambda: _clean(net(), subset, batch_size))}
     res: dict[str, Any] = {}
     how = {"adaptive": True} if suite.adaptive else {}  # in the key only when set: older items stay valid
+    # each chunk of batch_size images is one seeded AutoAttack run: its random starts depend on the size
+    batch = {"batch": batch_size} if batch_size != ATTACK_BATCH_SIZE else {}
     for eps in suite.eps:
         item = f"autoattack/{suite.name}/{eps_label(eps)}"
         extra = {"version": suite.version, "norm": suite.norm, "eps": eps, "protocol": "pixel",
-                 "attack_seed": 0, **how}
+                 "attack_seed": 0, **how, **batch}
 
         def compute(eps: float = eps, item: str = item, extra: dict[str, Any] = extra) -> dict[str, Any]:
             # chunks of batch_size images, each one AutoAttack run seeded alike (its attacks are per
