@@ -512,14 +512,26 @@ def test_a_run_trained_again_after_its_checkpoint_is_gone_must_reproduce_its_wei
     assert len(first["result"]["weights_sha256"]) == 64
     shutil.rmtree(runs / "symvit-s0")
     assert run(48).items()["clean"]["n"] == 48  # trained again, same weights: evaluated
-    for stored, why in (("0" * 64, "the new weights differ"), (None, "predate weight fingerprints")):
+    legacy = {k: v for k, v in first["result"].items() if k != "weights_sha256"}  # as stored before it
+    store = ResultStore(result_path(out, base.variant("symvit"), 0))
+    shutil.rmtree(runs / "symvit-s0")
+    store.put("run", first["key"], legacy)
+    assert run(56).items()["clean"]["n"] == 56  # judged by its per-epoch log: every loss equal
+    other_log = [{**e, "train_loss": e["train_loss"] + 1e-9} for e in legacy["epochs"]]
+    for summary, why in (({**legacy, "weights_sha256": "0" * 64}, "its weights differ"),
+                         ({**legacy, "epochs": other_log}, "per-epoch losses and metrics differ")):
         shutil.rmtree(runs / "symvit-s0")
-        store = ResultStore(result_path(out, base.variant("symvit"), 0))
-        summary = {k: v for k, v in first["result"].items() if k != "weights_sha256"}
-        store.put("run", first["key"], summary if stored is None else {**summary, "weights_sha256": stored})
+        store.put("run", first["key"], summary)
         with pytest.raises(ValueError, match=f"was trained again .*{why}.*move .* aside"):
             run(64)
-        assert ResultStore(store.path).items()["clean"]["n"] == 48  # nothing of the new training stored
+        assert ResultStore(store.path).items()["clean"]["n"] == 56  # nothing of the new training stored
+    # a finished run of other settings in the run folder is trained again here: checked all the same
+    store.put("run", first["key"], {**legacy, "weights_sha256": "0" * 64})
+    other = base.replace(recipe={**base.recipe, "lr": 1e-3}, suites=ImageSuites(clean=8, corruptions=None,
+                                                                                  attacks=()))
+    run_one(other, "symvit", 0, tmp_path / "elsewhere", runs, progress=False)
+    with pytest.raises(ValueError, match="its weights differ"):
+        run(64)
 
 
 def test_a_finished_run_that_no_longer_loads_is_refused_not_deleted(tmp_path, monkeypatch) -> None:

@@ -28,9 +28,10 @@ file holds every item with the same key (the training settings that change the w
 evaluation parameters) is neither trained nor evaluated again - its checkpoint is not even needed.
 Otherwise the run is trained when needed: a finished run with the same trajectory settings is reused,
 a killed one is resumed exactly, one made with other settings is trained again (one line says why).
-A run whose results file holds part of its items but whose checkpoint is gone is trained again and then
+A run whose results file holds part of its items and that is trained here (its checkpoint gone) is
 evaluated only if the new weights are bit for bit those the stored items were computed from (the SHA-256
-in its ``run`` item; :func:`~.runs.check_retrained`) - two trainings never share a row.
+in its ``run`` item, or its per-epoch log for results stored before; :func:`~.runs.check_retrained`) -
+two trainings never share a row.
 An existing model's items are keyed by the SHA-256 of its weights: a second call computes nothing, other
 weights or parameters are computed anew.
 """
@@ -116,23 +117,23 @@ def run_one(study: Study, slug: str, seed: int, out: str | os.PathLike, runs: st
     key = _run_key(study, variant, seed, runs)
     state: dict[str, Any] = {}
 
+    def before_training() -> None:
+        check_machine_kind(out, any_machine, run_dir_of(runs, variant, seed),
+                           training_device(study, variant, seed, runs))
+        state["trained"] = True  # here, now: items stored from an earlier training must be its weights
+
     def run_dir() -> Path:
         if "dir" not in state:
-            # items computed from a training whose checkpoint is gone: a new training must reproduce it
-            state["first"] = store.get("run", key)
-            state["retrained"] = not RunDir(run_dir_of(runs, variant, seed)).finished()
+            state["first"] = store.get("run", key)  # the training the stored items were computed from
             state["dir"] = ensure_trained(study, variant, seed, runs, progress=progress, log=log,
-                                          before_training=lambda: check_machine_kind(
-                                              out, any_machine, run_dir_of(runs, variant, seed),
-                                              training_device(study, variant, seed, runs)),
-                                          loader_workers=loader_workers)
+                                          before_training=before_training, loader_workers=loader_workers)
         return state["dir"]
 
     def model() -> nn.Module:
         if "model" not in state:
             state["model"], _ = load_model(run_dir(), device=device or training_device(study, variant, seed,
                                                                                         runs))
-            if state["retrained"] and state["first"] is not None:
+            if state.get("trained") and state["first"] is not None:
                 check_retrained(state["model"], state["first"], store.path, state["dir"])
         return state["model"]
 

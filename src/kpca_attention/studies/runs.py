@@ -102,31 +102,49 @@ def ensure_trained(study: Study, variant: Variant, seed: int, runs: Path, *, pro
 
 
 def training_summary(task: Task, run_dir: Path, model: nn.Module) -> dict[str, Any]:
-    from ..train.logger import read_csv
-
-    rows = read_csv(run_dir / "epochs.csv")
+    """What a study's results record of a run's training (its ``run`` item): time, throughput, steps, the
+    per-epoch log, the parameter count, the machine, and the SHA-256 of the weights every item of the run
+    was computed from (:func:`check_retrained`)."""
+    rows = _epoch_rows(run_dir)
     t = sum(r["epoch_time_s"] for r in rows)
     unit = task.throughput_key  # images/s, tokens/s
     done = sum(r.get(unit, 0.0) * r["epoch_time_s"] for r in rows)
     return {
         "train_time_s": t, unit: done / max(t, 1e-9), "steps": rows[-1]["step"],
-        "final_train_loss": rows[-1]["train_loss"],
-        "epochs": [{k: v for k, v in r.items() if isinstance(v, (int, float))} for r in rows],
+        "final_train_loss": rows[-1]["train_loss"], "epochs": rows,
         "params": sum(p.numel() for p in model.parameters()),
-        # the weights every item of this run was computed from: a run trained again checks against it
         "weights_sha256": weights_sha256(model),
         **run_machine(run_dir),
     }
 
 
+def _epoch_rows(run_dir: Path) -> list[dict[str, Any]]:
+    from ..train.logger import read_csv
+
+    rows = read_csv(run_dir / "epochs.csv")
+    return [{k: v for k, v in r.items() if isinstance(v, (int, float))} for r in rows]
+
+
+def _trajectory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The per-epoch numbers training determines (losses, metrics, steps, learning rate), not its clock."""
+    return [{k: v for k, v in r.items() if "time" not in k and "per_s" not in k} for r in rows]
+
+
 def check_retrained(model: nn.Module, summary: dict[str, Any], results: Path, run_dir: Path) -> None:
-    """A run whose finished checkpoint was gone was trained again, and its results file already holds items
-    computed from the first training: go on only when the new weights are those, bit for bit (training is
-    deterministic on one kind of machine); otherwise two trainings would share one row."""
+    """A run was trained here while its results file already holds items computed from an earlier training
+    of it (its checkpoint was gone): go on only when the new weights are those, bit for bit - training is
+    deterministic on one kind of machine - else two trainings would share one row. The weights' SHA-256
+    in ``summary`` (the ``run`` item) decides; results stored before it was recorded are judged by the
+    per-epoch log instead: every loss and metric of every epoch equal to the bit."""
     stored = summary.get("weights_sha256")
-    if stored is not None and stored == weights_sha256(model):
-        return
-    why = ("its results predate weight fingerprints" if stored is None
-           else "the new weights differ from the ones its results were computed from")
+    if stored is not None:
+        if stored == weights_sha256(model):
+            return
+        why = "its weights differ from the ones the stored results were computed from"
+    else:
+        if _trajectory(_epoch_rows(run_dir)) == _trajectory(summary.get("epochs") or []):
+            return
+        why = ("its per-epoch losses and metrics differ from those recorded with the stored results (which "
+               "predate weight fingerprints)")
     raise ValueError(f"{run_dir} was trained again (its checkpoint was gone) and {why}: restore the original "
                      f"run folder, or move {results} aside to evaluate the new training from scratch")
