@@ -221,12 +221,14 @@ def test_a_timm_model_with_a_local_weights_file(tmp_path):
     # the items' key names the model (its normalisation and input size) and, when given, the data folder
     from kpca_attention.studies.spec import Source
 
-    def key(**kw):
-        return LoadedSource(Source(kw.pop("path", spec), dataset="fashion-mnist", **kw)).key()
+    def key(dataset="imagefolder", **kw):
+        return LoadedSource(Source(spec, dataset=dataset, **kw)).key()
 
     assert key()["model"] == "vit_mini_patch4_28" and "data_root" not in key()
     assert key(data_root="/data/a")["data_root"] == "/data/a" and key(data_root="/data/b") != key(
         data_root="/data/a")
+    # another dataset's root is only where a copy lives (another machine, another mount): not keyed
+    assert "data_root" not in key("fashion-mnist", data_root="/data/a")
     # without --dataset: one clear line
     res = CliRunner().invoke(app, ["robustness", spec, "--suite", "attacks", "-o", str(out)])
     assert res.exit_code == 2 and "give --dataset" in res.output

@@ -121,8 +121,9 @@ class LoadedSource:
         key = {"weights": self.fingerprint, "ema": self.source.ema, "dataset": cfg.dataset,
                "img_size": getattr(cfg, "img_size", None), "context": getattr(cfg, "context", None)}
         if not self.is_project:  # (added only when set: keys stored before stay valid)
-            if self.source.data_root is not None:  # an imagefolder is its root; other copies of a dataset
-                key["data_root"] = str(self.source.data_root)
+            # an imagefolder is its root (another dataset's root is only where a copy of it lives)
+            if cfg.dataset == "imagefolder" and self.source.data_root is not None:
+                key["data_root"] = str(Path(self.source.data_root).expanduser().resolve())
             if "@" in self.path:  # NAME@FILE: the name sets the normalisation and input size, the file not
                 key["model"] = self.path.partition("@")[0]
         return key
