@@ -334,7 +334,7 @@ def test_claims_resume_reuses_only_analyses_of_the_same_weights_inputs_and_setti
     table = (tmp_path / "c" / "claims.md").read_text()
     stored = json.loads((tmp_path / "c" / "analysis_all-MiniLM-L6-v2.json").read_text())
     assert set(stored["provenance"]) == {"network", "weights_sha256", "inputs_sha256", "prefixes", "config",
-                                         "code_sha256", "device", "kernels"}
+                                         "code_sha256", "torch", "device", "cpu_capability", "kernels"}
     assert stored["provenance"]["device"] == "cpu"
     assert "config_sha256" in stored["provenance"]["network"]  # a Hugging Face model: its config too
     with counted_analyses() as calls:

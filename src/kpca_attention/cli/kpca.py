@@ -247,8 +247,9 @@ def _provenance(loaded: Any, inputs: Any, cfg: Any, prefixes: int) -> dict[str, 
     """What an analysis was computed from, stored with it: ``claims --resume`` reuses a stored analysis only
     when all of it is the same - the network (its class, what the loader knows of it: a run's recipe digest
     and seed, a copy's init seed; a Hugging Face model's config), its weights, the inputs themselves, the
-    settings, the prefixes of a causal model, the package's code (:func:`_code_sha256`), the device and the
-    compiled kernels that ran (:func:`_kernels`): an analysis made by other code is made again."""
+    settings, the prefixes of a causal model, the package's code (:func:`_code_sha256`), torch's version,
+    the device and, on a CPU, its vector instructions and the compiled kernels that ran (:func:`_kernels`):
+    an analysis made by other code is made again."""
     from ..io import json_ready
     from ..modules import weights_sha256
 
@@ -258,9 +259,13 @@ def _provenance(loaded: Any, inputs: Any, cfg: Any, prefixes: int) -> dict[str, 
     if hasattr(config, "to_json_string"):  # Hugging Face: settings that live outside the weights
         network["config_sha256"] = hashlib.sha256(config.to_json_string().encode()).hexdigest()
     device = next(iter(model.parameters()), torch.empty(0)).device.type
+    # the numerics outside this package's code: torch's version and, on a CPU, the vector instructions its
+    # kernels use and which of ours ran
+    numerics = {"torch": torch.__version__, "device": device}
+    if device == "cpu":
+        numerics.update(cpu_capability=torch.backends.cpu.get_cpu_capability(), kernels=_kernels())
     return {"network": network, "weights_sha256": weights_sha256(model), "inputs_sha256": inputs.sha256(),
-            "prefixes": prefixes, "config": cfg.to_json(), "code_sha256": _code_sha256(), "device": device,
-            "kernels": _kernels()}
+            "prefixes": prefixes, "config": cfg.to_json(), "code_sha256": _code_sha256(), **numerics}
 
 
 def _code_sha256() -> str:
@@ -270,7 +275,7 @@ def _code_sha256() -> str:
     enough: it changes by release, the code by commit."""
     root = Path(__file__).resolve().parents[1]  # the package: this is its cli/kpca.py
     digest = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cpp", ".h")):
+    for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cpp", ".h") and p.is_file()):
         digest.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return digest.hexdigest()
 
