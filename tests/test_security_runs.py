@@ -174,6 +174,18 @@ def test_results_verify_refuses_a_file_whose_seal_was_removed(tmp_path) -> None:
     assert res.exit_code == 0 and "1 unsealed" in res.output, res.output
 
 
+@pytest.mark.parametrize("damage", ["", "{", "[1, 2]", '{"bits": {}}'])
+def test_results_verify_refuses_a_result_file_emptied_or_cut_short(tmp_path, damage) -> None:
+    """A file emptied or cut short before its "items" was skipped and the rest reported as verified."""
+    folder = tmp_path / "study"
+    shutil.copytree(ROOT / "results" / "elliptical-adaptive" / "results", folder / "results")
+    f = sorted((folder / "results").glob("*.json"))[-1]
+    f.write_text(damage)
+    res = CliRunner().invoke(app, ["results", "verify", str(folder)])
+    assert res.exit_code == 2 and f.name in res.output, res.output
+    assert "not a readable result file" in res.output, res.output
+
+
 def test_a_pickled_hugging_face_weights_file_is_refused_in_one_line(tmp_path) -> None:
     from kpca_attention.train.resolve import minilm_path
 

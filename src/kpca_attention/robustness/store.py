@@ -358,9 +358,20 @@ def store_files(folder: str | os.PathLike) -> list[Path]:
         return [p]
     if not p.is_dir():
         raise FileNotFoundError(f"no such folder or result file: {p}")
-    root = p / "results" if (p / "results").is_dir() else p
-    files = sorted(f for f in root.glob("*.json")
-                   if '"items"' in f.read_text(encoding="utf-8", errors="replace"))
+    study = (p / "results").is_dir()
+    root = p / "results" if study else p
+    files = []
+    for f in sorted(root.glob("*.json")):
+        try:
+            data = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            data = None
+        if isinstance(data, dict) and "items" in data:
+            files.append(f)
+        elif study or data is None:  # a study's results/ holds result files only; unreadable JSON is damage
+            raise ResultIntegrityError(f"{f} is not a readable result file (empty, cut short or not a JSON "
+                                       "object holding \"items\"): restore it from the repository or "
+                                       "delete it to recompute its run")
     if not files:
         raise FileNotFoundError(f"no result files in {root} (expected *.json holding \"items\")")
     return files
