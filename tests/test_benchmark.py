@@ -75,7 +75,7 @@ def test_eps_and_intervals():
     assert parse_eps("4/255") == (pytest.approx(4 / 255), "4/255")
     assert parse_eps(8 / 255) == (pytest.approx(8 / 255), "8/255")
     assert parse_eps(0.5) == (0.5, "0.5")
-    for bad in ("four", "-1/255", "0", True):
+    for bad in ("four", "-1/255", "0", True, "1e309"):  # 1e309: no float (an OverflowError before)
         with pytest.raises(ValueError, match="eps"):
             parse_eps(bad)
     lo, hi = wilson_interval(20, 20)
@@ -142,6 +142,11 @@ def test_wrong_models_are_refused_with_one_line(net, digits):
 
     with pytest.raises(ValueError, match="randomised .* use version 'rand'"):
         benchmark(Noisy().eval(), dataset="digits", n=4, **QUIET)
+    # budgets refused before the model is used: an Linf budget of 8 (meant 8/255), one for corruptions
+    with pytest.raises(ValueError, match="pixel units.*8/255, not 8"):
+        benchmark(good, dataset="digits", n=4, eps="8", **QUIET)
+    with pytest.raises(ValueError, match="corruptions take none"):
+        benchmark(good, dataset="digits", n=4, threat_model="corruptions", eps="8/255", **QUIET)
 
 
 def test_check_model_sees_hidden_double_normalisation_and_normalised_inputs(net, digits):

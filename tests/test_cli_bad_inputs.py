@@ -183,3 +183,12 @@ def test_empty_seed_list_is_refused(command, tmp_path, monkeypatch) -> None:
                   if command[0] == "study" else [*command, "--seeds", "", "-o", tmp_path / "s"])
     _one_line_error(res, "--seeds")
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("eps", ["1e309", "2/0", "abc"])
+def test_robustness_budgets_that_are_no_number_are_one_line(run, tmp_path, eps) -> None:
+    """1e309 overflows a float: it raised OverflowError through to a traceback."""
+    res = CliRunner().invoke(app, ["robustness", str(run), "--suite", "attacks", "--eps", eps, "-o",
+                                   str(tmp_path / "out")])
+    assert res.exit_code == 2 and "expected comma-separated numbers" in res.output, res.output
+    assert "Traceback" not in res.output

@@ -56,7 +56,7 @@ def parse_floats(text: str | None, what: str = "value") -> tuple[float, ...]:
     """Comma-separated numbers; fractions allowed, so Linf budgets read as ``1/255,2/255``."""
     try:
         return tuple(float(Fraction(t)) for t in parse_list(text))
-    except (ValueError, ZeroDivisionError):
+    except (ValueError, ZeroDivisionError, OverflowError):  # 1e309: no float
         raise ValueError(f"{what}: expected comma-separated numbers such as 1/255,2/255 or 0.5, "
                          f"got {text!r}") from None
 

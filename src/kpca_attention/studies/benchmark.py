@@ -71,7 +71,7 @@ def parse_eps(eps: Any) -> tuple[float, str]:
     if isinstance(eps, str):
         try:
             value = float(Fraction(eps.strip()))
-        except (ValueError, ZeroDivisionError):
+        except (ValueError, ZeroDivisionError, OverflowError):  # 1e309: no float
             raise ValueError(f"eps must be a number or a fraction such as 4/255, got {eps!r}") from None
         text = eps.strip()
     elif isinstance(eps, (int, float)) and not isinstance(eps, bool):
@@ -235,8 +235,13 @@ def benchmark(
         raise ValueError(f"unknown threat model {threat_model!r}; valid: {', '.join(THREAT_MODELS)}")
     if version not in ("standard", "rand"):
         raise ValueError(f"unknown AutoAttack version {version!r}; valid: standard, rand")
-    if eps is not None and threat_model != "corruptions":
-        parse_eps(eps)  # a bad budget is refused before the model is loaded
+    if eps is not None:  # a bad budget is refused before the model is loaded
+        if threat_model == "corruptions":
+            raise ValueError("--eps is a budget of the Linf and L2 threat models: corruptions take none")
+        value, text = parse_eps(eps)
+        if threat_model == "Linf" and value >= 1:
+            raise ValueError(f"an Linf budget is in pixel units, images in [0, 1]: {text} covers the whole "
+                             "range (write 8/255, not 8)")
     dev = resolve_device(device)
     net, ds_name, info = _resolve(model, dataset, dev)
     default = ROBUSTBENCH_EPS.get((ds_name, threat_model), DEFAULT_EPS.get(threat_model))
