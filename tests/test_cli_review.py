@@ -125,6 +125,23 @@ def test_folders_that_are_files_are_named_in_one_line(run, tmp_path) -> None:
                     "--results")
 
 
+def test_the_leaderboard_refuses_a_folder_without_studies_before_writing(tmp_path) -> None:
+    """One study's folder (or an empty one) wrote an empty leaderboard and reset the results page's tables."""
+    study = tmp_path / "results" / "vision"
+    study.mkdir(parents=True)
+    shutil.copy(ROOT / "results" / "vision" / "settings.json", study / "settings.json")
+    page = tmp_path / "results.md"
+    page.write_text("kept\n")
+    lb = ["-o", tmp_path / "lb", "--markdown", tmp_path / "lb.md", "--results-page", page]
+    _one_line_error(_run("leaderboard", "--results", study, *lb), "holds no study folders", "give its parent")
+    (tmp_path / "empty").mkdir()
+    _one_line_error(_run("leaderboard", "--results", tmp_path / "empty", *lb), "holds no study folders")
+    _one_line_error(_run("leaderboard", "--results", tmp_path / "results", "-o", tmp_path / "lb",
+                         "--markdown", tmp_path / "lb.md", "--results-page", tmp_path / "nope.md"),
+                    "--results-page", "does not exist")
+    assert page.read_text() == "kept\n" and not (tmp_path / "lb.md").exists()
+
+
 def test_a_misspelt_model_name_is_unknown_with_close_names() -> None:
     _one_line_error(_run("evaluate", "symvit_mini_patch4_82", "--dataset", "digits"), "unknown model",
                     "symvit_mini_patch4_28")

@@ -54,6 +54,13 @@ def leaderboard_cmd(
     if not results.is_dir():
         raise FileNotFoundError(f"--results {results} is not a folder of study results (run from the "
                                 "repository's root, or give --results)")
+    if not any((d / "settings.json").is_file() for d in results.iterdir()):  # else: empty tables over the docs
+        itself = " - it is a study itself: give its parent" if (results / "settings.json").is_file() else ""
+        raise ValueError(f"--results {results} holds no study folders (sub-folders with a settings.json)"
+                         f"{itself}")
+    if not results_page.is_file():
+        raise FileNotFoundError(f"--results-page {results_page} does not exist: give the page whose generated "
+                                "tables to update (docs/results.md)")
     paths = write_leaderboard(results, out, markdown)
     headline_plot(out / "headline.png", results)
     changed = update_results_doc(results_page, results)
