@@ -172,6 +172,10 @@ def test_a_decoder_folder_is_analysed_causally(tmp_path) -> None:
     ends = sorted({e for n in lengths for e in prefix_ends(n, 3)})
     assert sorted(set(res["records"]["tokens"])) == ends
     assert len(res["causal"]["by_prefix"]) == 3
+    # a text longer than its 64 positions, at the default max_length 128: cut at 64 (it crashed in the
+    # position embeddings)
+    long = analyze_model(loaded, texts=[" ".join(["word"] * 100)], config=PLAIN, prefixes=2, progress=False)
+    assert max(long["records"]["tokens"]) == 64
 
 
 def test_analyze_and_pap_trace_take_an_lm_run(tmp_path) -> None:

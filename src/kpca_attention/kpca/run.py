@@ -243,9 +243,8 @@ def analyze_model(
             if not texts:
                 raise ValueError("a text model needs texts")
             limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-            if isinstance(limit, int) and max_length > limit:  # a long text would crash the embeddings
-                raise ValueError(f"max_length {max_length} exceeds {loaded.name}'s {limit} positions: give "
-                                 f"--max-length {limit} or less")
+            if isinstance(limit, int) and max_length > limit:  # texts are cut at the model's positions (a
+                max_length = limit  # longer one crashed in its position embeddings)
             batches = [list(texts[lo : lo + batch_size]) for lo in range(0, len(texts), batch_size)]
     else:
         if images is None or images.dim() != 4:
