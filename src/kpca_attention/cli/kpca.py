@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -11,7 +12,7 @@ import torch
 import typer
 
 from ..checks import Choice, Int, check_parameters
-from ..io import check_output, output_path, read_json, write_json_atomic
+from ..io import check_output, output_path, read_json, sha256_file, write_json_atomic
 
 __all__ = ["analyze_cmd", "claims_cmd", "pap_trace_cmd"]
 
@@ -268,6 +269,7 @@ def _provenance(loaded: Any, inputs: Any, cfg: Any, prefixes: int) -> dict[str, 
             "prefixes": prefixes, "config": cfg.to_json(), "code_sha256": _code_sha256(), **numerics}
 
 
+@functools.cache  # the sources of this process: read once, not for every model and copy
 def _code_sha256() -> str:
     """SHA-256 over the package's sources - Python and the compiled kernels' C++ (relative path and bytes
     of each, in path order): any change of the code that captures, measures or loads - the whole package,
@@ -290,7 +292,7 @@ def _kernels() -> str:
     if kernels.active() is None or kernels.BUILD is None:
         return "eager"
     lib = Path(sys.modules[f"{kernels.__package__}.{kernels.BUILD}"].__file__ or "")
-    return f"{kernels.BUILD} {hashlib.sha256(lib.read_bytes()).hexdigest() if lib.is_file() else '?'}"
+    return f"{kernels.BUILD} {sha256_file(lib) if lib.is_file() else '?'}"
 
 
 def _resumed(path: Path, provenance: dict[str, Any]) -> dict[str, Any] | None:

@@ -362,13 +362,15 @@ def store_files(folder: str | os.PathLike) -> list[Path]:
     root = p / "results" if study else p
     files = []
     for f in sorted(root.glob("*.json")):
-        try:
-            data = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            data = None
-        if isinstance(data, dict) and "items" in data:
+        text = f.read_text(encoding="utf-8", errors="replace")
+        if '"items"' in text:  # a result file (read and verified whole by ResultStore)
             files.append(f)
-        elif study or data is None:  # a study's results/ holds result files only; unreadable JSON is damage
+            continue
+        try:  # parsed only when it holds no "items": another JSON file, or one emptied or cut short
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None
+        if study or data is None:  # a study's results/ holds result files only; unreadable JSON is damage
             raise ResultIntegrityError(f"{f} is not a readable result file (empty, cut short or not a JSON "
                                        "object holding \"items\"): restore it from the repository or "
                                        "delete it to recompute its run")

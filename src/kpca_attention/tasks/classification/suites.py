@@ -449,10 +449,15 @@ def attack_key(a: Attack, eps: float, data_seed: int, draw: int | None = None,
     uses) runs on the draw's first ``a.n``, which depend on the draw's size: the key names it then; and the
     batch size when it is not :data:`ATTACK_BATCH_SIZE` (random starts are drawn per batch)."""
     more = {"draw": draw} if draw is not None and draw != a.n else {}
-    if batch != ATTACK_BATCH_SIZE:
-        more["batch"] = batch
     return {"n": a.n, "data_seed": data_seed, "method": a.method, "eps": eps, "options": dict(a.options),
-            "protocol": a.protocol, **more}
+            "protocol": a.protocol, **more, **batch_key(batch)}
+
+
+def batch_key(batch: int) -> dict[str, int]:
+    """What an attack item attacked in batches of ``batch`` images names in its key: the batch size when it
+    is not :data:`ATTACK_BATCH_SIZE` (each batch is one seeded attack run, so random starts depend on it),
+    nothing at the default (the key every item stored before had)."""
+    return {"batch": batch} if batch != ATTACK_BATCH_SIZE else {}
 
 
 def evaluate_autoattack(
@@ -491,12 +496,10 @@ def evaluate_autoattack(
         "autoattack/clean", {}, lambda: _clean(net(), subset, batch_size))}
     res: dict[str, Any] = {}
     how = {"adaptive": True} if suite.adaptive else {}  # in the key only when set: older items stay valid
-    # each chunk of batch_size images is one seeded AutoAttack run: its random starts depend on the size
-    batch = {"batch": batch_size} if batch_size != ATTACK_BATCH_SIZE else {}
     for eps in suite.eps:
         item = f"autoattack/{suite.name}/{eps_label(eps)}"
         extra = {"version": suite.version, "norm": suite.norm, "eps": eps, "protocol": "pixel",
-                 "attack_seed": 0, **how, **batch}
+                 "attack_seed": 0, **how, **batch_key(batch_size)}
 
         def compute(eps: float = eps, item: str = item, extra: dict[str, Any] = extra) -> dict[str, Any]:
             # chunks of batch_size images, each one AutoAttack run seeded alike (its attacks are per
