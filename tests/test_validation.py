@@ -94,7 +94,21 @@ BAD_ATTACK_OPTIONS = [
     ("noise", 0.1, {"seed": 1.5}, "noise: seed must be an integer in"),
     ("fgsm", 0.1, {"steps": 3}, "unknown options for fgsm: steps; valid: adaptive, seed"),
     ("deepfool", 0.1, {}, "unknown attack 'deepfool'; valid: fgsm, pgd"),
+    # an Linf budget written in grey levels (8 for 8/255) covers the whole [0, 1] range
+    ("pgd", 8.0, {}, r"pgd: eps 8: an Linf budget is in pixel units.*write 8/255"),
+    ("square", 1.0, {}, r"square: eps 1: an Linf budget is in pixel units"),
+    ("autoattack", 4.0, {"norm": "Linf"}, r"autoattack: eps 4: an Linf budget"),
 ]
+
+
+def test_pixel_budget_bound_only_for_linf_in_pixels() -> None:
+    """L2 and L1 budgets grow with the image (CW at 8, SLD at 12 are budgets), AutoAttack's L2 too, and the
+    lab protocol's Linf budget is in normalised units (a range ~4.4 wide): none of them is refused."""
+    A.check_attack_options("cw", 8.0, {})
+    A.check_attack_options("sld", 12.0, {})
+    A.check_attack_options("autoattack", 4.0, {"norm": "L2"})
+    A.check_attack_options("pgd", 1.5, {}, protocol="lab")
+    A.check_attack_options("pgd", 254 / 255, {})
 
 
 @pytest.mark.parametrize(("method", "eps", "options", "message"), BAD_ATTACK_OPTIONS)

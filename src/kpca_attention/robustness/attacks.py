@@ -216,10 +216,20 @@ def _check_method(method: Any) -> None:
         raise ValueError(f"unknown attack {method!r}; valid: {', '.join(METHODS)}")
 
 
-def check_attack_options(method: str, eps: Any, options: Mapping[str, Any]) -> None:
+def check_pixel_budget(norm: str, eps: float, name: str = "eps") -> None:
+    """An Linf budget in pixel units (images in [0, 1]) of 1 or more lets the attack replace the image with
+    any other: a budget written in grey levels (8 for 8/255) is refused with the fraction to write
+    instead. L2 and L1 budgets grow with the image size and have no such bound."""
+    if norm == "Linf" and eps >= 1:
+        raise ValueError(f"{name} {eps:g}: an Linf budget is in pixel units, images in [0, 1], and {eps:g} "
+                         f"covers the whole range (write {eps:g}/255 for {eps:g} grey levels)")
+
+
+def check_attack_options(method: str, eps: Any, options: Mapping[str, Any], protocol: str = "pixel") -> None:
     """Validate an attack's name, budget and options before any work.
 
-    ``eps`` must be a finite number >= 0 (``inf`` is allowed for ``cw``, a minimum-norm attack);
+    ``eps`` must be a finite number >= 0 (``inf`` is allowed for ``cw``, a minimum-norm attack), and under
+    the pixel protocol an Linf budget below 1 (:func:`check_pixel_budget`);
     every option must be one of :data:`OPTIONS` ``[method]`` or ``seed`` (an integer >= 0), in its
     range: step counts, queries, samples and batch sizes are integers >= 1, step sizes and learning
     rates positive finite numbers, ``kappa`` >= 0, ``sparsity`` in [0, 1), ``p_init`` in (0, 1],
@@ -243,12 +253,13 @@ def check_attack_options(method: str, eps: Any, options: Mapping[str, Any]) -> N
     if method == "autoattack" and "attacks" in options and "version" in options:
         raise ValueError("autoattack: give either version= (standard, plus, rand) or attacks=[...] "
                          "(a custom version), not both")
+    if protocol == "pixel":
+        check_pixel_budget(attack_norm(method, options), eps, f"{method}: eps")
 
 
-def _check_inputs(
-    images: Tensor, labels: Tensor, method: str, eps: float, options: Mapping[str, Any]
-) -> None:
-    check_attack_options(method, eps, options)
+def _check_inputs(images: Tensor, labels: Tensor, method: str, eps: float, options: Mapping[str, Any],
+                  protocol: str = "pixel") -> None:
+    check_attack_options(method, eps, options, protocol)
     if not isinstance(images, Tensor) or images.dim() != 4:
         raise ValueError(f"expected images (B, C, H, W), got shape {tuple(getattr(images, 'shape', ()))}")
     if images.shape[0] == 0:
@@ -427,7 +438,7 @@ def attack(
     from .protocol import check_protocol, lab_attack
 
     check_protocol(protocol, method)
-    _check_inputs(images, labels, method, eps, options)
+    _check_inputs(images, labels, method, eps, options, protocol)
     seed = int(options.get("seed", 0))
     opts = {**DEFAULTS[method], **{k: v for k, v in options.items() if k != "seed"}}
     adaptive = bool(opts.pop("adaptive", False))
@@ -506,7 +517,7 @@ def attack_logits(
     from .protocol import check_protocol
 
     check_protocol(protocol, method)
-    check_attack_options(method, eps, options)
+    check_attack_options(method, eps, options, protocol)
     check_int(n, "n", min=1, allow_none=True)
     check_int(batch_size, "batch_size", min=1)
     logits, labels, norms = [], [], []

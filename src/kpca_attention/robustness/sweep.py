@@ -34,7 +34,7 @@ def eps_sweep(
     check_attack_options(method, 0.0, options)  # the method and options, before the budgets
     eps_values = [0.0, *(DEFAULT_EPS[method] if eps_list is None else eps_list)]
     for e in eps_values:
-        check_attack_options(method, e, options)
+        check_attack_options(method, e, options, protocol)
     check_int(n, "n", min=1, allow_none=True)
     check_int(batch_size, "batch_size", min=1)
     return [{"eps": float(e), **evaluate_attack(model, data, method, e, n, batch_size, progress, protocol,

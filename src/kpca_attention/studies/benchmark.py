@@ -225,6 +225,7 @@ def benchmark(
     from ..attention.adaptive import adaptive_layers
     from ..data.images import build_image_dataset, dataset_info
     from ..io import output_path, write_json_atomic
+    from ..robustness.attacks import check_pixel_budget
     from ..robustness.image_ids import ids_path, image_ids_sha256, load_image_ids
     from ..robustness.store import ResultStore
     from ..tasks.classification.suites import AutoAttackSuite, evaluate_autoattack
@@ -238,10 +239,7 @@ def benchmark(
     if eps is not None:  # a bad budget is refused before the model is loaded
         if threat_model == "corruptions":
             raise ValueError("--eps is a budget of the Linf and L2 threat models: corruptions take none")
-        value, text = parse_eps(eps)
-        if threat_model == "Linf" and value >= 1:
-            raise ValueError(f"an Linf budget is in pixel units, images in [0, 1]: {text} covers the whole "
-                             "range (write 8/255, not 8)")
+        check_pixel_budget(threat_model, parse_eps(eps)[0], "--eps")
     dev = resolve_device(device)
     net, ds_name, info = _resolve(model, dataset, dev)
     default = ROBUSTBENCH_EPS.get((ds_name, threat_model), DEFAULT_EPS.get(threat_model))

@@ -75,7 +75,7 @@ class Attack:
         if not self.eps or any(not (e > 0) for e in self.eps):
             raise ValueError(f"{self.method}: eps must be a non-empty list of budgets > 0, got {self.eps}")
         for e in self.eps:
-            check_attack_options(self.method, e, dict(self.options))
+            check_attack_options(self.method, e, dict(self.options), self.protocol)
         check_int(self.n, f"{self.method} images", min=1)
 
     @property
