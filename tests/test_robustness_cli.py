@@ -128,13 +128,27 @@ def test_bad_input_is_reported(runs, tmp_path):
     assert not (tmp_path / "results").exists()  # refused before anything was evaluated
 
 
-def test_ood_skips_absent_sets_with_a_message(runs, tmp_path):
+def test_ood_skips_sets_not_given_and_refuses_a_missing_folder(runs, tmp_path):
     out = tmp_path / "rob"
-    text = _invoke([runs[0], "--suite", "ood", "--n", 16, "--imagenet-a", tmp_path / "nope", "--no-progress",
-                    "-o", out])
-    assert "imagenet-a: skipped" in text and "not found" in text
-    assert "no --imagenet-r path given" in text
+    text = _invoke([runs[0], "--suite", "ood", "--n", 16, "--no-progress", "-o", out])
+    assert "no --imagenet-r path given" in text and "no --imagenet-a path given" in text
     assert "skipped" in (out / "report.md").read_text()
+    # a folder named on the command line that is not there is the user's mistake, not a set to skip (it
+    # was skipped with exit 0 before)
+    res = CliRunner().invoke(app, ["robustness", str(runs[0]), "--suite", "ood", "--imagenet-a",
+                                   str(tmp_path / "nope"), "-o", str(tmp_path / "rob2")])
+    assert res.exit_code == 2 and "--imagenet-a" in res.output and "no such folder" in res.output
+    assert not (tmp_path / "rob2" / "results").exists()
+
+
+def test_dataset_options_refused_for_the_projects_runs(runs, tmp_path):
+    """A run of this project records its dataset: --dataset cifar10 was ignored (the run was evaluated on
+    its own data with exit 0); now it is refused before any work, as is a --data-root it would ignore."""
+    for extra in (["--dataset", "cifar10"], ["--data-root", str(tmp_path)]):
+        res = CliRunner().invoke(app, ["robustness", str(runs[0]), *extra, "--corruptions", "fog",
+                                       "--severities", "1", "--n", "4", "-o", str(tmp_path / "rob")])
+        assert res.exit_code == 2 and "is a run of this project" in res.output, res.output
+    assert not (tmp_path / "rob" / "results").exists()
 
 
 def _lmuntrained_run(run_dir, monkeypatch):

@@ -104,7 +104,7 @@ def robustness_cmd(
     from ..train.distributed import resolve_device
 
     check_output(out, "--out", folder=True)
-    suites = parse_list(suite)
+    suites = parse_list(suite, "--suite")
     bad = [s for s in suites if s not in SUITES]
     if bad or not suites:
         raise ValueError(f"unknown suite(s) {bad or suite!r}; valid: {', '.join(SUITES)}")
@@ -113,7 +113,7 @@ def robustness_cmd(
                                 imagenet_r=imagenet_r, imagenet_o=imagenet_o, imagenet_val=imagenet_val,
                                 lm_splits=lm_splits, rate=rate, max_tokens=max_tokens))
     names = (corruption_names(corruptions) if corruptions in CORRUPTION_SUBSETS
-             else parse_list(corruptions))
+             else parse_list(corruptions, "--corruptions"))
     attack_options: dict[str, dict[str, int]] = {}
     if steps is not None:
         attack_options = {"pgd": {"steps": steps}, "sld": {"steps": steps}, "cw": {"steps": steps}}
@@ -122,15 +122,15 @@ def robustness_cmd(
         return None if p is None else str(p)
 
     study = robustness_study(
-        [str(c) for c in checkpoints], suites, labels=parse_list(labels) if labels else None, baseline=baseline,
+        [str(c) for c in checkpoints], suites, labels=parse_list(labels, "--labels") if labels else None, baseline=baseline,
         dataset=dataset, data_root=opt_str(data_root), ema=ema, device=str(resolve_device(device)),
         split=split, n=n, corruptions=names, severities=parse_ints(severities, "--severities"),
-        imagenet_c=opt_str(imagenet_c), methods=parse_list(method),
+        imagenet_c=opt_str(imagenet_c), methods=parse_list(method, "--method"),
         eps=parse_floats(eps, "--eps") if eps else None, attack_n=attack_n, attack_options=attack_options,
         adaptive=adaptive,
         ood={"imagenet_a": opt_str(imagenet_a), "imagenet_r": opt_str(imagenet_r),
              "imagenet_o": opt_str(imagenet_o), "imagenet_val": opt_str(imagenet_val)},
-        lm_splits=parse_list(lm_splits), rate=rate, stride=stride, max_tokens=max_tokens,
+        lm_splits=parse_list(lm_splits, "--lm-splits"), rate=rate, stride=stride, max_tokens=max_tokens,
         batch_size=batch_size, seed=seed)
     from ..report.study import write_study_report
     from ..studies.engine import run_study
@@ -199,8 +199,27 @@ def robustness_study(
     if image:
         # validated here, before any model is read
         corr = Corruptions(tuple(corruptions), tuple(severities), n=n) if "corruptions" in suites else None
+    for key, given in (ood or {}).items():  # a folder named on the command line must be there
+        if given is not None and not Path(given).expanduser().is_dir():
+            raise ValueError(f"{option_name(key, cli=True)} {given}: no such folder (leave the option out to "
+                             "skip that set)")
+    for opt, given in (("--imagenet-c", imagenet_c), ("--data-root", data_root)):
+        if given is not None and not Path(given).expanduser().is_dir():
+            raise ValueError(f"{opt} {given}: no such folder")
     sources = [Source(p, dataset, data_root, ema) for p in paths]
-    configs = {p: LoadedSource(s, device).config for p, s in zip(paths, sources, strict=True)}
+    loaded = {p: LoadedSource(s, device) for p, s in zip(paths, sources, strict=True)}
+    configs = {p: src.config for p, src in loaded.items()}
+    only_runs = all(src.is_project for src in loaded.values())
+    for p, src in loaded.items():  # a project's run records its data: --dataset / --data-root cannot change it
+        cfg = configs[p]
+        other_root = data_root is not None and (only_runs or cfg.data_root is not None) \
+            and (cfg.data_root is None
+                 or Path(data_root).expanduser().resolve() != Path(cfg.data_root).expanduser().resolve())
+        if src.is_project and ((dataset is not None and dataset != cfg.dataset) or other_root):
+            raise ValueError(f"{p} is a run of this project, trained on {cfg.dataset}"
+                             f"{f' at {cfg.data_root}' if cfg.data_root else ''}, and is evaluated on that: "
+                             "--dataset and --data-root apply to models that are not this project's runs "
+                             "(timm names, NAME@FILE); leave them out")
     tasks_ = {p: get_task(cfg.task) for p, cfg in configs.items()}
     task = next(iter(tasks_.values()))
     if any(t is not task for t in tasks_.values()):
