@@ -193,3 +193,44 @@ def test_robustness_budgets_that_are_no_number_are_one_line(run, tmp_path, eps) 
     assert res.exit_code == 2 and "expected comma-separated numbers" in res.output, res.output
     assert "Traceback" not in res.output
 
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["robustness", "x", "--n", "abc"], "Invalid value for '--n'"),
+    (["robustness"], "Missing argument 'checkpoints'"),
+    (["nosuch"], "No such command 'nosuch'"),
+])
+def test_parse_errors_are_one_line_from_the_entry_point(argv, says, capsys) -> None:
+    """What click rejects while parsing (a bad value, a missing argument, an unknown command) printed
+    click's four lines (usage, hint, blank, error); the entry point now prints one, as for the commands'
+    own errors, with exit code 2."""
+    from kpca_attention.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert says in lines[0] and "--help" in lines[0], lines[0]
+
+
+def test_system_errors_say_what_in_words() -> None:
+    """An OSError's line was "[Errno 20] Not a directory: 'x/y'": now the path and the system's words."""
+    from kpca_attention.cli import _one_line
+
+    assert _one_line(NotADirectoryError(20, "Not a directory", "/etc/passwd/x")) == \
+        "/etc/passwd/x: not a directory"
+    assert _one_line(ValueError("--n must be >= 1")) == "--n must be >= 1"
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--suite", "attacks", "--method", "fgsm,pgd,fgsm"], "--method: fgsm given twice"),
+    (["--severities", "1,2,01"], "--severities: 1 given twice"),
+    (["--suite", "attacks", "--eps", "4/255,0.01568627450980392"], "--eps: 0.0156862745"),
+    (["--corruptions", "fog,fog"], "--corruptions: fog given twice"),
+])
+def test_an_item_given_twice_is_refused(run, tmp_path, args, says) -> None:
+    """Duplicates reached settings.json and ran twice (--method fgsm,fgsm recorded the attack twice)."""
+    res = CliRunner().invoke(app, ["robustness", str(run), *args, "-o", str(tmp_path / "rob")])
+    _one_line_error(res, says)
+    assert not (tmp_path / "rob" / "results").exists()

@@ -229,6 +229,9 @@ def test_a_model_names_its_task_through_the_task_registry() -> None:
     assert of_model_name("no_such_model") is None
     _one_line_error(_run("train", "--preset", "digits-cpu", "--model", "rpc_symlm", "--print-config"),
                     "is a causal language modelling model", "task 'lm'")
+    # a name no task knows: --print-config printed its config with exit 0 (training then failed)
+    _one_line_error(_run("train", "--model", "symvit_mini_patch4_2", "--print-config"),
+                    "unknown model 'symvit_mini_patch4_2'", "close names: symvit_mini_patch4_32")
 
 
 def test_robustness_attacks_a_small_split_whole_by_default(run) -> None:

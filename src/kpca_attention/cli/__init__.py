@@ -39,26 +39,45 @@ DEBUG = False
 
 
 def parse_list(text: str | None, what: str = "value") -> tuple[str, ...]:
-    """``"a, b,c"`` -> ``("a", "b", "c")``; empty or ``None`` -> ``()``."""
+    """``"a, b,c"`` -> ``("a", "b", "c")``; empty or ``None`` -> ``()``. An item given twice is refused
+    (``--method fgsm,fgsm`` ran and recorded the attack twice)."""
     if text is None:
         return ()
-    return tuple(t.strip() for t in text.split(",") if t.strip())
+    items = tuple(t.strip() for t in text.split(",") if t.strip())
+    twice = sorted({t for t in items if items.count(t) > 1})
+    if twice:
+        raise ValueError(f"{what}: {', '.join(twice)} given twice in {text!r}; give each once")
+    return items
 
 
 def parse_ints(text: str | None, what: str = "value") -> tuple[int, ...]:
     try:
-        return tuple(int(t) for t in parse_list(text))
-    except ValueError:
+        values = tuple(int(t) for t in parse_list(text, what))
+    except ValueError as e:
+        if "given twice" in str(e):
+            raise
         raise ValueError(f"{what}: expected comma-separated integers such as 0,1,2, got {text!r}") from None
+    return _distinct(values, what, text)
 
 
 def parse_floats(text: str | None, what: str = "value") -> tuple[float, ...]:
     """Comma-separated numbers; fractions allowed, so Linf budgets read as ``1/255,2/255``."""
     try:
-        return tuple(float(Fraction(t)) for t in parse_list(text))
-    except (ValueError, ZeroDivisionError, OverflowError):  # 1e309: no float
+        values = tuple(float(Fraction(t)) for t in parse_list(text, what))
+    except (ValueError, ZeroDivisionError, OverflowError) as e:  # 1e309: no float
+        if "given twice" in str(e):
+            raise
         raise ValueError(f"{what}: expected comma-separated numbers such as 1/255,2/255 or 0.5, "
                          f"got {text!r}") from None
+    return _distinct(values, what, text)
+
+
+def _distinct(values: tuple[Any, ...], what: str, text: str | None) -> tuple[Any, ...]:
+    """``values`` when no two are equal (``1,01`` and ``4/255,0.0156862745...`` are the same number)."""
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise ValueError(f"{what}: {', '.join(map(str, twice))} given twice in {text!r}; give each once")
+    return values
 
 
 def refuse_hf_folder(spec: str, command: str) -> None:
@@ -88,6 +107,9 @@ USER_ERRORS = _user_errors()
 def _one_line(e: BaseException) -> str:
     text = str(e).strip()
     msg = text.splitlines()[0] if text else type(e).__name__
+    if isinstance(e, OSError) and e.strerror and msg.startswith("[Errno"):  # the system's words, not its code
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{where}{e.strerror[0].lower()}{e.strerror[1:]}"
     if isinstance(e, FileNotFoundError) and e.filename and str(e.filename) not in msg:
         msg = f"{msg}: {e.filename}"
     return msg
@@ -146,7 +168,31 @@ def main(argv: list[str] | None = None) -> None:
     from ..machine import retain_freed_memory
 
     retain_freed_memory()  # the steps free and reallocate the same tensors: keep the pages (see its doc)
-    app(args=args, prog_name="kpca-attention")  # Ctrl-C: one line from user_errors, exit code 130
+    click_error, abort = _click_errors()
+    try:  # Ctrl-C in a command: one line from user_errors, exit code 130
+        code = app(args=args, prog_name="kpca-attention", standalone_mode=False)
+    except click_error as e:
+        if type(e).__name__ == "NoArgsIsHelpError" or getattr(e, "exit_code", 1) != 2:
+            e.show()  # the command alone (its help), or another error of click's own
+            sys.exit(getattr(e, "exit_code", 1))
+        # a bad option or value: one line as for the commands' own errors, not click's four
+        ctx = getattr(e, "ctx", None)
+        where = ctx.command_path if ctx is not None else "kpca-attention"
+        typer.echo(f"error: {e.format_message()} (see {where} --help)", err=True)
+        sys.exit(2)
+    except abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _click_errors() -> tuple[type[BaseException], type[BaseException]]:
+    """Click's base exception and Abort: typer >= 0.2x carries its own copy of click (``typer._click``),
+    earlier versions use the click package."""
+    try:
+        from typer._click.exceptions import ClickException
+    except ImportError:
+        from click import ClickException
+    return ClickException, getattr(typer, "Abort", ClickException)
 
 
 if __name__ == "__main__":

@@ -219,7 +219,7 @@ def study_cmd(
         chosen = _seeds(seeds)
         whole = set(chosen) >= set(study.seeds)
         study = study.replace(seeds=tuple(sorted(set(study.seeds) | set(chosen))))
-    only = parse_list(variants) or None
+    only = parse_list(variants, "--variants") or None
     if status:
         _status(study, out or Path("results") / name, runs or Path("runs/studies") / name, only, chosen)
         return
@@ -262,7 +262,7 @@ def ablate_cmd(
         raise ValueError(f"--quick sets its own budget; drop {drop}")
     _threads(threads)
     _passive_openmp("ablate")
-    study = ablation_study(seeds=chosen, variants=parse_list(variants) or None,
+    study = ablation_study(seeds=chosen, variants=parse_list(variants, "--variants") or None,
                            epochs=epochs, train_subset=train_subset or None, clean_images=clean_images or None,
                            corrupt_images=corrupt_images, attack_images=attack_images, quick=quick)
     check_study_counts(study, counts if not quick else {"train_subset": train_subset})

@@ -24,6 +24,17 @@ def _check_model_task(cfg: Any, preset: str) -> None:
     from ..tasks import of_model_name
 
     task, owner = get_task(cfg.task), of_model_name(cfg.model)
+    if owner is None:  # before --print-config prints a config nothing can train (it exited 0)
+        import difflib
+
+        import timm
+
+        from ..models import list_models
+
+        names = sorted(set(list_models()) | set(timm.list_models()))
+        close = difflib.get_close_matches(cfg.model, names, n=3, cutoff=0.75)
+        raise ValueError(f"unknown model {cfg.model!r}: neither this package's (kpca_attention.models."
+                         "list_models()) nor timm's" + (f"; close names: {', '.join(close)}" if close else ""))
     if owner is not None and owner is not task:
         article = "an" if task.title[0] in "aeiou" else "a"
         raise ValueError(f"model {cfg.model!r} is a {owner.title} model (task {owner.name!r}) but preset "
