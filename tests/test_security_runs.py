@@ -127,6 +127,16 @@ def test_slugs_read_back_from_settings_must_name_files_inside_the_folder(tmp_pat
     assert res.exit_code == 2 and "variant slug" in res.output and "Traceback" not in res.output
 
 
+def test_report_tells_a_corrupt_settings_file_from_a_missing_one(tmp_path) -> None:
+    """A settings.json cut short or not JSON was reported as "missing (run the study first)"."""
+    with pytest.raises(FileNotFoundError, match="is missing"):
+        read_settings(tmp_path)
+    for text in ('{"variants": [', "[1, 2]"):
+        (tmp_path / "settings.json").write_text(text)
+        with pytest.raises(ValueError, match="is not a study's settings"):
+            read_settings(tmp_path)
+
+
 def test_check_slug_keeps_every_registered_studys_slugs() -> None:
     from kpca_attention.studies import STUDIES, get_study
 

@@ -50,10 +50,13 @@ Runs = dict[str, dict[int, dict[str, Any]]]
 def read_settings(out: str | os.PathLike) -> dict[str, Any]:
     """A study folder's ``settings.json`` (FileNotFoundError naming it when there is none)."""
     out = Path(out)
-    settings = read_json(out / "settings.json")
+    path = out / "settings.json"
+    settings = read_json(path)
     if not isinstance(settings, dict):
-        raise FileNotFoundError(f"no study in {out}: {out / 'settings.json'} is missing "
-                                "(run the study first)")
+        if not path.is_file():
+            raise FileNotFoundError(f"no study in {out}: {path} is missing (run the study first)")
+        raise ValueError(f"{path} is not a study's settings (unreadable, not JSON, or not a JSON object): "
+                         "run the study again to rewrite it, or restore the file")
     variants = settings.get("variants")
     if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
         raise ValueError(f"{out / 'settings.json'}: 'variants' must be a list of objects")
