@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except abort:
         sys.exit(130)
-    sys.exit(code if isinstance(code, int) else 0)
+    sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)  # an Exit's code, else 0
 
 
 def _click_errors() -> tuple[type[BaseException], type[BaseException]]:
