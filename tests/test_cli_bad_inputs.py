@@ -234,3 +234,32 @@ def test_an_item_given_twice_is_refused(run, tmp_path, args, says) -> None:
     res = CliRunner().invoke(app, ["robustness", str(run), *args, "-o", str(tmp_path / "rob")])
     _one_line_error(res, says)
     assert not (tmp_path / "rob" / "results").exists()
+
+
+def test_a_file_that_is_not_an_image_is_one_line(tmp_path) -> None:
+    """A text file named a.png under --images gave PIL's 50-line UnidentifiedImageError traceback."""
+    from kpca_attention.kpca.load import load_image_folder
+
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "a.png").write_text("hi")
+    with pytest.raises(ValueError, match=r"a.png is not a readable image \(UnidentifiedImageError"):
+        load_image_folder(tmp_path / "imgs", (1, 28, 28))
+
+
+def test_json_output_cannot_replace_the_runs_own_files(run, tmp_path) -> None:
+    """evaluate --json RUN/checkpoints/latest.json left a run nothing could load, analyze --json
+    RUN/config.json replaced the run's config; both are refused before any work, and a name of the user's
+    own in the run folder still works."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    latest = next(copy.rglob("latest.json"))
+    for args in (["evaluate", str(copy), "--subset", "8", "--json", str(latest)],
+                 ["analyze", str(copy), "--json", str(copy / "config.json"), "--max-samples", "2",
+                  "--dataset", "digits"]):
+        res = CliRunner().invoke(app, args)
+        _one_line_error(res, "would replace a file of the run")
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+    ok = CliRunner().invoke(app, ["evaluate", str(copy), "--subset", "8", "--json", str(copy / "eval.json")])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads((copy / "eval.json").read_text())

@@ -169,6 +169,15 @@ def test_claims_table(tmp_path):
     assert (tmp_path / "c" / "claims.md").read_text() == before
     # and the model's report, written again from the stored analysis, is the one the run wrote
     assert (tmp_path / "c" / "all-MiniLM-L6-v2" / "report.md").read_text() == report
+    # with -o the judgement goes there and the folder judged is left as it was (-o was ignored and the
+    # folder's claims rewritten in place)
+    stamp = (tmp_path / "c" / "claims.md").stat().st_mtime_ns
+    elsewhere = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c"), "-o",
+                                         str(tmp_path / "c2")])
+    assert elsewhere.exit_code == 0, elsewhere.output
+    assert (tmp_path / "c2" / "claims.md").read_text() == before
+    assert (tmp_path / "c2" / "all-MiniLM-L6-v2" / "report.md").read_text() == report
+    assert (tmp_path / "c" / "claims.md").stat().st_mtime_ns == stamp
     both = CliRunner().invoke(app, ["claims", "all-MiniLM-L6-v2", "--from-analysis", str(tmp_path / "c")])
     assert both.exit_code == 2 and "not both" in both.output
     mixed = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c"),

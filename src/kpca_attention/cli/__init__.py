@@ -18,6 +18,7 @@ import functools
 import sys
 from collections.abc import Callable
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -91,6 +92,31 @@ def refuse_hf_folder(spec: str, command: str) -> None:
         raise ValueError(f"{spec} is a Hugging Face model folder, not a run of this project: {command} takes "
                          "a run or checkpoint directory of this project, or an image classifier as a timm "
                          "NAME@FILE (`kpca-attention analyze` reads Hugging Face folders)")
+
+
+#: what a run folder of this project holds (train/): an output file must not take one of these names
+RUN_FILES = ("config.json", "steps.csv", "epochs.csv", "COMPLETE", "latest.json", "state.pt",
+             "model.safetensors", ".lock")
+RUN_FOLDERS = ("checkpoints", "tb")
+
+
+def refuse_inside_run(path: Path | None, spec: str, option: str) -> None:
+    """An output file (``--json``) that is one of the files of the run it describes, or lies in its
+    checkpoints, would replace it (``evaluate --json RUN/checkpoints/latest.json`` left a run nothing could
+    load; ``analyze --json RUN/config.json`` replaced the run's config): refused before any work. Other
+    names in the run folder (``RUN/eval.json``) are the user's to choose."""
+    from ..studies.sources import is_project_run
+
+    base = spec.partition("@")[0]
+    if path is None or not is_project_run(base):
+        return
+    run, target = Path(base).expanduser().resolve(), Path(path).expanduser().resolve()
+    if run not in target.parents and target != run:
+        return
+    inside = target.relative_to(run).parts if target != run else ()
+    if not inside or inside[0] in RUN_FOLDERS or target.name in RUN_FILES:
+        raise ValueError(f"{option} {path} would replace a file of the run {base} (its "
+                         f"{', '.join(RUN_FILES[:3])}, checkpoints and logs): give another name or folder")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -152,6 +152,7 @@ def analyze_cmd(
     from ..kpca.claims import fmt
     from ..kpca.run import analyze_model
     from ..report.kpca import write_report
+    from . import refuse_inside_run
 
     _check_options(max_samples=max_samples, max_length=max_length, batch_size=batch_size, prefixes=prefixes,
                    detail_samples=detail_samples, null_samples=null_samples, null_draws=null_draws,
@@ -159,6 +160,8 @@ def analyze_cmd(
                    dataset=dataset)
     check_output(json_out, "--json", folder=False)  # before the analysis, not after it
     check_output(report, "--out", folder=True)
+    refuse_inside_run(json_out, model, "--json")
+    refuse_inside_run(report, model, "--out")
     _threads(threads)
     cfg = _config(
         order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, not optimal,
@@ -317,10 +320,11 @@ def _resumed(path: Path, provenance: dict[str, Any]) -> dict[str, Any] | None:
     return res
 
 
-def _rejudge(folder: Path, report: bool, baseline: str | None) -> None:
+def _rejudge(folder: Path, report: bool, baseline: str | None, dest: Path | None = None) -> None:
     """``claims --from-analysis FOLDER``: the verdicts again from the analyses a ``claims`` run stored there
-    (``analysis_<model>.json``), with the current rules - no model is loaded. A model whose run folder is
-    not here keeps the training-log rows (P2, C2 over epochs) the folder's claims.json holds."""
+    (``analysis_<model>.json``), with the current rules - no model is loaded - written into ``dest``
+    (``--out``; default FOLDER itself). A model whose run folder is not here keeps the training-log rows (P2,
+    C2 over epochs) the folder's claims.json holds."""
     from ..kpca.analysis import unpack_records
     from ..kpca.claims import judge
     from ..report.kpca import write_claims, write_report
@@ -358,13 +362,18 @@ def _rejudge(folder: Path, report: bool, baseline: str | None) -> None:
             verdict["rows"] = rows[:1] + kept + rows[1:]
         verdicts.append(verdict)
         if report:
-            typer.echo(f"report: {write_report(res, output_path(folder, model_label(name)))}")
-    typer.echo(write_claims(verdicts, folder, baseline=baseline).read_text())
+            typer.echo(f"report: {write_report(res, output_path(dest or folder, model_label(name)))}")
+    typer.echo(write_claims(verdicts, dest or folder, baseline=baseline).read_text())
+
+
+#: ``claims``' default --out
+CLAIMS_OUT = Path("kpca_claims")
 
 
 def claims_cmd(
     models: list[str] = typer.Argument(None, help="models to judge (names or checkpoint paths)"),
-    out: Path = typer.Option(Path("kpca_claims"), "--out", "-o", help="folder for claims.md and claims.json"),
+    out: Path = typer.Option(CLAIMS_OUT, "--out", "-o", help="folder for claims.md and claims.json (with "
+                             "--from-analysis: default FOLDER itself)"),
     from_analysis: Path = typer.Option(
         None, "--from-analysis", help="judge the analyses a claims run stored in this folder again (no model "
         "is loaded): the verdicts with the current rules"),
@@ -416,7 +425,12 @@ def claims_cmd(
             raise ValueError("--untrained-baseline analyses the models' untrained copies; --from-analysis "
                              "judges stored analyses again (with the untrained_baseline_<model>.json a run "
                              "stored): give one of them")
-        return _rejudge(from_analysis, report, baseline)
+        # -o given: the judgement goes there and FOLDER is left as it is (it was rewritten in place and -o
+        # ignored); the default -o: FOLDER itself, as before
+        given = out != CLAIMS_OUT
+        if given:
+            check_output(out, "--out", folder=True)
+        return _rejudge(from_analysis, report, baseline, out if given else None)
     _check_options(max_samples=max_samples, prefixes=prefixes, detail_samples=detail_samples,
                    null_samples=null_samples, null_draws=null_draws, control_samples=control_samples,
                    threads=threads, split=split, texts=texts, images=images, dataset=dataset)

@@ -143,9 +143,10 @@ def evaluate_cmd(
     from ..studies.sources import LoadedSource
     from ..studies.spec import Source
     from ..train.evaluate import evaluate_checkpoint
-    from . import refuse_hf_folder
+    from . import refuse_hf_folder, refuse_inside_run
 
     check_output(json_out, "--json", folder=False)
+    refuse_inside_run(json_out, checkpoint, "--json")
     refuse_hf_folder(checkpoint, "evaluate")
     ref = LoadedSource(Source(checkpoint, dataset=dataset, data_root=data_root))
     is_name = "@" in checkpoint or ("/" not in checkpoint and not Path(checkpoint).exists())

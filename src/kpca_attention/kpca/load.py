@@ -105,4 +105,12 @@ def load_image_folder(
         ]
     )
     mode = "L" if c == 1 else "RGB"
-    return torch.stack([tf(Image.open(f).convert(mode)) for f in files])
+
+    def read(f: Path) -> torch.Tensor:
+        try:
+            with Image.open(f) as im:
+                return tf(im.convert(mode))
+        except OSError as e:  # PIL's UnidentifiedImageError among them: a traceback before
+            raise ValueError(f"{f} is not a readable image ({type(e).__name__}: {e})") from e
+
+    return torch.stack([read(f) for f in files])
