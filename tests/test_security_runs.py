@@ -237,3 +237,22 @@ def test_every_committed_command_is_still_shown() -> None:
         data = json.loads(settings.read_text())
         if data.get("command"):
             assert f"`{data['command']}`" in "\n".join(regenerate_lines(data, "out")), settings
+
+
+@pytest.mark.parametrize(("a", "b", "says"), [
+    ("symvit12-s0.json", "rpc12_official-s0.json", "model 'rpc_symvit_mini_patch4_28'"),  # another variant
+    ("symvit12-s0.json", "symvit12-s1.json", "seed 1 (settings: 0)"),  # the same variant, another seed
+])
+def test_swapped_result_files_are_refused(tmp_path, a, b, says) -> None:
+    """Two result files swapped (or renamed) passed every hash check and were reported under each other's
+    names; each file's run item records what it was trained with, which the report now compares with
+    settings.json."""
+    study = tmp_path / "rpc-depth12"
+    shutil.copytree(ROOT / "results" / "rpc-depth12", study)
+    res = study / "results"
+    (res / a).rename(res / "tmp.json")
+    (res / b).rename(res / a)
+    (res / "tmp.json").rename(res / b)
+    for cmd in (["report", str(study)], ["results", "verify", str(study)]):
+        out = CliRunner().invoke(app, cmd)
+        assert out.exit_code == 2 and "swapped or renamed" in out.output and says in out.output, out.output

@@ -48,6 +48,7 @@ def verify_cmd(
     """Check every hash and per-item summary of FOLDER's result files; refuse a file that is not sealed
     (an item without its hash cannot show an edit) unless --allow-unsealed. The hashes detect damage and
     naive edits, not a deliberate forgery (they are unkeyed): compare with the git history for that."""
+    from ..report.study import load_runs, read_settings
     from ..robustness.store import ResultStore, store_files
 
     files = store_files(folder)
@@ -56,5 +57,10 @@ def verify_cmd(
         raise ValueError(f"{len(unsealed)} of {len(files)} result file(s) in {folder} are not sealed, so an "
                          f"edit of their items cannot be detected (first: {unsealed[0]}); check them and run "
                          "`kpca-attention results seal`, or pass --allow-unsealed")
+    studies = sorted({p.parent for p in folder.rglob("settings.json") if (p.parent / "results").is_dir()}
+                     | ({folder} if (folder / "settings.json").is_file() else set()))
+    for study in studies:  # each file holds the run settings.json gives it (not another's, swapped)
+        load_runs(study, read_settings(study), keep=lambda r: r)
     extra = f" ({len(unsealed)} unsealed: summaries only)" if unsealed else ""
-    typer.echo(f"{len(files)} result file(s) in {folder}: every item verified{extra}")
+    typer.echo(f"{len(files)} result file(s) in {folder}: every item verified{extra}"
+               + (f"; each study's files hold the runs its settings.json names ({len(studies)})" if studies else ""))

@@ -17,6 +17,7 @@ checkpoints, e.g. from results committed to a repository.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections import Counter
@@ -77,7 +78,7 @@ def load_runs(out: str | os.PathLike, settings: Mapping[str, Any],
     for v in settings["variants"]:
         if v.get("source"):  # an existing model, evaluated once (no training seed)
             f = out / "results" / f"{v['slug']}.json"
-            r = keep(structure_items(ResultStore(f).run_items())) if f.exists() else None
+            r = keep(structure_items(_store_of(f, v, None).run_items())) if f.exists() else None
             if r is not None:
                 res.setdefault(v["slug"], {})[0] = r
             continue
@@ -85,10 +86,41 @@ def load_runs(out: str | os.PathLike, settings: Mapping[str, Any],
             seed_txt = f.stem[len(v["slug"]) + 2:]
             if not seed_txt.isdigit():
                 continue
-            r = keep(structure_items(ResultStore(f).run_items()))
+            r = keep(structure_items(_store_of(f, v, int(seed_txt)).run_items()))
             if r is not None:
                 res.setdefault(v["slug"], {})[int(seed_txt)] = r
     return res
+
+
+def _store_of(path: Path, variant: Mapping[str, Any], seed: int | None) -> ResultStore:
+    """The result file of ``variant`` (``seed``; None: an existing model), refused when its own run item
+    says it holds another run: each file records what it was computed from (the training config's model,
+    seed and the variant's keyword arguments; an existing model's path), and two files swapped or renamed
+    passed every hash check and were reported under each other's names."""
+    store = ResultStore(path)
+    run = store.records().get("run")
+    if run is None:
+        return store  # not finished: nothing to report from it yet
+    if seed is None:
+        held = (run["result"] or {}).get("source") if isinstance(run["result"], dict) else None
+        want = (variant.get("source") or {}).get("path")
+        if held is not None and want is not None and str(held) != str(want):
+            raise ValueError(f"{path}: holds the results of {held}, but settings.json gives this file to "
+                             f"{variant['slug']} ({want}): result files swapped or renamed - restore them")
+        return store
+    train = run["key"].get("train") if isinstance(run["key"], dict) else None
+    if not isinstance(train, dict):
+        return store  # a legacy run item without the training config: nothing to compare
+    kwargs = train.get("model_kwargs") or {}
+    wanted = {"model": variant.get("model"), "seed": seed}
+    differ = [f"{k} {train.get(k)!r} (settings: {w!r})" for k, w in wanted.items() if train.get(k) != w]
+    differ += [f"model_kwargs.{k} {kwargs.get(k)!r} (settings: {w!r})"
+               for k, w in (variant.get("kwargs") or {}).items()
+               if json.dumps(kwargs.get(k), sort_keys=True) != json.dumps(w, sort_keys=True)]
+    if differ:
+        raise ValueError(f"{path}: its run was trained with {'; '.join(differ)}, not what settings.json says "
+                         f"of {variant['slug']} seed {seed}: result files swapped or renamed - restore them")
+    return store
 
 
 def _sections(out: str | os.PathLike) -> tuple[StudySections, Runs]:
