@@ -38,7 +38,7 @@ from torch.utils.data import Dataset, Subset
 from tqdm.auto import tqdm
 
 from ..checks import check_int
-from ..io import atomic_path
+from ..io import atomic_path, sha256_file, write_text_atomic
 
 # The 15 ImageNet-C corruptions (the benchmark, used for mCE) in the paper's order, then the 4
 # "extra"/validation corruptions of Hendrycks & Dietterich (not part of mCE).
@@ -169,9 +169,31 @@ def uint8_to_tensor(image: np.ndarray) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).float().div(255)
 
 
-def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.save(f, array)
+def _atomic_save_npy(path: Path, array: np.ndarray) -> str:
+    """Save ``array`` to ``path`` atomically; returns the SHA-256 of the bytes written."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+            f.flush()
+            os.fsync(f.fileno())
+        digest = sha256_file(tmp)
+    return digest
+
+
+def hash_path(path: Path) -> Path:
+    """The file beside a cache file recording its SHA-256 (``<name>.sha256``, ``sha256sum``'s format)."""
+    return path.with_name(path.name + ".sha256")
+
+
+def _stat_key(path: Path) -> tuple[int, ...]:
+    st = path.stat()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+#: cache files this process checked or wrote and found good: ``{path: (stat, SHA-256)}``; a file unchanged
+#: since (same inode, size and mtime) is not hashed again when the next model reads it (an ImageNet-C-sized
+#: view is gigabytes)
+_HASHED: dict[Path, tuple[tuple[int, ...], str]] = {}
 
 
 class CorruptedDataset(Dataset):
@@ -185,10 +207,14 @@ class CorruptedDataset(Dataset):
     With ``cache_dir``, :meth:`build_cache` writes all corrupted images once to one ``.npy`` file
     and their labels to a second one (each atomically; the name holds the corruption, severity, seed
     and a fingerprint of the base data), and later instances (other checkpoints, a restarted run) read
-    them instead of recomputing. A cache counts as built only when both files are readable and hold
-    ``len(self)`` items: :meth:`build_cache` repairs an incomplete one (a missing or damaged labels
-    file is rewritten from the base data set without corrupting anything again; damaged images are
-    recomputed), and reading items from an incomplete cache warns once and computes them on the fly.
+    them instead of recomputing. Each file's SHA-256 is recorded beside it once it is written
+    (:func:`hash_path`, ``<name>.sha256``) and checked when it is read, so a file changed since (zeroed,
+    a flipped byte) is not taken for the images. A cache counts as built only when both files are
+    readable, hold ``len(self)`` items and match their recorded SHA-256: :meth:`build_cache` repairs an
+    incomplete one (a missing or damaged labels file is rewritten from the base data set without
+    corrupting anything again; damaged images, or images without a recorded SHA-256 (a cache written
+    before hashes were recorded), are recomputed) and warns when what it replaces was there but damaged,
+    and reading items from an incomplete cache warns once and computes them on the fly.
     """
 
     def __init__(
@@ -248,6 +274,33 @@ class CorruptedDataset(Dataset):
         path = self.cache_path
         return None if path is None else path.with_suffix(".labels.npy")
 
+    def _hash_problem(self, path: Path, what: str) -> str:
+        """Empty when ``path`` matches the SHA-256 recorded beside it (:func:`hash_path`), else why not. A
+        file checked (or written) in this process and unchanged since (same inode, size and mtime) is not
+        hashed again."""
+        try:
+            recorded = hash_path(path).read_text().split()[0].lower()
+        except (OSError, UnicodeDecodeError, IndexError):
+            return f"{what} file without a recorded SHA-256 (written before hashes were, or interrupted)"
+        try:
+            stat = _stat_key(path)
+            if _HASHED.get(path) == (stat, recorded):
+                return ""
+            actual = sha256_file(path)
+        except OSError as e:
+            return f"unreadable {what} file ({e})"
+        if actual != recorded:
+            return f"damaged {what} file (its SHA-256 differs from the one recorded when it was written)"
+        _HASHED[path] = (stat, recorded)
+        return ""
+
+    def _save(self, path: Path, array: np.ndarray) -> None:
+        """Write one cache file atomically, then its SHA-256 beside it (also atomically): a crash between
+        the two leaves a file whose hash is missing or stale, which is rebuilt, never trusted."""
+        digest = _atomic_save_npy(path, array)
+        write_text_atomic(hash_path(path), f"{digest}  {path.name}\n")
+        _HASHED[path] = (_stat_key(path), digest)
+
     def _read_images(self) -> tuple[np.ndarray | None, str]:
         """The cached images ``(N, H, W, C)`` uint8 (memory-mapped), or None and why not."""
         path = self.cache_path
@@ -260,7 +313,8 @@ class CorruptedDataset(Dataset):
         if images.dtype != np.uint8 or images.ndim != 4 or len(images) != len(self):
             return None, (f"images file holds {images.dtype} {images.shape}, expected uint8 "
                           f"({len(self)}, H, W, C)")
-        return images, ""
+        why = self._hash_problem(path, "images")
+        return (None, why) if why else (images, "")
 
     def _read_labels(self) -> tuple[np.ndarray | None, str]:
         """The cached labels ``(N,)``, or None and why not."""
@@ -273,11 +327,13 @@ class CorruptedDataset(Dataset):
             return None, f"unreadable labels file ({e})"
         if labels.shape != (len(self),) or not np.issubdtype(labels.dtype, np.integer):
             return None, f"labels file holds {labels.dtype} {labels.shape}, expected integers ({len(self)},)"
-        return labels, ""
+        why = self._hash_problem(path, "labels")
+        return (None, why) if why else (labels, "")
 
     def cache_problem(self) -> str | None:
-        """None when the cache is complete (both files readable, ``len(self)`` items each), else what
-        is wrong ("no images file", "no labels file", ...)."""
+        """None when the cache is complete (both files readable, ``len(self)`` items each, each matching its
+        recorded SHA-256), else what is wrong ("no images file", "no labels file", "damaged images
+        file ...", ...)."""
         if self.cache_path is None:
             return "no cache_dir"
         images, why_images = self._read_images()
@@ -298,11 +354,15 @@ class CorruptedDataset(Dataset):
             raise ValueError("build_cache needs cache_dir")
         if len(self) == 0:
             raise ValueError("build_cache: the base data set is empty")
-        images, _ = self._read_images()
-        labels, _ = self._read_labels()
+        images, why_images = self._read_images()
+        labels, why_labels = self._read_labels()
         if images is not None and labels is not None:
             return path
         self._cache = self._labels = None
+        damaged = [w for w in (why_images, why_labels) if w and not w.startswith("no ")]
+        if damaged:  # there but not to be trusted: say so, once, as the rebuild replaces it
+            warnings.warn(f"corruption cache {path} was not usable ({'; '.join(damaged)}): rebuilding it",
+                          stacklevel=2)
         if images is None:
             first, label = self._corrupt_item(0)
             images = np.empty((len(self), *first.shape), dtype=np.uint8)
@@ -311,12 +371,12 @@ class CorruptedDataset(Dataset):
             for i in tqdm(range(1, len(self)), desc=f"{self.name} s{self.severity} (cache)",
                           initial=1, total=len(self), disable=None if progress else True, leave=False):
                 images[i], fresh[i] = self._corrupt_item(i)
-            _atomic_save_npy(path, images)
+            self._save(path, images)
         else:
             fresh = np.fromiter((int(self.base[i][1]) for i in tqdm(
                 range(len(self)), desc=f"{self.name} s{self.severity} (cache labels)",
                 disable=None if progress else True, leave=False)), dtype=np.int64, count=len(self))
-        _atomic_save_npy(labels_path, fresh)
+        self._save(labels_path, fresh)
         return path
 
     def _load_cache(self) -> bool:
@@ -327,8 +387,8 @@ class CorruptedDataset(Dataset):
         images, why_images = self._read_images()
         labels, why_labels = self._read_labels()
         if images is None or labels is None:
-            if (images is not None or labels is not None or "unreadable" in why_images + why_labels) \
-                    and not self._warned:
+            there = [w for w in (why_images, why_labels) if w and not w.startswith("no ")]
+            if (images is not None or labels is not None or there) and not self._warned:
                 # Some of a cache is there: it is incomplete, not absent. Say so once, and how to repair.
                 self._warned = True
                 problem = "; ".join(w for w in (why_images, why_labels) if w)

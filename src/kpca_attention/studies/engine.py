@@ -14,6 +14,12 @@ Files (``out`` is the study's results folder, small enough to commit; ``runs`` h
     <runs>/<slug>-s<seed>/           training run directories (kpca_attention.train)
     <runs>/cache/                    corrupted test images, shared by every run
 
+Every file the engine writes is named through :func:`~kpca_attention.io.output_path`: a ``results/``,
+``checks/`` or ``settings.json`` in ``out`` that is a symbolic link leading out of ``out``, or a ``cache/``
+in ``runs`` leading out of ``runs``, is refused (one line, before any work) rather than written through.
+``runs`` itself may be anywhere (``--runs``, or ``<out>/runs`` linked to another disk), and so may a run
+directory in it.
+
 A study's declared margins (``Study.margins``) are fixed once its folder holds results: another value is
 refused like other settings (``--force`` starts again); ``margins_note`` is kept.
 
@@ -49,7 +55,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..io import folder_lock, read_json, write_json_atomic
+from ..io import folder_lock, output_path, read_json, write_json_atomic
 from ..machine import machine_info
 from ..robustness.store import ResultStore, normalise_key, write_reference
 from ..tasks import get as get_task
@@ -67,18 +73,25 @@ from .runs import (
 from .sources import LoadedSource
 from .spec import Study, Variant
 
-__all__ = ["run_study", "run_one", "run_state", "result_path", "run_dir_of", "training_device",
-           "RESULTS_VERSION"]
+__all__ = ["run_study", "run_one", "run_state", "result_path", "cache_dir_of", "run_dir_of",
+           "training_device", "RESULTS_VERSION"]
 
 #: bump when the per-run results change meaning (older stored items are then recomputed)
 RESULTS_VERSION = 3
 
 
 def result_path(out: Path, variant: Variant, seed: int) -> Path:
-    """``<out>/results/<slug>-s<seed>.json``; ``<slug>.json`` for an existing model (no seed)."""
-    if variant.source is not None:
-        return Path(out) / "results" / f"{variant.slug}.json"
-    return Path(out) / "results" / f"{variant.slug}-s{seed}.json"
+    """``<out>/results/<slug>-s<seed>.json``; ``<slug>.json`` for an existing model (no seed).
+    ``ValueError`` when it would lie outside ``out`` (``results`` a link leading out of it:
+    :func:`~kpca_attention.io.output_path`)."""
+    name = f"{variant.slug}.json" if variant.source is not None else f"{variant.slug}-s{seed}.json"
+    return output_path(out, "results", name, what="the results file")
+
+
+def cache_dir_of(runs: Path) -> Path:
+    """``<runs>/cache``, the corrupted images shared by every run; ``ValueError`` when it would lie outside
+    ``runs`` (a link leading out of it). ``runs`` may be anywhere (for ``robustness`` it is ``--out``)."""
+    return output_path(runs, "cache", what="the corrupted-image cache")
 
 
 def _say(prefix: str) -> Callable[[str], None]:
@@ -167,7 +180,7 @@ def _evaluate_run(study: Study, variant: Variant, seed: int, runs: Path, store: 
     cfg = study.train_config(variant, seed, str(run_dir_of(runs, variant, seed)))
     has_pap = task.has_pap(cfg)  # asked of the model (built untrained), not of its name
     # the task measures its suites (images, text, segmentation): see Study.suites
-    task.evaluate_suites(study.suites, model, cfg, store, key, has_pap=has_pap, cache_dir=runs / "cache",
+    task.evaluate_suites(study.suites, model, cfg, store, key, has_pap=has_pap, cache_dir=cache_dir_of(runs),
                          seed=seed, log=log, progress=progress)
     if study.trace and has_pap:
         from ..kpca.pap_trace import trace_model
@@ -300,7 +313,8 @@ def _evaluate_source(study: Study, variant: Variant, out: Path, runs: Path, *, p
     store.get_or_compute("run", key, about)
     has_pap = task.has_pap(cfg)
     task.evaluate_suites(study.suites, src.load, cfg, store, key, has_pap=has_pap,
-                         cache_dir=runs / "cache" if cache else None, seed=None, log=log, progress=progress)
+                         cache_dir=cache_dir_of(runs) if cache else None, seed=None, log=log,
+                         progress=progress)
     if study.trace and has_pap:
         from ..kpca.pap_trace import trace_model
 
@@ -327,7 +341,7 @@ def _check_settings(study: Study, out: Path, force: bool, command: str | None = 
 
 
 def _check_settings_locked(study: Study, out: Path, force: bool, command: str | None) -> None:
-    f = out / "settings.json"
+    f = output_path(out, "settings.json", what="the settings file")
     saved = read_json(f)
     now = study.to_dict()
     if saved and not force and study.evaluate_only:
@@ -459,6 +473,14 @@ def run_study(
         if unknown:
             raise ValueError(f"unknown variant(s) {sorted(unknown)}; valid: "
                              f"{', '.join(v.slug for v in study.variants)}")
+    # every file this call writes stays in its folder: a link leading out is refused before any work
+    for v, s in todo:
+        result_path(out, v, s)
+    if cache or any(v.source is None for v, _ in todo):  # trained runs always use the cache
+        cache_dir_of(runs)
+    output_path(out, "settings.json", what="the settings file")
+    if checks:
+        output_path(out, "checks", what="the checks folder")
     if force:
         delete_runs([run_dir_of(runs, v, s) for v, s in todo])
         for v, s in todo:
@@ -505,7 +527,7 @@ def run_checks(study: Study, out: Path, runs: Path) -> None:
     have = {(v.slug, s): run_dir_of(runs, v, s) for v, s in study.runs()
             if RunDir(run_dir_of(runs, v, s)).finished()}
     for check in study.checks:
-        f = out / "checks" / f"{check.name}.json"
+        f = output_path(out, "checks", f"{check.name}.json", what="the checks file")
         key = normalise_key({**dict(check.key), "runs": sorted(f"{a}-s{b}" for a, b in have)})
         cached = read_json(f)
         if cached is not None and cached.get("key") == key:
