@@ -143,12 +143,19 @@ def test_tables_name_their_attack_settings_and_never_pool_other_settings(tmp_pat
 
 
 def test_committed_benchmark_jsons_are_rows(tmp_path):
+    from kpca_attention.robustness.store import ResultStore
+
     rec = {"name": "symvit-s0", "dataset": "digits", "threat_model": "Linf", "eps": "4/255",
-           "protocol": "pixel", "version": "standard", "clean_acc": "90.00", "autoattack_acc": "40.00",
-           "autoattack_acc_interval": [37.0, 43.1], "n": 1000, "architecture": "symvit_mini_patch4_28"}
+           "protocol": "pixel", "version": "standard", "clean_acc": "90.00",
+           "clean_acc_interval": [87.98, 91.71], "autoattack_acc": "40.00",
+           "autoattack_acc_interval": [37.01, 43.07], "n": 1000,
+           "architecture": "symvit_mini_patch4_28"}
     path = tmp_path / "benchmark" / "digits" / "Linf" / "4_255" / "symvit-s0.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(rec))
+    store = ResultStore(tmp_path / "benchmark" / "results" / "symvit-s0.json")  # its sealed per-image results
+    for item, k in (("autoattack/clean", 900), ("autoattack/standard-Linf/4", 400)):
+        store.put(item, {"dataset": "digits", "n": 1000}, _item("1" * k + "0" * (1000 - k))["result"])
     tables, _ = leaderboard_rows(tmp_path)
     (row,) = tables[("digits", "Linf", "4/255", "pixel", "AutoAttack standard")]
     assert (row["robust_acc"], row["seeds"], row["interval"]) == (40.0, [0], "Wilson, 1000 images")

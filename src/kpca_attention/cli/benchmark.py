@@ -47,8 +47,10 @@ def leaderboard_cmd(
 ) -> None:
     """Regenerate the leaderboard (docs/leaderboard.md and results/leaderboard/*.json), and the headline
     table of claims and verdicts and the table of finished seeds in docs/results.md, from every committed
-    study under RESULTS."""
-    from ..studies.headline import headline_plot, update_results_doc
+    study under RESULTS. A summary.json those tables read that is not what `kpca-attention report` writes
+    from its study's sealed results, and a benchmark JSON whose numbers its sealed per-image results do not
+    give, are refused before anything is written."""
+    from ..studies.headline import check_summaries, headline_plot, update_results_doc
     from ..studies.leaderboard import write_leaderboard
 
     if not results.is_dir():
@@ -61,6 +63,7 @@ def leaderboard_cmd(
     if not results_page.is_file():
         raise FileNotFoundError(f"--results-page {results_page} does not exist: give the page whose generated "
                                 "tables to update (docs/results.md)")
+    check_summaries(results)  # the summaries the page's tables read are what their sealed results give
     paths = write_leaderboard(results, out, markdown)
     headline_plot(out / "headline.png", results)
     changed = update_results_doc(results_page, results)

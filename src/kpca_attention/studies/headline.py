@@ -14,7 +14,10 @@ published effect is 1 there, so claims in accuracy and in perplexity share one a
 ``<!-- headline:end -->`` of a page, and :mod:`.landed`'s table of finished seeds between its own
 (``kpca-attention leaderboard`` does, after each finished run;
 ``tests/test_leaderboard.py`` checks that the committed page is in sync), so the page cannot keep a number
-its study no longer gives.
+its study no longer gives. :func:`check_summaries` (run by ``kpca-attention leaderboard`` before it writes
+anything) refuses a ``summary.json`` those tables read that is not what ``kpca-attention report`` writes
+from the study's sealed result files: the summary is derived and unsealed, so an edited verdict cell would
+otherwise be published while ``kpca-attention results verify`` passes.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from ..report.verdicts import decided_word, interim_note, verdict_cell
 from .rpc_seeds import SEED_CAP
 
 __all__ = ["Claim", "CLAIMS", "headline_markdown", "headline_plot", "update_results_doc",
-           "BEGIN", "END"]
+           "check_summaries", "page_studies", "BEGIN", "END"]
 
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 
@@ -251,3 +254,96 @@ def update_results_doc(page: str | os.PathLike, results: str | os.PathLike = "re
     if new != text:
         write_text_atomic(page, new)
     return new != text
+
+
+def page_studies() -> list[str]:
+    """The studies whose ``summary.json`` the page's generated tables read: the claims' and the paired
+    cells' (:data:`~.cells.GRIDS`), in that order."""
+    from .cells import GRIDS
+
+    return list(dict.fromkeys([c.study for c in CLAIMS] + [g.study for g in GRIDS]))
+
+
+def check_summaries(results: str | os.PathLike = "results", studies: list[str] | None = None) -> list[str]:
+    """Refuse a ``results/<study>/summary.json`` of ``studies`` (default :func:`page_studies`) that is not
+    what the study's report (:func:`~kpca_attention.report.study.write_study_report`) writes from its
+    sealed result files; returns the studies checked (those with a summary).
+
+    Each report is written again into a temporary copy of the study folder (and of the result folders its
+    result files refer to), so nothing under ``results`` is touched, and the two summaries are compared
+    as JSON (floats to 1e-9 relative). A mismatch, a summary with no ``settings.json`` beside it and a
+    summary of a study with no finished run are each one ValueError line naming the file and what
+    differs."""
+    import shutil
+    import tempfile
+
+    from ..io import read_json
+    from ..report.study import reused_runs, write_study_report
+
+    results = Path(results)
+    checked = []
+    for study in page_studies() if studies is None else studies:
+        folder = results / study
+        path = folder / "summary.json"
+        if not path.is_file():
+            continue  # the tables say "no paired seeds yet"
+        rerun = f"`kpca-attention report {folder}` rewrites it from the results"
+        if not (folder / "settings.json").is_file():
+            raise ValueError(f"{path}: there is no {folder / 'settings.json'} beside it, so its cells cannot "
+                             "be checked against the study's sealed results: restore the study folder")
+        published = read_json(path)
+        with tempfile.TemporaryDirectory(prefix="kpca-summary-") as tmp:
+            copy = Path(tmp) / study
+            shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.png", "report.md", "summary.json"))
+            for other in reused_runs(folder):  # the result files referred to: <root>/<other>/results/
+                if (results / other / "results").is_dir() and other != study:
+                    shutil.copytree(results / other / "results", Path(tmp) / other / "results")
+            try:
+                write_study_report(copy)
+            except FileNotFoundError as e:
+                raise ValueError(f"{path}: the study's sealed results hold no finished run to give its "
+                                 f"cells ({e})") from None
+            true = read_json(copy / "summary.json")
+        if published is None:
+            raise ValueError(f"{path}: not readable JSON; {rerun}")
+        diff = _difference(published, true)
+        if diff is not None:
+            where, mine, theirs = diff
+            raise ValueError(f"{path}: {where} is {_shown(mine)} in the file but {_shown(theirs)} in the "
+                             f"report of the study's sealed results (edited, or stale); {rerun}")
+        checked.append(study)
+    return checked
+
+
+_ABSENT = object()
+
+
+def _difference(mine: Any, true: Any, where: str = "") -> tuple[str, Any, Any] | None:
+    """The first place where the JSON ``mine`` differs from ``true``: ``(dotted path, mine's value, true's
+    value)`` (:data:`_ABSENT` for a missing key), or None; floats compare to 1e-9 relative."""
+    import math
+
+    if isinstance(mine, dict) and isinstance(true, dict):
+        for k in [*true, *(k for k in mine if k not in true)]:
+            d = _difference(mine.get(k, _ABSENT), true.get(k, _ABSENT), f"{where}.{k}" if where else str(k))
+            if d is not None:
+                return d
+        return None
+    if isinstance(mine, list) and isinstance(true, list) and len(mine) == len(true):
+        for i, (a, b) in enumerate(zip(mine, true, strict=True)):
+            d = _difference(a, b, f"{where}[{i}]")
+            if d is not None:
+                return d
+        return None
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (mine, true))
+    if numbers and (math.isclose(mine, true, rel_tol=1e-9, abs_tol=1e-12) or mine != mine and true != true):
+        return None  # equal, or both NaN
+    if not numbers and type(mine) is type(true) and mine == true:
+        return None
+    return where or "the summary", mine, true
+
+
+def _shown(value: Any) -> str:
+    """A JSON value for a one-line message (cut at 80 characters)."""
+    text = "absent" if value is _ABSENT else json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."

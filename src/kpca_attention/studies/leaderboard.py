@@ -11,7 +11,9 @@ budget, protocol and evaluation - with one row per (study, variant), sorted by r
   are left out of that row and named in the notes); uniform noise is not an attack and is left out;
 * ``corruptions``: mean top-1 over every corruption and severity the study ran;
 * the RobustBench-format JSONs of ``kpca-attention benchmark ... -o results/benchmark`` committed under
-  ``results/benchmark/`` (AutoAttack on the committed image list), one row each.
+  ``results/benchmark/`` (AutoAttack on the committed image list), one row each; each JSON's numbers must
+  be what its sealed per-image results ``results/benchmark/results/<name>.json`` give (a JSON that differs,
+  or has no such file, is refused with one line naming it).
 
 A run whose store lacks items its study's settings ask for (a run in progress) is left out, so the
 page changes only when runs finish. Numbers are means over the seeds present; the 95 % interval is a t
@@ -232,7 +234,8 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
 
 
 def _benchmarks(folder: Path, tables: dict[tuple, list[dict[str, Any]]]) -> None:
-    """Rows of the committed ``kpca-attention benchmark`` JSONs (``results/benchmark/<dataset>/...``)."""
+    """Rows of the committed ``kpca-attention benchmark`` JSONs (``results/benchmark/<dataset>/...``), each
+    checked against its sealed per-image results (:func:`_checked_benchmark`)."""
     from ..io import read_json
 
     for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
@@ -244,6 +247,7 @@ def _benchmarks(folder: Path, tables: dict[tuple, list[dict[str, Any]]]) -> None
         how = f"AutoAttack {r.get('version', 'standard')}" if aa else "benchmark: mean of 75 corruption views"
         key = (r["dataset"], r["threat_model"], r.get("eps"), r.get("protocol", "pixel"), how)
         m = re.search(r"-s(\d+)$", r["name"])
+        _checked_benchmark(path, r, folder, field)
         tables.setdefault(key, []).append({
             "name": f"benchmark/{r['name']}", "label": r["name"], "model": r.get("architecture"),
             "kwargs": {},
@@ -253,6 +257,67 @@ def _benchmarks(folder: Path, tables: dict[tuple, list[dict[str, Any]]]) -> None
             "attacks": [], "attack_settings": _autoattack_settings(
                 r.get("version", "standard"), r["threat_model"], _n_classes(r["dataset"])) if aa else "",
             "left_out": [], "reported": False})
+
+
+def _checked_benchmark(path: Path, r: Mapping[str, Any], folder: Path, field: str) -> None:
+    """Refuse (one ValueError line naming ``path``) a benchmark JSON ``r`` whose numbers - ``n``, the clean
+    accuracy, ``field`` (``autoattack_acc`` / ``corruptions_acc``) and their intervals - are not what its
+    sealed per-image results ``<folder>/results/<name>.json`` give, computed as the rows of the studies
+    are (:func:`_threats`, :func:`_interval`: the benchmark's own Wilson interval and bootstrap over images);
+    a JSON without that file, or with an unsealed one, is refused too."""
+    from ..io import output_path
+    from ..robustness.store import ResultStore
+    from .benchmark import parse_eps
+
+    store_path = output_path(folder / "results", f"{r.get('name')}.json", what=f"{path}: name")
+    if not store_path.is_file():
+        raise ValueError(f"{path}: its sealed per-image results {store_path} are missing, so its numbers "
+                         "cannot be checked: restore the file (or run `kpca-attention benchmark` again)")
+    store = ResultStore(store_path)  # verified: hashes and summaries (ResultIntegrityError names the item)
+    if not store.sealed:
+        raise ValueError(f"{path}: its per-image results {store_path} are not sealed: run "
+                         f"`kpca-attention results seal {store_path.parent}` first")
+    datasets = {rec["key"].get("dataset") for rec in store.records().values() if isinstance(rec["key"], dict)}
+    if r.get("dataset") not in datasets:
+        raise ValueError(f"{path}: dataset {r.get('dataset')!r} but its sealed per-image results "
+                         f"{store_path} are on {', '.join(sorted(map(str, datasets))) or 'no dataset'}")
+    try:
+        threats = _threats({"suites": {}}, store.items(), _n_classes(r.get("dataset")))
+    except KeyError as e:
+        raise ValueError(f"{path}: its sealed per-image results {store_path} lack the item {e}") from None
+    if field == "corruptions_acc":
+        found = [th for k, th in threats.items() if k[0] == "corruptions"]
+    else:
+        try:
+            eps = parse_eps(r.get("eps"))[0]
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+        how = f"AutoAttack {r.get('version', 'standard')}"
+        found = [th for (norm, budget, protocol, evaluation), th in threats.items()
+                 if (norm, protocol, evaluation) == (r.get("threat_model"), r.get("protocol", "pixel"), how)
+                 and budget is not None and math.isclose(float(Fraction(budget)), eps, rel_tol=1e-6)]
+    if not found:
+        what = f"{r.get('threat_model')} {r.get('eps') or ''}".rstrip()
+        raise ValueError(f"{path}: its sealed per-image results {store_path} hold no {field} items for "
+                         f"{what}: the JSON was edited, or the results are another run's")
+    th = found[0]
+    lo, hi, _ = _interval([float(th["robust"].mean())], th["robust"])
+    lo_c, hi_c, _ = _interval([float(th["clean"].mean())], th["clean"])
+    true = {"n": len(th["robust"]), "clean_acc": round(100 * float(th["clean"].mean()), 2),
+            "clean_acc_interval": [round(100 * lo_c, 2), round(100 * hi_c, 2)],
+            field: round(100 * float(th["robust"].mean()), 2),
+            f"{field}_interval": [round(100 * lo, 2), round(100 * hi, 2)]}
+    for k, want in true.items():
+        got = r.get(k)
+        try:
+            mine, theirs = np.asarray(got, dtype=float), np.asarray(want, dtype=float)
+            same = mine.shape == theirs.shape and bool(np.allclose(mine, theirs, rtol=0, atol=1e-9))
+        except (TypeError, ValueError):
+            same = False
+        if not same:
+            raise ValueError(f"{path}: {k} is {got!r} but its sealed per-image results {store_path} give "
+                             f"{want!r}: the JSON was edited, or is another run's - restore it or run "
+                             "`kpca-attention benchmark` again")
 
 
 def _title(key: tuple) -> str:

@@ -1,0 +1,82 @@
+"""The leaderboard publishes only numbers its sealed results give: a study's ``summary.json`` (derived,
+unsealed) that is not what its report writes, and a benchmark JSON whose numbers its sealed per-image
+results do not give, are refused with one line naming the file; copies of the committed results pass."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kpca_attention.cli import app
+from kpca_attention.studies.leaderboard import leaderboard_rows
+
+REPO = Path(__file__).resolve().parents[1]
+CLAIM = "RPC-SymViT with 12 blocks (PAP in block 1 of 12) vs its SymViT: clean"
+AA = ("fashion-mnist", "Linf", "4/255", "pixel", "AutoAttack standard")
+VIT = Path("fashion-mnist/Linf/4_255/rpc-seeds-vit-s0.json")
+
+
+def _leaderboard(results: Path, tmp: Path, page: Path) -> object:
+    return CliRunner().invoke(app, ["leaderboard", "--results", str(results), "-o", str(tmp / "lb"),
+                                    "--markdown", str(tmp / "lb.md"), "--results-page", str(page)])
+
+
+def _claim_row(page: Path) -> str:
+    return next(line for line in page.read_text().splitlines() if line.startswith(f"| {CLAIM} |"))
+
+
+def test_an_edited_verdict_cell_of_a_summary_is_refused(tmp_path, copy_committed) -> None:
+    results = copy_committed("rpc-depth12", tmp_path / "results" / "rpc-depth12").parent
+    page = tmp_path / "results.md"
+    shutil.copy(REPO / "docs" / "results.md", page)
+    # the committed summary is what `kpca-attention report` writes: it passes, and its cell is published
+    res = _leaderboard(results, tmp_path, page)
+    assert res.exit_code == 0, res.output
+    true_row = _claim_row(page)
+    assert "-0.16 (-0.57, +0.26) pp | +-0.5 | equivalent" in true_row
+    # an edited verdict cell: the results would still verify, the summary is not sealed
+    path = results / "rpc-depth12" / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["verdicts"]["cells"]["rpc12_official"]["clean"].update(mean=2.5, ci=[2.0, 3.0], word="better")
+    path.write_text(json.dumps(summary, indent=2))
+    res = _leaderboard(results, tmp_path, page)
+    assert res.exit_code != 0
+    error = " ".join(res.output.split())  # the one line, as the terminal may wrap it
+    assert f"{path}: verdicts.cells.rpc12_official.clean." in error and "sealed results" in error, error
+    assert _claim_row(page) == true_row  # nothing published
+    assert "+2.50 (+2.00, +3.00)" not in page.read_text()
+
+
+def _benchmark_copy(tmp_path: Path) -> Path:
+    shutil.copytree(REPO / "results" / "benchmark", tmp_path / "benchmark")
+    return tmp_path
+
+
+def test_an_edited_benchmark_accuracy_is_refused(tmp_path) -> None:
+    results = _benchmark_copy(tmp_path)
+    rows = leaderboard_rows(results)[0][AA]  # the unedited copy: ranked as committed
+    assert [(r["label"], r["robust_acc"]) for r in rows][0] == ("rpc-seeds-vit-s0", 56.5)
+    path = results / "benchmark" / VIT
+    record = json.loads(path.read_text())
+    assert record["autoattack_acc"] == "56.50"
+    for field, value in (("autoattack_acc", "96.50"), ("autoattack_acc_interval", [93.0, 99.0]),
+                         ("clean_acc", "98.20"), ("n", 500)):
+        path.write_text(json.dumps({**record, field: value}))
+        refused = re.escape(f"{path}: {field} is ") + ".* but its sealed per-image results"
+        with pytest.raises(ValueError, match=refused):
+            leaderboard_rows(results)
+    path.write_text(json.dumps(record))
+    assert leaderboard_rows(results)[0][AA] == rows  # restored: ranked as before
+
+
+def test_a_benchmark_json_without_its_sealed_results_is_refused(tmp_path) -> None:
+    results = _benchmark_copy(tmp_path)
+    (results / "benchmark" / "results" / "rpc-seeds-vit-s0.json").unlink()
+    with pytest.raises(ValueError, match=re.escape(f"{results / 'benchmark' / VIT}: its sealed per-image "
+                                                   "results ") + ".* are missing"):
+        leaderboard_rows(results)
