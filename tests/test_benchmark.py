@@ -3,6 +3,7 @@ AutoAttack suite, and the one-line refusals of wrongly wired models."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -106,6 +107,14 @@ def test_benchmark_linf_writes_a_robustbench_json_and_reuses_its_items(net, tmp_
     assert len(items["autoattack/standard-Linf/64"]["correct"]) == 6
     again = benchmark(good, dataset="digits", n=6, eps=64 / 255, out=tmp_path, name="mlp", **QUIET)
     assert again["autoattack_acc"] == rec["autoattack_acc"]
+    # another model under the same name replaced these results without a word: refused, nothing changed
+    other = copy.deepcopy(good)
+    with torch.no_grad():
+        next(other.parameters()).add_(0.01)
+    before = (tmp_path / "results" / "mlp.json").read_bytes()
+    with pytest.raises(ValueError, match="holds the results of another model named 'mlp'"):
+        benchmark(other, dataset="digits", n=6, eps="64/255", out=tmp_path, name="mlp", **QUIET)
+    assert (tmp_path / "results" / "mlp.json").read_bytes() == before
 
 
 def test_benchmark_corruptions(net, tmp_path):

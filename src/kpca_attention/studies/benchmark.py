@@ -258,6 +258,15 @@ def benchmark(
                                    img_size=info.get("img_size"))
     name = name or re.sub(r"[^A-Za-z0-9_.+-]+", "_", str(info["name"]))
 
+    weights = weights_sha256(net)
+    if out is not None:  # the name taken by another model's results: they were replaced without a word
+        taken = ResultStore(output_path(out, "results", f"{name}.json", what="name"))
+        others = sorted({k.get("weights") for k in (r.get("key") for r in taken.records().values())
+                         if isinstance(k, dict) and k.get("weights") not in (None, weights)})
+        if others:
+            raise ValueError(f"{taken.path} holds the results of another model named {name!r} (weights "
+                             f"{others[0][:12]}..., this one {weights[:12]}...): give --name another name, "
+                             "or delete that file to replace its results")
     known = Subset(test_set, load_image_ids(ds_name)[:CHECK_IMAGES])
     xs, ys = zip(*(known[i] for i in range(len(known))), strict=True)
     checks = check_model(net, torch.stack(xs).to(dev), torch.as_tensor(ys), meta.mean, meta.std,
@@ -266,7 +275,7 @@ def benchmark(
     tmp = None if out is not None else tempfile.TemporaryDirectory()
     root = Path(out) if out is not None else Path(tmp.name)  # type: ignore[union-attr]
     store = ResultStore(output_path(root, "results", f"{name}.json", what="name"))
-    base_key = {"weights": weights_sha256(net), "dataset": ds_name, "img_size": info.get("img_size"),
+    base_key = {"weights": weights, "dataset": ds_name, "img_size": info.get("img_size"),
                 "split": "test"}
     record: dict[str, Any] = {
         "name": name, "link": "", "authors": "", "additional_data": False, "number_forward_passes": 1,
