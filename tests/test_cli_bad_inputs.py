@@ -263,3 +263,10 @@ def test_json_output_cannot_replace_the_runs_own_files(run, tmp_path) -> None:
     ok = CliRunner().invoke(app, ["evaluate", str(copy), "--subset", "8", "--json", str(copy / "eval.json")])
     assert ok.exit_code == 0, ok.output
     assert json.loads((copy / "eval.json").read_text())
+
+
+def test_the_eigensolver_error_names_its_option(run, tmp_path) -> None:
+    """--eigensolver x said "unknown method 'x'" (the config's field), not the option the user typed."""
+    res = CliRunner().invoke(app, ["analyze", str(run), "--eigensolver", "x", "--json",
+                                   str(tmp_path / "a.json"), "--dataset", "digits", "--max-samples", "2"])
+    _one_line_error(res, "--eigensolver must be one of auto, dense, lowrank")

@@ -121,6 +121,9 @@ def test_bad_input_is_reported(runs, tmp_path):
     with pytest.raises(ValueError, match="distinct label"):
         robustness_study([str(runs[0]), str(runs[0])], ("corruptions",), labels=("a", "a"),
                          corruptions=("fog",))
+    with pytest.raises(ValueError, match="'a/b', 'a_b' name the same result file"):  # distinct, one file
+        robustness_study([str(runs[0]), str(runs[1])], ("corruptions",), labels=("a/b", "a_b"),
+                         corruptions=("fog",))
     with pytest.raises(ValueError, match="baseline"):
         robustness_study([str(runs[0])], ("corruptions",), baseline="nope", corruptions=("fog",))
     res = CliRunner().invoke(app, ["robustness", str(runs[0]), "--suite", "wordswap", "--out", str(tmp_path)])

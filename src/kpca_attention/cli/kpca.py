@@ -64,7 +64,9 @@ def _config(
     control_samples: int,
 ):
     from ..kpca.analysis import AnalysisConfig
+    from ..kpca.gram import METHODS
 
+    Choice(METHODS)(eigensolver, "--eigensolver")  # the config calls it "method": name the option
     return AnalysisConfig(
         order=order,
         scale=scale,

@@ -190,9 +190,14 @@ def robustness_study(
             raise ValueError(f"--adaptive twins the gradient attacks of --suite attacks ({', '.join(gradient)}); "
                              f"got suites {', '.join(suites)} and methods {', '.join(methods)}")
     names = list(labels) if labels else default_labels(paths)
-    if len(names) != len(paths) or len(set(names)) != len(names) \
-            or len({_slug(x) for x in names}) != len(names):
+    if len(names) != len(paths) or len(set(names)) != len(names):
         raise ValueError(f"need one distinct label per checkpoint, got {names} for {len(paths)} checkpoints")
+    slugs = [_slug(x) for x in names]
+    if len(set(slugs)) != len(slugs):
+        same = sorted({x for x, sl in zip(names, slugs, strict=True) if slugs.count(sl) > 1})
+        raise ValueError(f"labels {', '.join(map(repr, same))} name the same result file "
+                         f"(results/{_slug(same[0])}.json: letters, digits, '_' and '.' are kept, the rest "
+                         "becomes '_'): give labels that differ in those")
     if baseline is not None and baseline not in names:  # before any evaluation, not after it
         raise ValueError(f"baseline {baseline!r} is not among the checkpoints' labels: {', '.join(names)}")
     image = [s for s in suites if s in IMAGE_SUITES]
