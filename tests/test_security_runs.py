@@ -196,6 +196,16 @@ def test_results_verify_refuses_a_result_file_emptied_or_cut_short(tmp_path, dam
     assert "not a readable result file" in res.output, res.output
 
 
+def test_results_verify_refuses_a_result_file_emptied_of_its_items(tmp_path) -> None:
+    """{"items": {}} was taken for a new (sealed) file with nothing to check: "every item verified"."""
+    folder = tmp_path / "study"
+    shutil.copytree(ROOT / "results" / "elliptical-adaptive" / "results", folder / "results")
+    f = sorted((folder / "results").glob("*.json"))[0]
+    f.write_text(json.dumps({"items": {}}))
+    res = CliRunner().invoke(app, ["results", "verify", str(folder)])
+    assert res.exit_code == 2 and f.name in res.output and "holds no items" in res.output, res.output
+
+
 def test_a_pickled_hugging_face_weights_file_is_refused_in_one_line(tmp_path) -> None:
     from kpca_attention.train.resolve import minilm_path
 
