@@ -270,3 +270,17 @@ def test_the_eigensolver_error_names_its_option(run, tmp_path) -> None:
     res = CliRunner().invoke(app, ["analyze", str(run), "--eigensolver", "x", "--json",
                                    str(tmp_path / "a.json"), "--dataset", "digits", "--max-samples", "2"])
     _one_line_error(res, "--eigensolver must be one of auto, dense, lowrank")
+
+
+@pytest.mark.parametrize("argv", [["pap-trace", "x", "-o", ""], ["analyze", "x", "--json="],
+                                  ["robustness", "x", "--out", ""]])
+def test_an_empty_option_value_is_refused(argv, tmp_path, monkeypatch, capsys) -> None:
+    """-o "" (an unset variable) was taken for the current folder: report.md and plots were written there."""
+    from kpca_attention.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and "is given an empty value" in err[0], err
+    assert list(tmp_path.iterdir()) == []

@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     from ..machine import retain_freed_memory
 
     retain_freed_memory()  # the steps free and reallocate the same tensors: keep the pages (see its doc)
+    _refuse_empty_values(args)
     click_error, abort = _click_errors()
     try:  # Ctrl-C in a command: one line from user_errors, exit code 130
         code = app(args=args, prog_name="kpca-attention", standalone_mode=False)
@@ -209,6 +210,20 @@ def main(argv: list[str] | None = None) -> None:
     except abort:
         sys.exit(130)
     sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)  # an Exit's code, else 0
+
+
+def _refuse_empty_values(args: list[str]) -> None:
+    """An option given an empty value (``-o ""``, ``--out=``: an unset shell variable) is refused: a path
+    option took it for the current folder and wrote report.md and plots there."""
+    for i, a in enumerate(args):
+        name = a.split("=", 1)[0] if a.startswith("--") and "=" in a else None
+        empty = (name is not None and a.endswith("=")) or (a == "" and i > 0 and args[i - 1].startswith("-")
+                                                           and "=" not in args[i - 1])
+        if empty:
+            option = name or args[i - 1]
+            typer.echo(f"error: {option} is given an empty value (an unset variable?): give a value or leave "
+                       "the option out", err=True)
+            sys.exit(2)
 
 
 def _click_errors() -> tuple[type[BaseException], type[BaseException]]:
