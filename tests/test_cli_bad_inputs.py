@@ -284,3 +284,17 @@ def test_an_empty_option_value_is_refused(argv, tmp_path, monkeypatch, capsys) -
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and "is given an empty value" in err[0], err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_three_unclear_messages_of_the_fuzz_review(run, tmp_path) -> None:
+    """leaderboard --markdown FOLDER named an internal temporary file; report FILE said FILE/settings.json
+    was missing; benchmark --threat-model corruptions --version rand dropped --version without a word."""
+    (tmp_path / "board").mkdir()
+    _one_line_error(CliRunner().invoke(app, ["leaderboard", "--markdown", str(tmp_path / "board"), "-o",
+                                             str(tmp_path / "lb")]), "--markdown")
+    (tmp_path / "notes.json").write_text("{}")
+    _one_line_error(CliRunner().invoke(app, ["report", str(tmp_path / "notes.json")]), "is a file")
+    _one_line_error(CliRunner().invoke(app, ["benchmark", str(run), "--threat-model", "corruptions",
+                                             "--version", "rand", "-o", str(tmp_path / "bm")]),
+                    "corruptions run no attack")
+    assert not (tmp_path / "lb").exists() and not (tmp_path / "bm").exists()

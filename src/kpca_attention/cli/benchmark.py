@@ -31,6 +31,8 @@ def benchmark_cmd(
 
     if name is not None:  # a file name inside --out, checked before any work
         output_path(out, "results", f"{name}.json", what="--name")
+    if threat_model == "corruptions" and version != "standard":
+        raise ValueError("--version chooses AutoAttack's version (Linf, L2): corruptions run no attack")
     benchmark(model, dataset=dataset, threat_model=threat_model, eps=eps, n=n, version=version, name=name,
               adaptive=adaptive,
               data_root=None if data_root is None else str(data_root), out=out, device=device,
@@ -50,12 +52,14 @@ def leaderboard_cmd(
     study under RESULTS. A summary.json those tables read that is not what `kpca-attention report` writes
     from its study's sealed results, and a benchmark JSON whose numbers its sealed per-image results do not
     give, are refused before anything is written."""
+    from ..io import check_output
     from ..studies.headline import check_summaries, headline_plot, update_results_doc
     from ..studies.leaderboard import write_leaderboard
 
     if not results.is_dir():
         raise FileNotFoundError(f"--results {results} is not a folder of study results (run from the "
                                 "repository's root, or give --results)")
+    check_output(markdown, "--markdown", folder=False)  # a folder here: one line, not a temp file's name
     if not any((d / "settings.json").is_file() for d in results.iterdir()):  # else: empty tables over the docs
         itself = " - it is a study itself: give its parent" if (results / "settings.json").is_file() else ""
         raise ValueError(f"--results {results} holds no study folders (sub-folders with a settings.json)"

@@ -51,6 +51,8 @@ Runs = dict[str, dict[int, dict[str, Any]]]
 def read_settings(out: str | os.PathLike) -> dict[str, Any]:
     """A study folder's ``settings.json`` (FileNotFoundError naming it when there is none)."""
     out = Path(out)
+    if out.is_file():
+        raise ValueError(f"{out} is a file: give the study's folder (with settings.json and results/)")
     path = out / "settings.json"
     settings = read_json(path)
     if not isinstance(settings, dict):
