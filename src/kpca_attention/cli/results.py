@@ -6,9 +6,13 @@ same for a legacy folder (files written before items carried hashes), then adds 
 marks each file sealed; ``verify`` refuses an unsealed file unless ``--allow-unsealed``.
 
 What the hashes detect: damage, and an edit that leaves an item's hash (or its per-example data) as it was.
-What they cannot: a deliberate forgery - the hash is a public, unkeyed SHA-256, so whoever edits a value can
-recompute it - nor a whole file or seed removed, nor the files beside the results (``settings.json``,
-``checks/``, the report). For those, compare with the repository's history (``git log -p results/``).
+Beside them ``verify`` refuses a file emptied of its items and, in a study folder, a file holding another
+run than the one settings.json gives it (two files swapped or renamed: each run item records its training
+config or model). What they cannot: a deliberate forgery - the hash is a public, unkeyed SHA-256, so whoever
+edits a value can recompute it - nor a whole file or seed removed, nor the files beside the results
+(``settings.json``, ``checks/``, the report; ``kpca-attention leaderboard`` writes the summaries its tables
+read again from the sealed results and refuses one that differs). For those, compare with the repository's
+history (``git log -p results/``).
 """
 
 from __future__ import annotations
