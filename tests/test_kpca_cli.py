@@ -402,3 +402,21 @@ def test_claims_over_seeds_of_project_runs_resume_and_baseline(tmp_path):
     assert again.exit_code == 0, again.output
     assert len(calls) == 2 and again.output.count("reused") == 2  # seed 1 and its copy again; seed 0's kept
     assert "over_seeds" not in json.loads((tmp_path / "c" / "claims.json").read_text())  # two recipes now
+
+
+def test_rejudging_reads_training_logs_only_of_the_run_analysed(tmp_path) -> None:
+    """claims --from-analysis looked up a stored model name in the current folder and judged the training
+    logs of whatever folder had that name; now only the run with the analysis's dataset, seed and recipe."""
+    from run_fixtures import untrained_run
+
+    from kpca_attention.train.checkpoint import read_config, resolve_checkpoint
+    from kpca_attention.train.resolve import run_identity
+
+    run = untrained_run(tmp_path / "m", seed=0)
+    ident = run_identity(read_config(resolve_checkpoint(run)))
+    assert kpca_cli._same_run(run, {"name": str(run), **ident})
+    assert not kpca_cli._same_run(run, {"name": str(run), **ident, "train_seed": ident["train_seed"] + 1})
+    assert not kpca_cli._same_run(run, {"name": str(run), **ident, "recipe": "0" * 16})
+    assert not kpca_cli._same_run(tmp_path / "nothing", {"name": "nothing", **ident})
+    (tmp_path / "plain").mkdir()
+    assert not kpca_cli._same_run(tmp_path / "plain", {"name": "plain", **ident})

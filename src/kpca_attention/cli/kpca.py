@@ -354,7 +354,7 @@ def _rejudge(folder: Path, report: bool, baseline: str | None, dest: Path | None
         if isinstance(res.get("records"), dict):
             res["records"] = unpack_records(res["records"])
         name = res["model"]["name"]
-        run_dir = Path(name) if Path(name).exists() else None
+        run_dir = Path(name) if _same_run(Path(name), res["model"]) else None
         base = _read_baseline(folder / f"{BASELINE_PREFIX}{model_label(name)}.json", res)
         verdict = {**judge(res, run_dir=run_dir, untrained=base), "label": model_label(name)}
         old = before.get(name)
@@ -366,6 +366,23 @@ def _rejudge(folder: Path, report: bool, baseline: str | None, dest: Path | None
         if report:
             typer.echo(f"report: {write_report(res, output_path(dest or folder, model_label(name)))}")
     typer.echo(write_claims(verdicts, dest or folder, baseline=baseline).read_text())
+
+
+def _same_run(path: Path, model: dict[str, Any]) -> bool:
+    """Whether ``path`` (a stored model name, read from the current folder) is the run the analysis was
+    made of - a run of this project with the same dataset, training seed and recipe - so its training logs
+    may be judged with it (a folder of that name elsewhere was read before, whatever it held)."""
+    from ..studies.sources import is_project_run
+    from ..train.checkpoint import read_config, resolve_checkpoint
+    from ..train.resolve import run_identity
+
+    if not is_project_run(str(path)) or "recipe" not in model:
+        return False
+    try:
+        ident = run_identity(read_config(resolve_checkpoint(path)))
+    except (OSError, ValueError, KeyError):
+        return False
+    return all(model.get(k) == v for k, v in ident.items())
 
 
 #: ``claims``' default --out
