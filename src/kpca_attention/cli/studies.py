@@ -221,6 +221,10 @@ def study_cmd(
         study = study.replace(seeds=tuple(sorted(set(study.seeds) | set(chosen))))
     only = parse_list(variants, "--variants") or None
     if status:
+        given = [opt for opt, on in (("--force", force), ("--any-machine", any_machine)) if on]
+        if given:  # --status runs nothing: an option that would change a run is a mistake, not a no-op
+            raise ValueError(f"--status only reports and runs nothing: {', '.join(given)} would do nothing "
+                             "with it; leave it out")
         _status(study, out or Path("results") / name, runs or Path("runs/studies") / name, only, chosen)
         return
     _run(study, out or Path("results") / name, runs or Path("runs/studies") / name, jobs, force, progress,
