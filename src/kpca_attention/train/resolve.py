@@ -217,7 +217,15 @@ def _load_timm(name: str, pretrained: bool, weights: str | None = None, *,
             # asked for explicitly: not left to the installed timm's default (a .pth is never unpickled)
             timm.models.load_checkpoint(model, str(f), strict=True, weights_only=True)
         except (RuntimeError, ValueError, KeyError, EOFError, OSError) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            text = str(e).strip()
+            if "weights_only" in text and "Unsupported global" in text:  # torch's long note cut mid-sentence
+                import re
+
+                found = re.search(r"Unsupported globals?: (.+?)\.(?:\s|$)", text)
+                what = found.group(1) if found else "code"
+                raise ValueError(f"{f} holds pickled objects, not only weights ({what}): refused, never "
+                                 "unpickled - save the state_dict (or safetensors) instead") from e
+            first = (text.splitlines() or [type(e).__name__])[0]
             raise ValueError(f"not a weights file of {name}: {f} ({type(e).__name__}: {first[:200]})") from e
     elif pretrained:
         cached = _cached_timm_weights(name)
