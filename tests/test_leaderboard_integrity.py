@@ -80,3 +80,14 @@ def test_a_benchmark_json_without_its_sealed_results_is_refused(tmp_path) -> Non
     with pytest.raises(ValueError, match=re.escape(f"{results / 'benchmark' / VIT}: its sealed per-image "
                                                    "results ") + ".* are missing"):
         leaderboard_rows(results)
+
+
+@pytest.mark.slow
+def test_every_committed_summary_the_page_reads_is_what_its_report_writes() -> None:
+    """A report change committed without regenerating the studies' summaries (or a hand edit) would make
+    the next `kpca-attention leaderboard` refuse; caught here instead (about a minute: every page study's
+    report written again in a temporary copy)."""
+    from kpca_attention.studies.headline import check_summaries, page_studies
+
+    checked = check_summaries(REPO / "results")
+    assert checked and set(checked) <= set(page_studies())
