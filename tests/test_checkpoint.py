@@ -108,6 +108,10 @@ def test_missing_and_dangling_paths(copy_run, tmp_path):
     (copy_run / "checkpoints" / "latest.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="latest.json is corrupt"):
         load_model(copy_run)
+    # JSON without the checkpoint's name: said in words, not as the bare KeyError "('name')"
+    (copy_run / "checkpoints" / "latest.json").write_text(json.dumps({"epoch": 3}))
+    with pytest.raises(CheckpointError, match=r'latest.json is corrupt \(no "name" of a checkpoint in it\)'):
+        load_model(copy_run)
 
 
 def test_an_interrupted_write_leaves_the_previous_checkpoint_usable(copy_run):

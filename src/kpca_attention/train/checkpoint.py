@@ -361,8 +361,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
             try:
                 name = json.loads(latest.read_text())["name"]
             except (json.JSONDecodeError, KeyError, TypeError) as e:
+                why = "no \"name\" of a checkpoint in it" if isinstance(e, (KeyError, TypeError)) else str(e)
                 raise CheckpointError(
-                    f"{latest} is corrupt ({e}); delete it to pick a checkpoint by hand") from e
+                    f"{latest} is corrupt ({why}); delete it to pick a checkpoint by hand") from e
             ckpt = entry_in(root, name, latest)
             if not ckpt.is_dir():
                 raise CheckpointError(f"{latest} points to {ckpt}, which does not exist")
