@@ -44,30 +44,24 @@ def parse_list(text: str | None, what: str = "value") -> tuple[str, ...]:
     (``--method fgsm,fgsm`` ran and recorded the attack twice)."""
     if text is None:
         return ()
-    items = tuple(t.strip() for t in text.split(",") if t.strip())
-    twice = sorted({t for t in items if items.count(t) > 1})
-    if twice:
-        raise ValueError(f"{what}: {', '.join(twice)} given twice in {text!r}; give each once")
-    return items
+    return _distinct(tuple(t.strip() for t in text.split(",") if t.strip()), what, text)
 
 
 def parse_ints(text: str | None, what: str = "value") -> tuple[int, ...]:
+    items = parse_list(text, what)
     try:
-        values = tuple(int(t) for t in parse_list(text, what))
-    except ValueError as e:
-        if "given twice" in str(e):
-            raise
+        values = tuple(int(t) for t in items)
+    except ValueError:
         raise ValueError(f"{what}: expected comma-separated integers such as 0,1,2, got {text!r}") from None
     return _distinct(values, what, text)
 
 
 def parse_floats(text: str | None, what: str = "value") -> tuple[float, ...]:
     """Comma-separated numbers; fractions allowed, so Linf budgets read as ``1/255,2/255``."""
+    items = parse_list(text, what)
     try:
-        values = tuple(float(Fraction(t)) for t in parse_list(text, what))
-    except (ValueError, ZeroDivisionError, OverflowError) as e:  # 1e309: no float
-        if "given twice" in str(e):
-            raise
+        values = tuple(float(Fraction(t)) for t in items)
+    except (ValueError, ZeroDivisionError, OverflowError):  # 1e309: no float
         raise ValueError(f"{what}: expected comma-separated numbers such as 1/255,2/255 or 0.5, "
                          f"got {text!r}") from None
     return _distinct(values, what, text)

@@ -56,12 +56,13 @@ def verify_cmd(
     from ..robustness.store import ResultStore, store_files
 
     files = store_files(folder)
-    empty = [f for f in files if not ResultStore(f).items()]
+    stores = {f: ResultStore(f) for f in files}  # each file read and verified once
+    empty = [f for f, st in stores.items() if not st.items()]
     if empty:  # a file emptied of every item has nothing left to fail its hashes
         raise ValueError(f"{empty[0]} holds no items (emptied, or never written to): a result file of a run "
                          "holds at least its run's items - restore it or delete it"
                          + (f" ({len(empty)} such files)" if len(empty) > 1 else ""))
-    unsealed = [f for f in files if not ResultStore(f).sealed]
+    unsealed = [f for f, st in stores.items() if not st.sealed]
     if unsealed and not allow_unsealed:
         raise ValueError(f"{len(unsealed)} of {len(files)} result file(s) in {folder} are not sealed, so an "
                          f"edit of their items cannot be detected (first: {unsealed[0]}); check them and run "
