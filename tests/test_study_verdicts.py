@@ -283,3 +283,19 @@ def test_an_attack_on_the_first_seed_only_plans_one_pair() -> None:
     assert planned_pairs(settings, "rpc_official", "symvit", sec.metric_seeds("cw@255")) == 1
     assert planned_pairs(settings, "rpc_official", "symvit") == len(settings["seeds"]) == 16
     assert planned_pairs(settings, "rpc_all2_l3", "symvit") == 3
+
+
+def test_a_report_without_plots_writes_the_same_summary_and_no_png(study_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(study_dir, bare)
+    write_study_report(study_dir)
+    pngs = sorted(p.name for p in study_dir.glob("*.png"))
+    assert pngs  # the full report draws its plots ...
+    report = write_study_report(bare, plots=False).read_text()
+    assert not list(bare.glob("*.png"))  # ... this one renders and writes none
+    assert read_json(bare / "summary.json") == read_json(study_dir / "summary.json")
+    assert report == (study_dir / "report.md").read_text()
+    write_study_report(bare)  # and the switch does not outlive the call
+    assert sorted(p.name for p in bare.glob("*.png")) == pngs

@@ -14,15 +14,19 @@ flat colours and anti-aliased edges, which a palette holds without visible loss 
 
 from __future__ import annotations
 
+import contextvars
 import io
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from .io import atomic_path
 
-__all__ = ["PAGE_WIDTH", "new_figure", "panel_grid", "row_starts", "series_style", "bar_style", "save_figure"]
+__all__ = ["PAGE_WIDTH", "new_figure", "panel_grid", "row_starts", "series_style", "bar_style", "save_figure",
+           "figures_not_saved"]
 
 #: the widest a figure is made, in inches (about a page's text width at the default 110 dpi: 1650 pixels)
 PAGE_WIDTH = 15.0
@@ -86,9 +90,28 @@ def bar_style(i: int) -> dict[str, Any]:
     return {"color": f"C{i % 10}", "hatch": _HATCHES[r % len(_HATCHES)], "edgecolor": "0.25" if r else None}
 
 
+#: False inside :func:`figures_not_saved`
+_SAVING: contextvars.ContextVar[bool] = contextvars.ContextVar("kpca_attention_saving_figures", default=True)
+
+
+@contextmanager
+def figures_not_saved() -> Iterator[None]:
+    """Within this block :func:`save_figure` neither renders nor writes (it returns the path it would have
+    written): for code that wants what a report computes, not its plots - rendering is half the time of
+    rewriting a study's report (the leaderboard's summary check rewrites seven)."""
+    token = _SAVING.set(False)
+    try:
+        yield
+    finally:
+        _SAVING.reset(token)
+
+
 def save_figure(fig: Any, path: str | os.PathLike, *, dpi: int = 110, tight: bool = True) -> Path:
-    """Write ``fig`` as PNG to ``path`` (folders created, written atomically); returns the path."""
+    """Write ``fig`` as PNG to ``path`` (folders created, written atomically); returns the path (and writes
+    nothing inside :func:`figures_not_saved`)."""
     path = Path(path)
+    if not _SAVING.get():
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     if tight:
         fig.tight_layout()

@@ -30,7 +30,7 @@ import numpy as np
 from ..checks import check_slug
 from ..io import read_json, write_json_atomic, write_text_atomic
 from ..machine import machine_kind
-from ..plotting import new_figure, save_figure, series_style
+from ..plotting import figures_not_saved, new_figure, save_figure, series_style
 from ..robustness.store import ResultStore
 from ..tables import fmt_num, fmt_pm, markdown_table
 from ..tasks import for_settings as task_of_settings
@@ -287,8 +287,12 @@ def _machines_line(res: Runs, slugs: Sequence[str]) -> str:
             f"floating-point paths on each, so the spread over seeds includes the machine.{isa}")
 
 
-def write_study_report(out: str | os.PathLike) -> Path:
-    """Write ``report.md``, ``summary.json`` and the plots of a study folder; returns the report."""
+def write_study_report(out: str | os.PathLike, *, plots: bool = True) -> Path:
+    """Write ``report.md``, ``summary.json`` and the plots of a study folder (``plots=False``: no PNG is
+    rendered or written, the report and summary are the same); returns the report."""
+    if not plots:
+        with figures_not_saved():
+            return write_study_report(out)
     out = Path(out)
     sec, res = _sections(out)
     if not res:

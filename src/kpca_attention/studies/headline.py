@@ -269,11 +269,11 @@ def check_summaries(results: str | os.PathLike = "results", studies: list[str] |
     what the study's report (:func:`~kpca_attention.report.study.write_study_report`) writes from its
     sealed result files; returns the studies checked (those with a summary).
 
-    Each report is written again into a temporary copy of the study folder (and of the result folders its
-    result files refer to), so nothing under ``results`` is touched, and the two summaries are compared
-    as JSON (floats to 1e-9 relative). A mismatch, a summary with no ``settings.json`` beside it and a
-    summary of a study with no finished run are each one ValueError line naming the file and what
-    differs."""
+    Each report is written again, without its plots, into a temporary copy of the study folder (and of the
+    result folders its result files refer to), so nothing under ``results`` is touched, and the two
+    summaries are compared as JSON (floats to 1e-9 relative). A mismatch, a summary with no
+    ``settings.json`` beside it and a summary of a study with no finished run are each one ValueError line
+    naming the file and what differs."""
     import shutil
     import tempfile
 
@@ -299,7 +299,7 @@ def check_summaries(results: str | os.PathLike = "results", studies: list[str] |
                 if (results / other / "results").is_dir() and other != study:
                     shutil.copytree(results / other / "results", Path(tmp) / other / "results")
             try:
-                write_study_report(copy)
+                write_study_report(copy, plots=False)  # the summary is compared, not the plots
             except FileNotFoundError as e:
                 raise ValueError(f"{path}: the study's sealed results hold no finished run to give its "
                                  f"cells ({e})") from None
