@@ -804,3 +804,19 @@ def test_the_pap_trace_key_names_its_data_seed_when_it_is_not_0() -> None:
     assert trace_key(study, {"k": 1}) == {"k": 1, "n": study.trace}
     other = study.replace(suites=ImageSuites(clean=32, data_seed=3))
     assert trace_key(other, {"k": 1}) == {"k": 1, "n": study.trace, "data_seed": 3}
+
+
+def test_the_report_says_when_runs_trained_with_different_thread_counts() -> None:
+    # every committed run trained on one torch thread; a run on two splits its reductions differently, which
+    # the report said nothing of (the machine kind is the CPU model alone)
+    from kpca_attention.report.study import _machines_line
+
+    def run(threads):
+        return {"run": {"machine": {"cpu": "Some CPU", "torch_threads": threads}}}
+
+    same = {"a": {0: run(1), 1: run(1)}, "b": {0: run(1)}}
+    assert "threads" not in _machines_line(same, ["a", "b"])
+    mixed = {"a": {0: run(1), 1: run(2)}, "b": {0: run(1), 1: {"run": {"machine": {"cpu": "Some CPU"}}}}}
+    line = _machines_line(mixed, ["a", "b"])
+    assert line.startswith("Trained on one kind of machine: Some CPU (4 runs).")
+    assert "**Torch threads differ between runs**: 1 (2 runs), 2 (1 run)" in line

@@ -281,10 +281,17 @@ def _machines_line(res: Runs, slugs: Sequence[str]) -> str:
     isa = ("" if recorded <= {"not recorded"} else
            " Vector instructions of torch's CPU kernels (hosts of one CPU model differ here, and so do their "
            "floating-point paths): " + "; ".join(per_kind) + ".")
+    threads = Counter(r["run"]["machine"].get("torch_threads") for s in slugs for r in res[s].values()
+                      if isinstance(r.get("run"), dict) and isinstance(r["run"].get("machine"), dict))
+    threads.pop(None, None)  # runs recorded before the machine had its thread count
+    mixed = ("" if len(threads) < 2 else
+             " **Torch threads differ between runs**: " + ", ".join(
+                 f"{t} ({n} run{'s' * (n > 1)})" for t, n in sorted(threads.items())) +
+             " - other thread counts split reductions in another order: the spread over seeds includes them.")
     if len(kinds) == 1:
-        return f"Trained on one kind of machine: {said}.{isa}"
+        return f"Trained on one kind of machine: {said}.{isa}{mixed}"
     return (f"**Trained on {len(kinds)} kinds of machine**: {said} - the same seed takes other "
-            f"floating-point paths on each, so the spread over seeds includes the machine.{isa}")
+            f"floating-point paths on each, so the spread over seeds includes the machine.{isa}{mixed}")
 
 
 def write_study_report(out: str | os.PathLike, *, plots: bool = True) -> Path:
