@@ -221,6 +221,16 @@ def test_headline_rows_come_from_the_verdict_cells(tmp_path) -> None:
         rows["RPC with 2 it. in every block, lambda 3, vs SymViT: clean"]
     assert "| +-0.5 | equivalent (within +-0.5) |" in \
         rows["forcing S = 0 leaves RPC-SymViT's clean accuracy as it is"]
+    # an equivalent cell whose 95 % interval excludes 0 says so, with its raw and Holm p: read alone, the word
+    # hid a difference within the margin (RPC-SymViT's FGSM 8/255, -1.86 (-3.28, -0.45), raw p 0.013)
+    below = {**cell, "mean": -0.3, "ci": [-0.45, -0.12], "word": "equivalent (within +-0.5)", "margin": 0.5,
+             "p_raw": 0.0132, "p_holm": 1.0}
+    summary["verdicts"]["also"]["rpc_official"]["cells"]["rpc_no_sparse"]["clean"] = below
+    (tmp_path / "rpc-seeds" / "summary.json").write_text(json.dumps(summary))
+    row = next(line for line in headline_markdown(tmp_path).splitlines() if line.startswith(
+        "| forcing S = 0 leaves RPC-SymViT's clean accuracy as it is"))
+    assert row.endswith("| +-0.5 | equivalent (within +-0.5); the 95 % interval lies below 0 (raw p 0.013, "
+                        "Holm 1: not a decided difference) |")
     missing = "| - | - | no paired seeds yet |"
     assert rows["RPC-SymViT (4 it., block 1) vs SymViT: clean top-1"].endswith(missing)  # no such cell
     assert rows["RPC-Symlm vs Symlm: test perplexity"].endswith(f"| `language` {missing}")  # no such study

@@ -49,7 +49,11 @@ the same images. Mean over the seeds listed; 95 % interval: t over seeds (2+ see
 (1 seed). All numbers are measured here (`reported: false`), attacks in pixel space (images in [0, 1],
 eps in pixel units) unless a table says `lab`; each table names its attacks' settings, and runs whose
 settings differ are never pooled in one table. Models are small and trained on CPU budgets: read the
-rows as comparisons within a study, not as results next to RobustBench's.
+rows as comparisons within a study, not as results next to RobustBench's. The order is not a verdict: rows
+of different studies are different trainings (the 3-seed `vision` study chose its recipe on the test split),
+a one-seed row's Wilson interval measures test-set noise only, and a mechanism's non-adaptive attack can
+flatter it (Elliptical: docs/results.md). The paired comparisons over seeds, with their verdicts, are in
+each study's `report.md` and in docs/results.md.
 """
 
 
