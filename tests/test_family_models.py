@@ -63,16 +63,27 @@ def test_registry() -> None:
 
 
 def test_names_pinned_and_each_one_function() -> None:
+    """Each mechanism of family.FAMILY_MECHANISMS has its module in models/mechanisms/ that registers
+    exactly its names, each an explicit ``@register_model`` function of that name (as timm does)."""
+    import importlib
+
     from timm.models import model_entrypoint
 
     names = set(family.FAMILY_VISION_MODELS) | set(family.FAMILY_SEGMENTATION_MODELS)
     assert PINNED <= names
-    source = inspect.getsource(family)
-    for name in names:
-        assert timm.is_model(name), name
-        fn = model_entrypoint(name)
-        assert fn.__name__ == name and getattr(family, name) is fn
-        assert f"@register_model\ndef {name}(pretrained: bool = False" in source, name
+    for mech in family.FAMILY_MECHANISMS:
+        module = importlib.import_module(f"kpca_attention.models.mechanisms.{mech}")
+        source = inspect.getsource(module)
+        vision, seg = family.family_names(mech)
+        for name in [*vision, *seg]:
+            assert timm.is_model(name), name
+            fn = model_entrypoint(name)
+            assert fn.__name__ == name and getattr(module, name) is fn and fn.__module__ == module.__name__
+            assert f"@register_model\ndef {name}(pretrained: bool = False" in source, name
+        defined = {n for n, f in vars(module).items() if callable(f) and getattr(f, "__module__", "") ==
+                   module.__name__}
+        assert defined == {*vision, *seg}, mech  # no stray or missing function
+        assert set(module.default_cfgs) == set(vision)  # the pretrained configs timm reads from the module
     assert {f"{m}_{f}" for m in MINE for f in ("lm", "symlm")} <= set(list_models("family"))
 
 

@@ -31,7 +31,12 @@ def test_the_readme_python_examples_run(capsys) -> None:
 
     # what the examples say they make
     assert isinstance(namespace["model"], timm.models.VisionTransformer)
-    assert "twicing" in capsys.readouterr().out  # mechanisms() printed
+    printed = capsys.readouterr().out
+    assert "twicing" in printed  # mechanisms() printed, and its comment lists what it prints
+    from kpca_attention.attention import mechanisms
+
+    comment = next(line for line in README.read_text().splitlines() if line.startswith("print(mechanisms())"))
+    assert comment.split("#", 1)[1].strip() == ", ".join(mechanisms())
     assert namespace["rkde"].blocks[0].attn.official_norm is True
     assert namespace["ell"].blocks[0].attn.differentiable is True
     with torch.no_grad():

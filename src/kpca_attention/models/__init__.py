@@ -12,7 +12,7 @@ from typing import Any
 import timm
 from torch import nn
 
-from . import family, fan, lm, segmenter, vit
+from . import family, fan, lm, mechanisms, segmenter, vit
 from .family import FAMILY_SEGMENTATION_MODELS, FAMILY_VISION_MODELS
 from .fan import FAN_MODELS
 from .lm import FAMILY_LM_MODELS, LM_MODELS, LM_PRESETS, CausalLM, LMConfig, create_lm, perplexity
@@ -40,6 +40,7 @@ __all__ = [
     "Segmenter",
     "SEGMENTATION_MODELS",
     "family",
+    "mechanisms",
     "fan",
     "FAMILY_VISION_MODELS",
     "FAMILY_SEGMENTATION_MODELS",

@@ -1,8 +1,9 @@
 """The robust-attention family as models: one registered mechanism name gives every model.
 
-For a mechanism ``<m>`` of :mod:`kpca_attention.attention.registry` this module registers in timm
-(one explicit ``@register_model`` function per name, as timm does; ``tests/test_family_models.py`` pins
-the names):
+For a mechanism ``<m>`` of :mod:`kpca_attention.attention.registry` listed in :data:`FAMILY_MECHANISMS`,
+its module in :mod:`kpca_attention.models.mechanisms` registers in timm (one explicit ``@register_model``
+function per name, as timm does, each calling :func:`family_vit` / :func:`family_segmenter` here;
+``tests/test_family_models.py`` checks the names):
 
 * ``<m>_vit_<size>``: timm's ``VisionTransformer`` with the mechanism's layer (asymmetric, with queries);
 * ``<m>_symvit_<size>``: the same with W_Q = W_K (SymViT), where the paper allows it;
@@ -31,7 +32,7 @@ import functools
 from typing import Any
 
 from timm.layers import Attention
-from timm.models import generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs
 from timm.models._features import feature_take_indices
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor
@@ -54,6 +55,10 @@ __all__ = [
     "FAMILY_VISION_MODELS",
     "FAMILY_SEGMENTATION_MODELS",
     "build_family_vit",
+    "family_vit",
+    "family_segmenter",
+    "family_names",
+    "family_default_cfgs",
 ]
 
 #: the ViT sizes every family mechanism is registered in (keys of :data:`~.vit.ARCHS`)
@@ -187,11 +192,15 @@ def build_family_vit(
     return create_vit(variant, pretrained, _plain_layer(symmetric), post, **kwargs)
 
 
-def _vit(name: str, symmetric: bool, size: str, pretrained: bool, **kwargs: Any) -> VisionTransformer:
+def family_vit(name: str, symmetric: bool, size: str, pretrained: bool = False,
+               **kwargs: Any) -> VisionTransformer:
+    """The registered ViT ``<name>_[sym]vit_<size>`` (what its ``@register_model`` function returns)."""
     return build_family_vit(name, f"{_family(name, symmetric)}_{size}", pretrained, symmetric, **kwargs)
 
 
-def _seg(name: str, symmetric: bool, size: str, pretrained: bool, **kwargs: Any) -> Segmenter:
+def family_segmenter(name: str, symmetric: bool, size: str, pretrained: bool = False,
+                     **kwargs: Any) -> Segmenter:
+    """The registered Segmenter ``segmenter_<name>_[sym]vit_<size>`` on the family ViT of its encoder."""
     return create_registered_segmenter(_family(name, symmetric), size, pretrained, **kwargs)
 
 
@@ -199,353 +208,22 @@ def _segmenter_sizes() -> list[str]:
     return [s for s, (enc, _) in SEGMENTER_SIZES.items() if enc in FAMILY_SIZES]
 
 
-def _all_names() -> tuple[list[str], list[str]]:
+def family_names(name: str) -> tuple[list[str], list[str]]:
+    """``(ViT names, Segmenter names)`` registered for the mechanism ``name`` of :data:`FAMILY_MECHANISMS`:
+    its forms (asymmetric; symmetric where the table says) at :data:`FAMILY_SIZES` and the Segmenter sizes
+    whose encoder is one of them."""
     vision, seg = [], []
-    for name, sym_too in FAMILY_MECHANISMS.items():
-        for symmetric in (False, True) if sym_too else (False,):
-            vision += [f"{_family(name, symmetric)}_{size}" for size in FAMILY_SIZES]
-            seg += [f"segmenter_{_family(name, symmetric)}_{size}" for size in _segmenter_sizes()]
+    for symmetric in (False, True) if FAMILY_MECHANISMS[name] else (False,):
+        vision += [f"{_family(name, symmetric)}_{size}" for size in FAMILY_SIZES]
+        seg += [f"segmenter_{_family(name, symmetric)}_{size}" for size in _segmenter_sizes()]
     return vision, seg
 
 
-_VISION, _SEGMENTATION = _all_names()
-FAMILY_VISION_MODELS: tuple[str, ...] = tuple(_VISION)
-FAMILY_SEGMENTATION_MODELS: tuple[str, ...] = tuple(_SEGMENTATION)
+def family_default_cfgs(name: str) -> Any:
+    """The ``default_cfgs`` of the mechanism ``name``'s module of registrations (timm reads a model's
+    pretrained config from the ``default_cfgs`` of the module its ``@register_model`` function is in)."""
+    return generate_default_cfgs({n: vit_cfg(n) for n in family_names(name)[0]})
 
-default_cfgs = generate_default_cfgs({n: vit_cfg(n) for n in FAMILY_VISION_MODELS})
 
-
-# ----------------------------------------------------------------------------- registrations
-# One function per registered name, as timm does (a name is found by searching for ``def <name>``);
-# tests/test_family_models.py checks that the registered set equals FAMILY_VISION_MODELS +
-# FAMILY_SEGMENTATION_MODELS and that each is a function of that name.
-
-
-@register_model
-def neutreno_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """NeuTRENO, size mini_patch4_28."""
-    return _vit("neutreno", False, "mini_patch4_28", pretrained, **kwargs)
-
-
-@register_model
-def neutreno_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """NeuTRENO, size mini_patch4_32."""
-    return _vit("neutreno", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def neutreno_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """NeuTRENO, size tiny_patch16_224."""
-    return _vit("neutreno", False, "tiny_patch16_224", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_neutreno_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on neutreno_vit_mini_patch4_32."""
-    return _seg("neutreno", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_neutreno_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on neutreno_vit_tiny_patch16_224."""
-    return _seg("neutreno", False, "tiny_patch16_512", pretrained, **kwargs)
-
-
-@register_model
-def neutreno_symvit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """NeuTRENO (symmetric, W_Q = W_K), size mini_patch4_28."""
-    return _vit("neutreno", True, "mini_patch4_28", pretrained, **kwargs)
-
-
-@register_model
-def neutreno_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """NeuTRENO (symmetric, W_Q = W_K), size mini_patch4_32."""
-    return _vit("neutreno", True, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def neutreno_symvit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """NeuTRENO (symmetric, W_Q = W_K), size tiny_patch16_224."""
-    return _vit("neutreno", True, "tiny_patch16_224", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_neutreno_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on neutreno_symvit_mini_patch4_32."""
-    return _seg("neutreno", True, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_neutreno_symvit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on neutreno_symvit_tiny_patch16_224."""
-    return _seg("neutreno", True, "tiny_patch16_512", pretrained, **kwargs)
-
-
-@register_model
-def pid_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """PIDformer (PID-controlled attention), size mini_patch4_28."""
-    return _vit("pid", False, "mini_patch4_28", pretrained, **kwargs)
-
-
-@register_model
-def pid_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """PIDformer (PID-controlled attention), size mini_patch4_32."""
-    return _vit("pid", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def pid_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """PIDformer (PID-controlled attention), size tiny_patch16_224."""
-    return _vit("pid", False, "tiny_patch16_224", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_pid_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on pid_vit_mini_patch4_32."""
-    return _seg("pid", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_pid_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on pid_vit_tiny_patch16_224."""
-    return _seg("pid", False, "tiny_patch16_512", pretrained, **kwargs)
-
-
-@register_model
-def pid_symvit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """PIDformer (PID-controlled attention) (symmetric, W_Q = W_K), size mini_patch4_28."""
-    return _vit("pid", True, "mini_patch4_28", pretrained, **kwargs)
-
-
-@register_model
-def pid_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """PIDformer (PID-controlled attention) (symmetric, W_Q = W_K), size mini_patch4_32."""
-    return _vit("pid", True, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def pid_symvit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """PIDformer (PID-controlled attention) (symmetric, W_Q = W_K), size tiny_patch16_224."""
-    return _vit("pid", True, "tiny_patch16_224", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_pid_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on pid_symvit_mini_patch4_32."""
-    return _seg("pid", True, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_pid_symvit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on pid_symvit_tiny_patch16_224."""
-    return _seg("pid", True, "tiny_patch16_512", pretrained, **kwargs)
-
-
-@register_model
-def elliptical_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Elliptical attention, size mini_patch4_28."""
-    return _vit("elliptical", False, "mini_patch4_28", pretrained, **kwargs)
-
-
-@register_model
-def elliptical_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Elliptical attention, size mini_patch4_32."""
-    return _vit("elliptical", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def elliptical_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Elliptical attention, size tiny_patch16_224."""
-    return _vit("elliptical", False, "tiny_patch16_224", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_elliptical_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on elliptical_vit_mini_patch4_32."""
-    return _seg("elliptical", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_elliptical_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on elliptical_vit_tiny_patch16_224."""
-    return _seg("elliptical", False, "tiny_patch16_512", pretrained, **kwargs)
-
-
-@register_model
-def elliptical_symvit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Elliptical attention (symmetric, W_Q = W_K), size mini_patch4_28."""
-    return _vit("elliptical", True, "mini_patch4_28", pretrained, **kwargs)
-
-
-@register_model
-def elliptical_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Elliptical attention (symmetric, W_Q = W_K), size mini_patch4_32."""
-    return _vit("elliptical", True, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def elliptical_symvit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Elliptical attention (symmetric, W_Q = W_K), size tiny_patch16_224."""
-    return _vit("elliptical", True, "tiny_patch16_224", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_elliptical_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on elliptical_symvit_mini_patch4_32."""
-    return _seg("elliptical", True, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_elliptical_symvit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on elliptical_symvit_tiny_patch16_224."""
-    return _seg("elliptical", True, "tiny_patch16_512", pretrained, **kwargs)
-
-
-@register_model
-def twicing_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Twicing attention, size mini_patch4_28."""
-    return _vit("twicing", False, "mini_patch4_28", pretrained, **kwargs)
-
-
-@register_model
-def twicing_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Twicing attention, size mini_patch4_32."""
-    return _vit("twicing", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def twicing_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Twicing attention, size tiny_patch16_224."""
-    return _vit("twicing", False, "tiny_patch16_224", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_twicing_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on twicing_vit_mini_patch4_32."""
-    return _seg("twicing", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_twicing_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on twicing_vit_tiny_patch16_224."""
-    return _seg("twicing", False, "tiny_patch16_512", pretrained, **kwargs)
-
-
-@register_model
-def twicing_symvit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Twicing attention (symmetric, W_Q = W_K), size mini_patch4_28."""
-    return _vit("twicing", True, "mini_patch4_28", pretrained, **kwargs)
-
-
-@register_model
-def twicing_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Twicing attention (symmetric, W_Q = W_K), size mini_patch4_32."""
-    return _vit("twicing", True, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def twicing_symvit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Twicing attention (symmetric, W_Q = W_K), size tiny_patch16_224."""
-    return _vit("twicing", True, "tiny_patch16_224", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_twicing_symvit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on twicing_symvit_mini_patch4_32."""
-    return _seg("twicing", True, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_twicing_symvit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on twicing_symvit_tiny_patch16_224."""
-    return _seg("twicing", True, "tiny_patch16_512", pretrained, **kwargs)
-
-
-@register_model
-def kde_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """KDE attention (unit-norm keys), size mini_patch4_28."""
-    return _vit("kde", False, "mini_patch4_28", pretrained, **kwargs)
-
-
-@register_model
-def kde_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """KDE attention (unit-norm keys), size mini_patch4_32."""
-    return _vit("kde", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def kde_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """KDE attention (unit-norm keys), size tiny_patch16_224."""
-    return _vit("kde", False, "tiny_patch16_224", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_kde_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on kde_vit_mini_patch4_32."""
-    return _seg("kde", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_kde_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on kde_vit_tiny_patch16_224."""
-    return _seg("kde", False, "tiny_patch16_512", pretrained, **kwargs)
-
-
-@register_model
-def rkde_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Robust KDE attention (Huber KIRWLS), size mini_patch4_28."""
-    return _vit("rkde", False, "mini_patch4_28", pretrained, **kwargs)
-
-
-@register_model
-def rkde_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Robust KDE attention (Huber KIRWLS), size mini_patch4_32."""
-    return _vit("rkde", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def rkde_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Robust KDE attention (Huber KIRWLS), size tiny_patch16_224."""
-    return _vit("rkde", False, "tiny_patch16_224", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_rkde_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on rkde_vit_mini_patch4_32."""
-    return _seg("rkde", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_rkde_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on rkde_vit_tiny_patch16_224."""
-    return _seg("rkde", False, "tiny_patch16_512", pretrained, **kwargs)
-
-
-@register_model
-def rvt_vit_mini_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """RVT position-aware attention scaling, size mini_patch4_28."""
-    return _vit("rvt", False, "mini_patch4_28", pretrained, **kwargs)
-
-
-@register_model
-def rvt_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """RVT position-aware attention scaling, size mini_patch4_32."""
-    return _vit("rvt", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def rvt_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """RVT position-aware attention scaling, size tiny_patch16_224."""
-    return _vit("rvt", False, "tiny_patch16_224", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_rvt_vit_mini_patch4_32(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on rvt_vit_mini_patch4_32."""
-    return _seg("rvt", False, "mini_patch4_32", pretrained, **kwargs)
-
-
-@register_model
-def segmenter_rvt_vit_tiny_patch16_512(pretrained: bool = False, **kwargs: Any) -> Segmenter:
-    """Segmenter on rvt_vit_tiny_patch16_224."""
-    return _seg("rvt", False, "tiny_patch16_512", pretrained, **kwargs)
+FAMILY_VISION_MODELS: tuple[str, ...] = tuple(n for m in FAMILY_MECHANISMS for n in family_names(m)[0])
+FAMILY_SEGMENTATION_MODELS: tuple[str, ...] = tuple(n for m in FAMILY_MECHANISMS for n in family_names(m)[1])
