@@ -1,0 +1,87 @@
+"""What every mechanism of the family's model table (``models/family.FAMILY_MECHANISMS``) must do as a model,
+checked for each row without a line per mechanism: a new mechanism's module of names gets these checks for
+free, and its own test file holds only its float64 transcription (docs/architecture.md, "Add an attention
+mechanism"). Each ViT name has a complete pretrained config whose input the model takes; its blocks carry the
+mechanism's layer where the registry applies it (symmetric exactly in the symmetric form) and plain attention
+elsewhere; the mini model runs forward and backward with finite outputs and gradients for every parameter it
+uses; the Segmenters' encoders carry the same layer; and every family LM leaks nothing from the future."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import kpca_attention  # noqa: F401  (registers the models)
+from kpca_attention.attention import get_mechanism
+from kpca_attention.models import FAMILY_LM_MODELS, family
+
+from family_checks import assert_no_leak_from_the_future, causal_lm
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+FORMS = [(m, sym) for m, sym_too in family.FAMILY_MECHANISMS.items()
+         for sym in ((False, True) if sym_too else (False,))]
+
+
+def _form(sym: bool) -> str:
+    return "symvit" if sym else "vit"
+
+
+def _layer_name(layer: type) -> str:
+    return layer.__name__.split("[", 1)[0]  # configure() names its subclass "Layer[options]"
+
+
+@pytest.mark.parametrize("mech,sym", FORMS, ids=[f"{m}_{_form(s)}" for m, s in FORMS])
+def test_every_size_has_its_config_and_the_mechanism_in_the_applied_blocks(mech: str, sym: bool) -> None:
+    spec = get_mechanism(mech)
+    layer = _layer_name(spec.layer_class("vision", sym))
+    for size in family.FAMILY_SIZES:
+        name = f"{mech}_{_form(sym)}_{size}"
+        cfg = timm.models.get_pretrained_cfg(name).to_dict()
+        assert {"input_size", "num_classes", "mean", "std", "architecture"} <= set(cfg), name
+        model = timm.create_model(name, device="meta")
+        assert model.default_cfg == model.pretrained_cfg and cfg["architecture"] == name
+        assert model.in_chans == cfg["input_size"][0] and model.num_classes == cfg["num_classes"]
+        assert model.patch_embed.img_size == tuple(cfg["input_size"][1:]), name
+        applied = spec.applied_blocks("vision", len(model.blocks), None)
+        assert model.attn_mechanism == mech and model.attn_blocks == applied, name
+        for i, blk in enumerate(model.blocks):
+            mine = _layer_name(type(blk.attn)) == layer and getattr(blk.attn, "applied", True)
+            assert mine is (i in applied), (name, i)  # plain attention outside the applied blocks
+            assert getattr(blk.attn, "symmetric", sym) is sym, (name, i)  # no W_Q in the symmetric form
+
+
+@pytest.mark.parametrize("mech,sym", FORMS, ids=[f"{m}_{_form(s)}" for m, s in FORMS])
+def test_the_mini_model_trains(mech: str, sym: bool) -> None:
+    torch.manual_seed(0)
+    model = timm.create_model(f"{mech}_{_form(sym)}_mini_patch4_28", depth=2)
+    x = torch.randn(2, 1, 28, 28)
+    out = model(x)
+    assert out.shape == (2, model.num_classes) and torch.isfinite(out).all()
+    out.logsumexp(-1).sum().backward()
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not [n for n in unused if ".attn." in n], unused  # the mechanism's parameters take part
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), model(x))  # evaluation is deterministic
+
+
+@pytest.mark.parametrize("mech,sym", FORMS, ids=[f"{m}_{_form(s)}" for m, s in FORMS])
+def test_the_segmenters_encoders_carry_the_mechanism(mech: str, sym: bool) -> None:
+    layer = _layer_name(get_mechanism(mech).layer_class("vision", sym))
+    seg_names = [n for n in family.family_names(mech)[1] if f"_{_form(sym)}_" in n]
+    assert seg_names
+    for name in seg_names:
+        seg = timm.create_model(name, device="meta")
+        layers = {_layer_name(type(b.attn)) for b in seg.encoder.blocks}
+        assert layer in layers, (name, layers)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_LM_MODELS))
+def test_every_family_lm_leaks_nothing_from_the_future(name: str) -> None:
+    torch.manual_seed(0)
+    lm = causal_lm(name, n_layer=2)
+    assert_no_leak_from_the_future(lm, n=12, t=5)
+    assert_no_leak_from_the_future(lm, n=12, t=5, shift=True)
