@@ -11,12 +11,11 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
+from family_checks import assert_no_leak_from_the_future, causal_lm
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import get_mechanism
 from kpca_attention.models import FAMILY_LM_MODELS, family
-
-from family_checks import assert_no_leak_from_the_future, causal_lm
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
