@@ -14,7 +14,7 @@ import torch
 from family_checks import assert_no_leak_from_the_future, causal_lm
 
 import kpca_attention  # noqa: F401  (registers the models)
-from kpca_attention.attention import get_mechanism
+from kpca_attention.attention import get_mechanism, run_with_cache
 from kpca_attention.models import FAMILY_LM_MODELS, family
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -25,6 +25,10 @@ FORMS = [(m, sym) for m, sym_too in family.FAMILY_MECHANISMS.items()
 
 def _form(sym: bool) -> str:
     return "symvit" if sym else "vit"
+
+
+def spec_blocks(mech: str, depth: int) -> list[int]:
+    return get_mechanism(mech).applied_blocks("vision", depth, None)
 
 
 def _layer_name(layer: type) -> str:
@@ -65,6 +69,13 @@ def test_the_mini_model_trains(mech: str, sym: bool) -> None:
     model.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(x), model(x))  # evaluation is deterministic
+        _, cache = run_with_cache(model, x, names_filter=lambda n: n.endswith(("hook_k", "hook_z")))
+    heads = model.blocks[0].attn.num_heads
+    for i, blk in enumerate(model.blocks):  # every block's heads before the projection, named as in timm
+        if hasattr(blk.attn, "hook_z"):
+            z = cache[f"blocks.{i}.attn.hook_z"]
+            assert z.shape == cache[f"blocks.{i}.attn.hook_k"].shape and z.shape[1] == heads
+    assert sum(k.endswith("hook_z") for k in cache) >= len(spec_blocks(mech, len(model.blocks)))
 
 
 @pytest.mark.parametrize("mech,sym", FORMS, ids=[f"{m}_{_form(s)}" for m, s in FORMS])

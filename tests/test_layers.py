@@ -116,6 +116,27 @@ def test_hooks_see_heads(layer_name: str) -> None:
     assert seen == {name: (2, HEADS, N_TOKENS, HEAD_DIM) for name in ("hook_q", "hook_k", "hook_v")}
 
 
+def test_hook_z_is_what_the_output_projection_merges(layer_name: str) -> None:
+    """hook_z holds the heads' outputs: merged and projected they give the layer's output, and a hook that
+    changes them changes the layer's output as the projection says (an intervention, as in
+    TransformerLens)."""
+    from kpca_attention.attention import run_with_cache
+
+    model = randomise_scaled(vit(LAYERS[layer_name])).eval()
+    attn = model.blocks[1].attn
+    outs = {}
+    handle = attn.register_forward_hook(lambda m, i, o: outs.__setitem__("attn", o))
+    with torch.no_grad():
+        _, cache = run_with_cache(model, images(b=2), names_filter="blocks.1.attn.hook_z")
+        z = cache["blocks.1.attn.hook_z"]
+        assert z.shape == (2, HEADS, N_TOKENS, HEAD_DIM)
+        torch.testing.assert_close(attn.proj(z.transpose(1, 2).reshape(2, N_TOKENS, DIM)), outs["attn"])
+        attn.hook_z.register_forward_hook(lambda m, i, o: torch.zeros_like(o))
+        model(images(b=2))
+    handle.remove()
+    torch.testing.assert_close(outs["attn"], attn.proj.bias.expand(2, N_TOKENS, DIM))
+
+
 def test_causal_and_masked_forward(layer_name: str) -> None:
     """timm's attn_mask / is_causal reach the layers; under is_causal nothing flows backwards."""
     model = randomise_scaled(vit(LAYERS[layer_name])).eval()

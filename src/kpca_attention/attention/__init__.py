@@ -17,7 +17,8 @@ is_causal=False)`` with ``x`` of shape ``(B, N, C)``, so each can be given to
 
 Named hook points (TransformerLens style, :mod:`.hooks`): ``hook_q``, ``hook_k``, ``hook_v`` are identity
 modules that see the per-head ``(B, H, N, D)`` tensors (bias included, after qk-norm); register a
-forward hook on them to read q, k, v of any layer. In symmetric layers ``hook_q`` sees the keys (Q = K).
+forward hook on them to read q, k, v of any layer; ``hook_z`` sees the heads' outputs before the output
+projection. In symmetric layers ``hook_q`` sees the keys (Q = K).
 RPC layers add PAP's inner states (``hook_mu``, ``hook_tau``, ``hook_L.t``, ``hook_W.t``,
 ``hook_S_density.t``); :func:`run_with_cache` reads every hook point of a model in one forward pass.
 

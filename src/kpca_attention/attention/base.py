@@ -1,5 +1,5 @@
 """The shared base of the attention mechanisms: :class:`HeadsAttention` (timm's constructor, projections
-to heads, qk-norm, the q/k/v hook points, the output projection) and the options table (each
+to heads, qk-norm, the q/k/v/z hook points, the output projection) and the options table (each
 mechanism's ``parameter_constraints``, rows of :mod:`kpca_attention.checks`, as scikit-learn's
 ``_parameter_constraints``).
 
@@ -116,6 +116,9 @@ class HeadsAttention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        #: the heads' outputs ``(B, H, N, D)``, before they are merged and projected (TransformerLens's
+        #: ``hook_z``); the attention pattern is not materialised (SDPA), see :mod:`.hooks`
+        self.hook_z = HookPoint()
 
     @classmethod
     def validate_options(cls, **values: Any) -> None:
@@ -148,7 +151,7 @@ class HeadsAttention(nn.Module):
                 f"{type(self).__name__}: x must be (B, N, {self.attn_dim}), got {tuple(x.shape)}"
             )
         b, n, _ = x.shape
-        out = self.attend(self.split_heads(x), attn_mask, is_causal)  # (B, H, N, D)
+        out = self.hook_z(self.attend(self.split_heads(x), attn_mask, is_causal))  # (B, H, N, D)
         out = self.norm(out.transpose(1, 2).reshape(b, n, self.attn_dim))
         return self.proj_drop(self.proj(out))
 

@@ -1,11 +1,22 @@
 """Named hook points (TransformerLens style) and :func:`run_with_cache`.
 
 A :class:`HookPoint` is an identity module that names a tensor of a forward pass: the attention layers
-route their per-head q, k, v through ``hook_q`` / ``hook_k`` / ``hook_v``, and the RPC layer PAP's inner
+route their per-head q, k, v through ``hook_q`` / ``hook_k`` / ``hook_v`` and the heads' outputs, before
+they are merged and projected, through ``hook_z`` (all ``(B, H, N, D)``), and the RPC layer PAP's inner
 states through ``hook_mu``, ``hook_tau``, ``hook_L.t``, ``hook_W.t`` and ``hook_S_density.t``. Register
 a forward hook on one to read it (or return a new tensor to change it); :func:`run_with_cache` reads
 them all. A hook point without a hook costs nothing: the RPC layer only forms PAP's states when one of
 its PAP hook points is :attr:`~HookPoint.active`.
+
+There is no ``hook_pattern``: the layers call fused attention (SDPA), which never forms the N x N
+matrix, and for several mechanisms no single matrix maps V to the output (RPC's PAP iterations, Twicing's
+2A - A^2, RKDE's re-weighting). For a softmax layer the pattern is
+``softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5)`` from the cached ``hook_q`` and ``hook_k``
+(plus the mask, if any).
+
+Keys are module names: a run loaded with :func:`kpca_attention.train.load_model` is a
+:class:`~kpca_attention.models.NormalizedModel` wrapping the timm model as ``.model``, so its keys start
+with ``model.`` (``model.blocks.0.attn.hook_mu``); pass ``model.model`` for the bare names.
 """
 
 from __future__ import annotations
@@ -55,6 +66,7 @@ def run_with_cache(
     in the forward pass keeps its last value. The hooks are removed on return, also after an error.
 
     >>> out, cache = run_with_cache(model, images, names_filter=lambda n: n.endswith("hook_mu"))
+    >>> cache["blocks.0.attn.hook_mu"].shape  # (B, H, 1, 1); "model.blocks.0..." for a load_model run
     """
     wanted = _wanted(names_filter)
     cache: dict[str, Tensor] = {}

@@ -90,6 +90,7 @@ class StatefulAttention(HeadsAttention):
         b, n, _ = x.shape
         out, new_state = self.attend_state(self.split_heads(x), attn_mask, is_causal,
                                            {} if state is None else state)
+        out = self.hook_z(out)
         out = self.norm(out.transpose(1, 2).reshape(b, n, self.attn_dim))
         out = self.proj_drop(self.proj(out))
         return out if state is None else (out, new_state)
