@@ -299,3 +299,24 @@ def test_a_report_without_plots_writes_the_same_summary_and_no_png(study_dir: Pa
     assert report == (study_dir / "report.md").read_text()
     write_study_report(bare)  # and the switch does not outlive the call
     assert sorted(p.name for p in bare.glob("*.png")) == pngs
+
+
+def test_the_training_noise_row_is_announced_only_when_there_is_one(study_dir: Path) -> None:
+    noise = "The first row is the baseline against itself across seeds"
+    report = write_study_report(study_dir).read_text()
+    assert noise in report and "| Symlm s" in report  # the row and its sentence
+    for f in (study_dir / "results").glob("symlm-s*.json"):
+        if f.stem != f"symlm-s{SEEDS[0]}":
+            f.unlink()  # the baseline on one seed: no such row, no such sentence
+    report = write_study_report(study_dir).read_text()
+    assert noise not in report and "| Symlm s" not in report
+
+
+def test_a_report_without_all_five_severities_says_why_it_has_no_mce() -> None:
+    from kpca_attention.tasks.classification.report import _no_mce_reason
+
+    suites = {"corruptions": {"n": 100, "names": ["fog"], "severities": [1, 3]}}
+    assert "severities [1, 3] only" in _no_mce_reason({"suites": suites})
+    suites["corruptions"]["severities"] = [5, 4, 3, 2, 1]
+    assert _no_mce_reason({"suites": suites}) is None
+    assert _no_mce_reason({"suites": {"corruptions": None}}) is None

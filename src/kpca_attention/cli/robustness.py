@@ -61,8 +61,8 @@ def robustness_cmd(
     baseline: str | None = typer.Option(None, help="Label of the baseline run for mCE relative to a run "
                                         "(default: the first checkpoint)."),
     split: str = typer.Option("test", help="Image split to evaluate (train | val | test)."),
-    n: int | None = typer.Option(None, help="Evaluate corruptions on this many test images (seeded "
-                                 "sample; default all)."),
+    n: int | None = typer.Option(None, help="Test images for the clean accuracy (the first N) and the "
+                                 "corruptions (a sample of N drawn with --seed); default all."),
     corruptions: str = typer.Option("common", help="common (the 15 of ImageNet-C) | extra | all | a "
                                     "comma-separated list."),
     severities: str = typer.Option("1,2,3,4,5", help="Comma-separated severities."),

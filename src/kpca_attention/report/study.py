@@ -369,10 +369,12 @@ def write_study_report(out: str | os.PathLike, *, plots: bool = True) -> Path:
 
     # --- paired differences ------------------------------------------------------------------------
     if base in res and len(slugs) > 1:
-        lines += [f"## Paired differences against {label[base]}{sec.paired_unit}", "", sec.paired_note(), "",
-                  f"Example-level columns: {NOISE_NOTE}.", ""]
-        prow = []
         bseeds = sorted(res[base])
+        noise_row = (" The first row is the baseline against itself across seeds: the size of training noise."
+                     if len(bseeds) >= 2 else "")
+        lines += [f"## Paired differences against {label[base]}{sec.paired_unit}", "",
+                  sec.paired_note() + noise_row, "", f"Example-level columns: {NOISE_NOTE}.", ""]
+        prow = []
         if len(bseeds) >= 2:
             prow.append({"variant": f"{label[base]} s{bseeds[1]} - s{bseeds[0]}",
                          **sec.seed_noise(bseeds[0], bseeds[1], rng, summary)})

@@ -124,7 +124,9 @@ def attack_checks_section(attacks: Sequence[Mapping[str, Any]],
         total = sum(len(p) for p in checks.values())
         lines += [f"**{len(failed)} of {total} checks failed**: {shown}{more}.", ""]
     else:
-        lines += [f"**Every check passed in every run** ({len(checks)} comparisons, {len(runs)} runs).", ""]
+        counted = (f"{len(checks)} comparison{'s' * (len(checks) != 1)}, "
+                   f"{len(runs)} run{'s' * (len(runs) != 1)}")
+        lines += [f"**Every check passed in every run** ({counted}).", ""]
     lines += [markdown_table(rows, {"rule": "rule", "threat": "budget", "pair": "stronger vs weaker",
                                     "passed": "runs passed",
                                     "excess": "largest excess (points)",

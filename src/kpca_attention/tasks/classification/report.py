@@ -60,6 +60,17 @@ def _errors(r: Mapping[str, Any]) -> dict[str, dict[int, float]]:
     return {c: {int(s): 1 - x["top1"] for s, x in per.items()} for c, per in r.get("corruptions", {}).items()}
 
 
+def _no_mce_reason(settings: Mapping[str, Any]) -> str | None:
+    """Why a report of these settings has no mCE column although it evaluated corruptions (None when it
+    evaluated none, or all five severities): mCE sums each corruption's errors over the five severities."""
+    corr = (settings.get("suites") or {}).get("corruptions")
+    if not corr or sorted(corr.get("severities") or ()) == list(FULL_SEVERITIES):
+        return None
+    return (f"No mCE: it sums each corruption's error over all five severities (Hendrycks & Dietterich), and "
+            f"these corruptions were evaluated at severities {list(corr['severities'])} only; the "
+            "corrupted column is their mean accuracy.")
+
+
 def _mce(r: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[float | None, float | None]:
     """(mCE, relative mCE) of ``r`` relative to ``base`` over the corruptions both have with all five
     severities; relative CE leaves out corruptions that do not degrade the baseline (undefined)."""
@@ -169,19 +180,23 @@ class ClassificationSections(StudySections):
         return _metric_title(key, self.norms)
 
     def summary_extra(self) -> dict[str, Any]:
-        return {"mce": {}}
+        reason = _no_mce_reason(self.settings)
+        return {"mce": {}, **({"mce_note": reason} if reason else {})}
 
     def evaluation(self) -> str:
         s_ = self.settings
         suites = s_["suites"]
         corr = suites.get("corruptions")
+        clean = "all" if suites["clean"] is None else f"the first {suites['clean']}"
         attacks = [f"{attack_name(a)} ({attack_settings(a['method'], a.get('options'))}) on {a['n']} images"
                    + (f" (seeds {a['seeds']} only)" if a.get("seeds") else "") for a in suites["attacks"]]
         return (
-            f"Evaluation: clean on {'all' if suites['clean'] is None else suites['clean']} test images"
+            f"Evaluation: clean on {clean} test images"
             + (f"; {len(corr['names'])} corruptions x severities {corr['severities']} on "
-               f"{'all' if corr['n'] is None else corr['n']} fixed test images (imagecorruptions, seeded per "
-               "image)" if corr else "")
+               + ("all test images" if corr["n"] is None else
+                  f"{corr['n']} test images drawn with seed {suites.get('data_seed', 0)} (their own clean "
+                  "accuracy is the drop table's and the severity plot's severity 0)")
+               + " (imagecorruptions, seeded per image)" if corr else "")
             + ("; attacks in pixel space unless marked (lab) (Linf eps in units of 1/255, normalisation "
                "inside the model; lab: eps on the normalised tensor, as the paper's code): "
                + ", ".join(attacks) if attacks else "")
@@ -228,7 +243,8 @@ class ClassificationSections(StudySections):
 
     def table_notes(self, columns: Mapping[str, str]) -> list[str]:
         if "mCE" not in columns:
-            return []
+            reason = _no_mce_reason(self.settings)
+            return [reason, ""] if reason else []
         base = self.label[self.base]
         return [f"mCE: corruption error relative to {base} of the same seed (100 = as robust, lower "
                 "is better), over the corruptions evaluated at all five severities; rel. mCE the same on "
@@ -242,8 +258,7 @@ class ClassificationSections(StudySections):
                 "interval and paired t-test p when there are >= 2 seeds; [bootstrap 95% interval over test "
                 "images, seeds pooled]; exact McNemar p on discordant images (with several seeds: the sign "
                 "test on each image's mean difference over the seeds, an image one unit; not for "
-                "corruptions, whose views of one image are not independent). The first row is the "
-                "baseline against itself across seeds: the size of training noise.")
+                "corruptions, whose views of one image are not independent).")
 
     def seed_noise(self, b0: int, b1: int, rng: np.random.Generator,
                    summary: dict[str, Any]) -> dict[str, str]:

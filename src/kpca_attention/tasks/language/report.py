@@ -204,8 +204,7 @@ class LanguageSections(StudySections):
                 "interval and paired t-test p (>= 2 seeds). Over tokens: mean per-token NLL difference "
                 f"in nats, [block-bootstrap 95% interval, blocks of {self.context} tokens, seeds pooled], "
                 "Wilcoxon signed-rank p on the per-token differences (averaged over seeds; optimistic, "
-                "tokens are not independent). Negative: lower perplexity than the baseline. The first "
-                "row, the baseline against itself across seeds, is the size of training noise.")
+                "tokens are not independent). Negative: lower perplexity than the baseline.")
 
     def seed_noise(self, b0: int, b1: int, rng: np.random.Generator,
                    summary: dict[str, Any]) -> dict[str, str]:

@@ -240,8 +240,7 @@ class SegmentationSections(StudySections):
         return ("Per metric: mean difference over seeds (variant - baseline, same seed) with its 95% t "
                 "interval and paired t-test p when there are >= 2 seeds; [bootstrap 95% interval over test "
                 f"images ({N_BOOT} resamples; an image carries all its corrupted views and all seeds; each "
-                "metric recomputed from the resampled pixel counts)]. The first row is the baseline "
-                "against itself across seeds: the size of training noise.")
+                "metric recomputed from the resampled pixel counts)].")
 
     def seed_noise(self, b0: int, b1: int, rng: np.random.Generator,
                    summary: dict[str, Any]) -> dict[str, str]:
