@@ -173,3 +173,17 @@ def test_callback_logs_both_variants():
         assert m[prefix + "j_proj"] == pytest.approx(m[prefix + "phi_norm_sq"] - m[prefix + "h_norm_sq"])
     assert "kpca_official/log_j_proj" in m
     assert not model.training
+
+
+def test_loading_a_hugging_face_model_draws_no_bar_into_a_log(capsys) -> None:
+    # stderr is no terminal under capsys, as in a log file: transformers' "Loading weights" bar stays out
+    # of it (README: progress bars on a terminal only), and the user's setting is restored afterwards
+    import transformers.utils.logging as hf_logging
+
+    from kpca_attention.kpca.load import load_for_analysis
+
+    assert hf_logging.is_progress_bar_enabled()
+    load_for_analysis("all-MiniLM-L6-v2")
+    err = capsys.readouterr().err
+    assert "Loading weights" not in err and "it/s" not in err
+    assert hf_logging.is_progress_bar_enabled()

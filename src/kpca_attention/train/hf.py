@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import pickle  # only for the exception type: nothing is unpickled
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +104,14 @@ def load_hf_folder(src: str | Path, name: str) -> tuple[Any, Any]:
             raise ValueError(f"{name}: {local} is a file, not a Hugging Face model folder")
         _check_folder(local, name)
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     opts = {"local_files_only": True, "trust_remote_code": False}
+    # transformers draws its "Loading weights" bar into a log file too; the package's bars show on a terminal
+    quiet = not sys.stderr.isatty() and hf_logging.is_progress_bar_enabled()
     try:
+        if quiet:
+            hf_logging.disable_progress_bar()
         tok = AutoTokenizer.from_pretrained(str(src), **opts)
         model = AutoModel.from_pretrained(str(src), attn_implementation="eager", **opts)
     except pickle.UnpicklingError as e:  # torch's weights_only refusal of a pickled .bin
@@ -118,5 +124,8 @@ def load_hf_folder(src: str | Path, name: str) -> tuple[Any, Any]:
         where = "" if local.exists() else (" (loaded offline: a hub name must already be in the local "
                                            "Hugging Face cache; give a local model folder instead)")
         raise ValueError(f"cannot load Hugging Face model {name!r}{where}: {first}") from e
+    finally:
+        if quiet:
+            hf_logging.enable_progress_bar()
     _check_tokenizer(tok, model, name)
     return model, tok
