@@ -64,3 +64,13 @@ def test_bar_styles_of_a_twelve_bar_chart_are_all_different():
     styles = [tuple(sorted(bar_style(i).items())) for i in range(40)]
     assert len(set(styles)) == 40
     assert bar_style(10)["color"] == bar_style(0)["color"] and bar_style(10)["hatch"] != bar_style(0)["hatch"]
+
+
+def test_bars_start_at_zero_and_say_their_means() -> None:
+    # an axis cut just below the bars made a 2-point gap look like a doubling (user-journey review)
+    from kpca_attention.tasks.base import bar_plot
+
+    fig, ax = new_figure()
+    bar_plot(ax, {"a": [88.0, 89.0], "b": [90.0]}, ["a", "b"], {"a": "A", "b": "B"}, rotation=0)
+    assert ax.get_ylim()[0] == 0
+    assert [t.get_text() for t in ax.texts] == ["88.5", "90.0"]

@@ -384,8 +384,6 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
                  slugs, label, rotation=60)
         ax.set_title(title(k), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-        lo = min((100 * met[s][sd][k] for s in slugs for sd in met[s] if k in met[s][sd]), default=0)
-        ax.set_ylim(max(0, lo - 10), None)
     for ax in row_starts(axes):
         ax.set_ylabel("top-1 (%); bars: mean, dots: seeds")
     paths.append(save_figure(fig, out / "accuracy.png"))
@@ -402,6 +400,7 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
             clean = np.mean([100 * r["clean_corrupt_subset"]["top1"] for r in res[s].values()])
             ax.plot([0, *xs], [clean, *[np.mean(sev[x]) for x in xs]], **series_style(i), label=label[s])
         ax.set_xlabel("severity (0 = clean, same images)")
+        ax.set_xticks([0, *xs])
         ax.set_ylabel("top-1 (%), mean over corruptions and seeds")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -422,6 +421,9 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
                       for e in eps]
                 clean = np.mean([100 * met[s][sd]["clean@attack"] for sd in met[s]])
                 ax.plot([0, *[e / unit for e in eps]], [clean, *ys], **series_style(i), label=label[s])
+            budgets = sorted({0.0} | {float(k.split("@")[1]) / unit for s in slugs for sd in met[s]
+                                      for k in met[s][sd] if k.startswith(a + "@")})
+            ax.set_xticks(budgets, [f"{e:g}" for e in budgets])
             ax.set_title("".join(attack_title(a, norms)))
             ax.set_xlabel("Linf budget in units of 1/255" if norm == "Linf" else f"{norm} budget")
             ax.grid(alpha=0.3)

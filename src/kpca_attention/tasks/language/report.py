@@ -325,8 +325,6 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
                  slugs, label, rotation=45)
         ax.set_title(_title(k), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-        lo = min((met[s][sd][k] for s in slugs for sd in met[s] if k in met[s][sd]), default=0)
-        ax.set_ylim(0.9 * lo, None)
     for ax in row_starts(axes):
         ax.set_ylabel("perplexity; bars: mean, dots: seeds")
     before = [save_figure(fig, out / "perplexity.png")]

@@ -356,6 +356,7 @@ def _plots(out: Path, slugs: list[str], label: dict[str, str], res: dict[str, di
             clean = np.mean([100 * m["clean@corrupt:miou"] for m in met[s].values()])
             ax.plot([0, *sevs], [clean, *ys], **series_style(i), label=label[s])
         ax.set_xlabel("severity (0 = clean, same images)")
+        ax.set_xticks([0, *sevs])
         ax.set_ylabel("mIoU (%), mean over corruptions and seeds")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
