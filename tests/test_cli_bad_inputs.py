@@ -307,3 +307,30 @@ def test_study_status_refuses_options_that_would_run_something(tmp_path) -> None
                                        str(tmp_path / "o"), "--runs", str(tmp_path / "r")])
         _one_line_error(res, f"--status only reports and runs nothing: {extra}")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args", [["train", "-o", "OUT/t"], ["evaluate", "RUN"], ["robustness", "RUN", "-o", "OUT/r"],
+                                  ["benchmark", "RUN", "-o", "OUT/b"], ["study", "demo", "--out", "OUT/s"],
+                                  ["analyze", "RUN", "--json", "OUT/a.json"], ["pap-trace", "RUN", "-o", "OUT/p"]])
+def test_every_command_that_computes_takes_threads_and_refuses_zero(args, run, tmp_path) -> None:
+    # docs/robustness.md: one thread is many times faster on a busy machine; train, evaluate, robustness
+    # and benchmark had no --threads (a user exported OMP_NUM_THREADS by hand), and two commands checked it
+    # apart from the rest
+    args = [a.replace("RUN", str(run)).replace("OUT", str(tmp_path)) for a in args]
+    res = CliRunner().invoke(app, [*args, "--threads", "0"])
+    _one_line_error(res, "--threads must be an integer >= 1; got 0")
+
+
+def test_set_threads_sets_torch_s_threads() -> None:
+    import torch
+
+    from kpca_attention.cli import set_threads
+
+    before = torch.get_num_threads()
+    try:
+        set_threads(1)
+        assert torch.get_num_threads() == 1
+        set_threads(None)  # torch's default stays as it is
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -24,7 +24,10 @@ from typing import Any
 import typer
 
 __all__ = ["app", "main", "parse_list", "parse_ints", "parse_floats", "USER_ERRORS", "user_errors",
-           "refuse_hf_folder"]
+           "refuse_hf_folder", "set_threads", "THREADS_HELP"]
+
+#: the help of every command's ``--threads`` (docs/robustness.md, "A note on CPU threads")
+THREADS_HELP = "CPU threads for torch (default: torch's); 1 is fastest on a busy machine."
 
 app = typer.Typer(
     name="kpca-attention",
@@ -73,6 +76,18 @@ def _distinct(values: tuple[Any, ...], what: str, text: str | None) -> tuple[Any
     if twice:
         raise ValueError(f"{what}: {', '.join(map(str, twice))} given twice in {text!r}; give each once")
     return values
+
+
+def set_threads(threads: int | None) -> None:
+    """``--threads``: torch's CPU threads for this process (None: torch's default); below 1 refused."""
+    if threads is None:
+        return
+    from ..checks import check_int
+
+    check_int(threads, "--threads", min=1)
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def refuse_hf_folder(spec: str, command: str) -> None:

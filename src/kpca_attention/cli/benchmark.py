@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from . import THREADS_HELP, set_threads
+
 
 def benchmark_cmd(
     model: str = typer.Argument(..., help="A run directory of this project, or a timm name with local weights NAME@FILE."),
@@ -20,6 +22,7 @@ def benchmark_cmd(
     out: Path = typer.Option(Path("runs/benchmark"), "--out", "-o", help="Output folder: <dataset>/<threat_model>/<eps>/<name>.json and results/<name>.json."),
     device: str = typer.Option("auto", help="cpu | cuda | auto."),
     batch_size: int = typer.Option(100, help="Images per AutoAttack / evaluation batch."),
+    threads: int | None = typer.Option(None, help=THREADS_HELP),
 ) -> None:
     """Clean and robust accuracy with 95% intervals, RobustBench's way (AutoAttack on a fixed, committed
     list of test images, normalisation inside the model, images in [0, 1]); writes a RobustBench-format JSON.
@@ -33,6 +36,7 @@ def benchmark_cmd(
         output_path(out, "results", f"{name}.json", what="--name")
     if threat_model == "corruptions" and version != "standard":
         raise ValueError("--version chooses AutoAttack's version (Linf, L2): corruptions run no attack")
+    set_threads(threads)
     benchmark(model, dataset=dataset, threat_model=threat_model, eps=eps, n=n, version=version, name=name,
               adaptive=adaptive,
               data_root=None if data_root is None else str(data_root), out=out, device=device,

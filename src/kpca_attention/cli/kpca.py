@@ -13,6 +13,7 @@ import typer
 
 from ..checks import Choice, Int, check_parameters
 from ..io import check_output, output_path, read_json, sha256_file, write_json_atomic
+from . import set_threads
 
 __all__ = ["analyze_cmd", "claims_cmd", "pap_trace_cmd"]
 
@@ -89,11 +90,6 @@ _NULL_DRAWS = typer.Option(10, help="seeded draws per null, averaged")
 _CONTROL_SAMPLES = typer.Option(2, help="inputs that get the positive control (V_hat + noise at known SNRs)")
 
 
-def _threads(n: int | None) -> None:
-    if n is not None:
-        torch.set_num_threads(n)
-
-
 def _model_and_inputs(name: str, pretrained: bool, device: str, **inputs: Any) -> tuple[Any, Any]:
     """``(loaded model, ModelInputs)`` for ``analyze`` and ``claims`` (user errors propagate to the
     CLI's one error handler)."""
@@ -164,7 +160,7 @@ def analyze_cmd(
     check_output(report, "--out", folder=True)
     refuse_inside_run(json_out, model, "--json")
     refuse_inside_run(report, model, "--out")
-    _threads(threads)
+    set_threads(threads)
     cfg = _config(
         order, scale, centering, eigensolver, bandwidth, detail_samples, critique_exact, not optimal,
         null_samples, null_draws, control_samples,
@@ -453,7 +449,7 @@ def claims_cmd(
     _check_options(max_samples=max_samples, prefixes=prefixes, detail_samples=detail_samples,
                    null_samples=null_samples, null_draws=null_draws, control_samples=control_samples,
                    threads=threads, split=split, texts=texts, images=images, dataset=dataset)
-    _threads(threads)
+    set_threads(threads)
     cfg = _config(
         "abs", "unit", "GHA", "auto", "kornblith", detail_samples, False, False,
         null_samples, null_draws, control_samples,
@@ -540,7 +536,7 @@ def pap_trace_cmd(
     _check_options(max_samples=max_samples, batch_size=batch_size, threads=threads, split=split, texts=texts,
                    images=images, dataset=dataset)
     check_output(out, "--out", folder=True)
-    _threads(threads)
+    set_threads(threads)
     path = Path(model).expanduser()
     base = model.partition("@")[0] if not path.exists() else model  # NAME@/absolute/weights is a name
     if ("/" in base or base.startswith(".")) and not path.exists():

@@ -14,7 +14,7 @@ import typer
 from ..checks import Int, Real, check_parameters, option_name
 from ..robustness.attacks import METHODS
 from ..robustness.corruptions import CORRUPTION_SUBSETS, corruption_names
-from . import parse_floats, parse_ints, parse_list
+from . import THREADS_HELP, parse_floats, parse_ints, parse_list, set_threads
 
 #: images attacked when --attack-n is not given (fewer when the split has fewer)
 DEFAULT_ATTACK_N = 500
@@ -56,6 +56,7 @@ def robustness_cmd(
     suite: str = typer.Option("corruptions", "--suite", "-s",
                               help=f"Comma-separated suites: {', '.join(SUITES)}."),
     out: Path = typer.Option(Path("runs/robustness"), "--out", "-o", help="Output directory."),
+    threads: int | None = typer.Option(None, help=THREADS_HELP),
     labels: str | None = typer.Option(None, help="Comma-separated names for the checkpoints (default: "
                                       "run directory names)."),
     baseline: str | None = typer.Option(None, help="Label of the baseline run for mCE relative to a run "
@@ -104,6 +105,7 @@ def robustness_cmd(
     from ..train.distributed import resolve_device
 
     check_output(out, "--out", folder=True)
+    set_threads(threads)
     suites = parse_list(suite, "--suite")
     bad = [s for s in suites if s not in SUITES]
     if bad or not suites:

@@ -12,7 +12,7 @@ import typer
 
 from ..checks import Int, check_count, check_parameters
 from ..io import check_output
-from . import parse_ints, parse_list
+from . import parse_ints, parse_list, set_threads
 
 __all__ = ["demo_cmd", "study_cmd", "ablate_cmd", "report_cmd", "regenerate_command"]
 
@@ -23,15 +23,6 @@ def _passive_openmp(command: str) -> None:
     if "OMP_WAIT_POLICY" not in os.environ and command in sys.argv[1:3]:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
         os.execv(sys.executable, [sys.executable, "-m", "kpca_attention.cli", *sys.argv[1:]])
-
-
-def _threads(threads: int | None) -> None:
-    if threads is not None:
-        if threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {threads}")
-        import torch
-
-        torch.set_num_threads(threads)
 
 
 #: the budget options of demo and ablate (0 where the help says it means "none" or "all")
@@ -204,7 +195,7 @@ def study_cmd(
 
     if name not in STUDIES:
         raise ValueError(f"unknown study {name!r}; valid: {', '.join(STUDIES)}")
-    _threads(threads)
+    set_threads(threads)
     Int(min=1)(jobs, "--jobs")
     Int(min=0, allow_none=True)(loader_workers, "--loader-workers")
     _passive_openmp("study")
@@ -264,7 +255,7 @@ def ablate_cmd(
     if quick and (given := [k for k, (v, default) in fixed.items() if v != default]):
         drop = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ValueError(f"--quick sets its own budget; drop {drop}")
-    _threads(threads)
+    set_threads(threads)
     _passive_openmp("ablate")
     study = ablation_study(seeds=chosen, variants=parse_list(variants, "--variants") or None,
                            epochs=epochs, train_subset=train_subset or None, clean_images=clean_images or None,

@@ -14,6 +14,7 @@ import typer
 
 from ..checks import check_count, option_name
 from ..train.config import FIELD_CHECKS, PRESETS, apply_overrides, get_preset, parse_override
+from . import THREADS_HELP, set_threads
 
 __all__ = ["train_cmd", "evaluate_cmd"]
 
@@ -68,6 +69,7 @@ def train_cmd(
     output_dir: Annotated[str | None, typer.Option(
         "--out", "-o", "--output-dir", help="Run directory.")] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda.")] = None,
+    threads: Annotated[int | None, typer.Option(help=THREADS_HELP)] = None,
     num_workers: Annotated[int | None, typer.Option(help="DataLoader worker processes.")] = None,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Any config field, key=value (repeatable): --set model_kwargs.rpc_iters=6.")] = None,
@@ -84,6 +86,7 @@ def train_cmd(
     """Train a model with a named preset plus overrides; metrics to CSV/TensorBoard, atomic checkpoints."""
     from ..train.loop import train
 
+    set_threads(threads)
     explicit = {"model": model, "dataset": dataset, "data_root": data_root, "epochs": epochs,
                 "max_steps": max_steps, "batch_size": batch_size, "lr": lr, "seed": seed,
                 "output_dir": output_dir, "device": device, "num_workers": num_workers}
@@ -137,6 +140,7 @@ def evaluate_cmd(
         help="LMs: sliding-window stride (1 = the paper's protocol; larger is a faster approximation).")] = 1,
     json_out: Annotated[Path | None, typer.Option(
         "--json", help="Also write the metrics to this JSON file.")] = None,
+    threads: Annotated[int | None, typer.Option(help=THREADS_HELP)] = None,
 ) -> None:
     """Top-1/top-5 accuracy (vision) or perplexity (language models) of a checkpoint or model."""
     from ..io import check_output, write_text_atomic
@@ -148,6 +152,7 @@ def evaluate_cmd(
     check_output(json_out, "--json", folder=False)
     refuse_inside_run(json_out, checkpoint, "--json")
     refuse_hf_folder(checkpoint, "evaluate")
+    set_threads(threads)
     ref = LoadedSource(Source(checkpoint, dataset=dataset, data_root=data_root))
     is_name = "@" in checkpoint or ("/" not in checkpoint and not Path(checkpoint).exists())
     if is_name and not dataset:
