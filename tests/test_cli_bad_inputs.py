@@ -309,9 +309,10 @@ def test_study_status_refuses_options_that_would_run_something(tmp_path) -> None
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("args", [["train", "-o", "OUT/t"], ["evaluate", "RUN"], ["robustness", "RUN", "-o", "OUT/r"],
-                                  ["benchmark", "RUN", "-o", "OUT/b"], ["study", "demo", "--out", "OUT/s"],
-                                  ["analyze", "RUN", "--json", "OUT/a.json"], ["pap-trace", "RUN", "-o", "OUT/p"]])
+@pytest.mark.parametrize("args", [
+    ["train", "-o", "OUT/t"], ["evaluate", "RUN"], ["robustness", "RUN", "-o", "OUT/r"],
+    ["benchmark", "RUN", "-o", "OUT/b"], ["study", "demo", "--out", "OUT/s"],
+    ["analyze", "RUN", "--json", "OUT/a.json"], ["pap-trace", "RUN", "-o", "OUT/p"]])
 def test_every_command_that_computes_takes_threads_and_refuses_zero(args, run, tmp_path) -> None:
     # docs/robustness.md: one thread is many times faster on a busy machine; train, evaluate, robustness
     # and benchmark had no --threads (a user exported OMP_NUM_THREADS by hand), and two commands checked it
