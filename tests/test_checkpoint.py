@@ -121,3 +121,18 @@ def test_an_interrupted_write_leaves_the_previous_checkpoint_usable(copy_run):
     (tmp / "model.safetensors").write_bytes(b"partial")
     model, _ = load_model(copy_run)
     assert resolve_checkpoint(copy_run).name == "e0002-s00000008"
+
+
+def test_the_documented_recipe_hands_a_run_s_weights_to_timm(run_dir, tmp_path):
+    # docs/training.md: model.safetensors holds the NormalizedModel (mean, std, model.<timm key>), which
+    # timm's checkpoint_path does not read as it is; model.model's state dict does
+    import timm
+    from safetensors.torch import save_file
+
+    model, cfg = load_model(run_dir)
+    save_file(model.model.state_dict(), tmp_path / "x-timm.safetensors")
+    vit = timm.create_model(cfg.model, checkpoint_path=str(tmp_path / "x-timm.safetensors"),
+                            **cfg.model_kwargs).eval()
+    images = torch.rand(2, *model.model.patch_embed.img_size).unsqueeze(1).expand(2, vit.in_chans, -1, -1)
+    with torch.no_grad():
+        torch.testing.assert_close(vit((images - model.mean) / model.std), model(images))
