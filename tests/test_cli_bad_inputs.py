@@ -335,3 +335,37 @@ def test_set_threads_sets_torch_s_threads() -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_segmentation_run_given_to_robustness_is_one_line_naming_its_study(tmp_path) -> None:
+    # it failed with "task 'segmentation' is evaluated with SegmentationSuites, got ImageSuites"
+    import torch
+
+    from kpca_attention import tasks
+    from kpca_attention.train import get_preset
+    from kpca_attention.train.checkpoint import save_checkpoint
+
+    seg = tmp_path / "seg"
+    cfg = get_preset("fmnist-seg-cpu", output_dir=str(seg))
+    torch.manual_seed(0)
+    save_checkpoint(seg, model=tasks.get(cfg.task).build_model(cfg), config=cfg,
+                    state={"progress": {"epoch": 0, "step_in_epoch": 0, "global_step": 0}}, finished=True)
+    res = CliRunner().invoke(app, ["robustness", str(seg), "--suite", "attacks", "-o", str(tmp_path / "o")])
+    _one_line_error(res, "robustness evaluates image classifiers and language models, not a semantic "
+                         "segmentation model")
+    assert "kpca-attention study segmentation" in res.output
+
+
+def test_a_large_linf_budget_warns_in_one_line(tmp_path) -> None:
+    # --eps 0.5 (an L2 habit, or half a grey level meant) ran PGD at 127.5/255 without a word
+    import warnings
+
+    from kpca_attention.robustness.attacks import check_pixel_budget
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        check_pixel_budget("Linf", 0.5, "--eps")
+        check_pixel_budget("Linf", 16 / 255, "--eps")
+        check_pixel_budget("L2", 0.5, "--eps")
+    assert [str(w.message).split(",")[0] for w in seen] == [
+        "--eps 0.5 is an Linf budget of 127.5/255 in pixel units (images in [0"]

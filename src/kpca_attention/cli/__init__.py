@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -203,6 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     from ..machine import retain_freed_memory
 
     retain_freed_memory()  # the steps free and reallocate the same tensors: keep the pages (see its doc)
+    if not DEBUG:  # a warning is one line "warning: ...", as an error is "error: ..."
+        warnings.formatwarning = lambda message, *_args, **_kwargs: f"warning: {message}\n"
     _refuse_empty_values(args)
     click_error, abort = _click_errors()
     try:  # Ctrl-C in a command: one line from user_errors, exit code 130

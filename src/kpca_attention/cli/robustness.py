@@ -232,6 +232,10 @@ def robustness_study(
     if any(t is not task for t in tasks_.values()):
         raise ValueError("the models are of different tasks: "
                          + ", ".join(f"{p} ({t.name})" for p, t in tasks_.items()))
+    if not task.takes_tokens and task.suites_type is not ImageSuites:
+        raise ValueError(f"{paths[0]}: robustness evaluates image classifiers and language models, not a "
+                         f"{task.title} model (task={task.name!r}); its robustness suites run in its study "
+                         f"(kpca-attention study {task.name})")
     if image and task.takes_tokens:
         raise ValueError(f"{paths[0]}: the {', '.join(image)} suite(s) need image classifiers, got a "
                          f"{task.title} model (task={task.name!r}); language models take --suite wordswap")

@@ -33,6 +33,7 @@ eps in normalised units, no clamp - so that numbers can be read next to theirs (
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -216,13 +217,23 @@ def _check_method(method: Any) -> None:
         raise ValueError(f"unknown attack {method!r}; valid: {', '.join(METHODS)}")
 
 
+#: an Linf budget (pixel units) above which :func:`check_pixel_budget` warns: 0.3, MNIST's standard budget
+#: (Madry et al.), the largest in common use (RobustBench: 8/255 and 4/255)
+LARGE_LINF = 0.3
+
+
 def check_pixel_budget(norm: str, eps: float, name: str = "eps") -> None:
     """An Linf budget in pixel units (images in [0, 1]) of 1 or more lets the attack replace the image with
     any other: a budget written in grey levels (8 for 8/255) is refused with the fraction to write
-    instead. L2 and L1 budgets grow with the image size and have no such bound."""
+    instead; one above :data:`LARGE_LINF` (0.5: half the range) runs, with a warning. L2 and L1
+    budgets grow with the image size and have no such bound."""
     if norm == "Linf" and eps >= 1:
         raise ValueError(f"{name} {eps:g}: an Linf budget is in pixel units, images in [0, 1], and {eps:g} "
                          f"covers the whole range (write {eps:g}/255 for {eps:g} grey levels)")
+    if norm == "Linf" and eps > LARGE_LINF:  # allowed (a sweep to 0 accuracy), but often a unit slip
+        warnings.warn(f"{name} {eps:g} is an Linf budget of {eps * 255:g}/255 in pixel units (images in "
+                      f"[0, 1]), past the largest in common use (MNIST's 0.3); for {eps:g} of a grey level "
+                      f"write {eps:g}/255, for an L2 budget use an L2 attack", stacklevel=2)
 
 
 def check_attack_options(method: str, eps: Any, options: Mapping[str, Any], protocol: str = "pixel") -> None:
