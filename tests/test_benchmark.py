@@ -327,3 +327,38 @@ def test_the_default_budget_and_the_robustbench_note_follow_the_dataset() -> Non
     assert "uses 8/255, this record 4/255" in _robustbench_note("cifar10", "Linf", "4/255")
     assert _robustbench_note("cifar10", "Linf", "8/255").startswith("RobustBench's cifar10 Linf budget")
     assert "not RobustBench's corruptions" in _robustbench_note("cifar10", "corruptions", None)
+
+
+def test_autoattack_reports_its_robust_accuracy_after_each_attack(net, digits, tmp_path):
+    # AutoAttack / RobustBench users read "robust accuracy after APGD-CE: x%" per attack; pyautoattack only
+    # logs it: the benchmark reads it (run_autoattack), sums it over the chunks and writes it, and its last
+    # number is the robust accuracy the per-image results give; nothing of AutoAttack's verbose log reaches
+    # the user's handlers, and the logger and the object are left as they were
+    import logging
+
+    from kpca_attention.robustness.autoattack_log import robust_after_each_attack
+
+    good = NormalizedModel(net, INFO.mean, INFO.std).eval()
+    shown: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: shown.append(record.getMessage())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        rec = benchmark(good, dataset="digits", n=20, eps="16/255", out=tmp_path, name="mlp", batch_size=8,
+                        **QUIET)
+    finally:
+        root.removeHandler(handler)
+    after = rec["autoattack_robust_after"]
+    assert list(after) == ["clean", "apgd-ce", "apgd-t", "fab-t", "square"]
+    values = [float(v) for v in after.values()]
+    assert values == sorted(values, reverse=True) and values[0] > values[-1]  # attacks broke some images
+    assert after["clean"] == rec["clean_acc"] and after["square"] == rec["autoattack_acc"]
+    assert not [m for m in shown if "robust accuracy" in m or "initial accuracy" in m]
+    aa_logger = logging.getLogger("auto-attack")
+    assert aa_logger.level == logging.NOTSET and not aa_logger.filters
+    with robust_after_each_attack() as outside:
+        pass
+    assert outside.counts == {} and outside.images == 0  # only runs inside the block are counted
+    chunks = [v for k, v in ResultStore(tmp_path / "results" / "mlp.json").items().items() if "images-" in k]
+    assert len(chunks) == 3 and all(c["robust_after"]["clean"] <= 8 for c in chunks)  # 8 + 8 + 4 images

@@ -403,8 +403,9 @@ def _autoattack(model: nn.Module, x: Tensor, y: Tensor, eps: float, opts: dict[s
     aa = build_autoattack(model, eps, n_classes, version=opts.pop("version", "standard"),
                           attacks=opts.pop("attacks", None), seed=opts.pop("seed", 0), device=x.device,
                           norm=opts.pop("norm"), apgd_restarts=opts.pop("apgd_restarts"))
-    x_adv, _ = aa.run_standard_evaluation(x, y, batch_size=opts.pop("batch_size", len(x)))
-    return x_adv
+    from .autoattack_log import run_autoattack
+
+    return run_autoattack(aa, x, y, batch_size=opts.pop("batch_size", len(x)))
 
 
 def attack(

@@ -5,7 +5,9 @@ normalises inside; threat models ``Linf``, ``L2`` (AutoAttack ``standard`` - APG
 Square - or ``rand`` for randomised defences) and ``corruptions`` (the 15 common corruptions at
 severities 1-5); a fixed, published subset of test images; one JSON per model with ``clean_acc``,
 ``autoattack_acc`` or ``corruptions_acc`` / ``corruptions_mce``, ``eps``, ``threat_model``, ``dataset`` and
-``reported`` (false: measured here). The images here are the first ``n`` of the dataset's committed list
+``reported`` (false: measured here), and ``autoattack_robust_after``: the robust accuracy after each of
+AutoAttack's attacks as AutoAttack reports it (``clean`` first; absent for results stored before it was
+recorded). The images here are the first ``n`` of the dataset's committed list
 (:mod:`~kpca_attention.robustness.image_ids`), whose SHA-256 the JSON records; every number comes with a
 95 % interval (Wilson over images for accuracies, a bootstrap over images for the corruption mean).
 
@@ -299,6 +301,9 @@ def benchmark(
             robust = next(iter(res["autoattack"][suite.name].values()))
             record.update(_acc("clean_acc", clean), **_acc("autoattack_acc", robust), version=version,
                           adaptive=bool(adaptive), gradient_free_layers=len(gradient_free))
+            if robust.get("robust_after"):  # AutoAttack's own breakdown, as it reports it
+                record["autoattack_robust_after"] = {k: f"{100 * c / n:.2f}"
+                                                     for k, c in robust["robust_after"].items()}
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -379,6 +384,10 @@ def _print(r: dict[str, Any], log: Callable[[str], None]) -> None:
     if "autoattack_acc" in r:
         log(line(f"AutoAttack {r['version']} {r['threat_model']} eps {r['eps']} (pixel) robust accuracy",
                  "autoattack_acc"))
+        after = r.get("autoattack_robust_after")
+        if after:
+            log("  robust accuracy after each attack: " + ", ".join(
+                f"{k.upper()} {v}%" for k, v in after.items() if k != "clean"))
     else:
         log(line("corruptions accuracy (15 corruptions x 5 severities)", "corruptions_acc"))
         if r["corruptions_mce"] is not None:

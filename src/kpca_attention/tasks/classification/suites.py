@@ -476,8 +476,11 @@ def evaluate_autoattack(
     ``autoattack/<version>-<norm>/<eps label>`` of ``store``, per example.
 
     Returns ``{"clean_autoattack_subset": r, "autoattack": {suite.name: {eps label: r}}}``; each robust
-    ``r`` also holds the perturbation norms (pixel units) and the protocol (``pixel``)."""
+    ``r`` also holds the perturbation norms (pixel units), the protocol (``pixel``) and ``robust_after``:
+    images still correct after each of AutoAttack's attacks, as it reports them (``clean`` first), summed
+    over the chunks (absent where a chunk was stored before it was recorded)."""
     from ...robustness.attacks import attack_logits
+    from ...robustness.autoattack_log import robust_after_each_attack
     from ...robustness.image_ids import ids_key, load_image_ids
 
     if dataset is None:
@@ -510,17 +513,22 @@ def evaluate_autoattack(
                 stop = min(start + batch_size, len(y_all))
 
                 def chunk(start: int = start, stop: int = stop) -> dict[str, Any]:
-                    lg, lb, nm = attack_logits(net(), (x_all[start:stop], y_all[start:stop]), "autoattack",
-                                               eps, batch_size=batch_size, progress=False, seed=0,
-                                               version=suite.version, norm=suite.norm, **how)
-                    return {**example_hits(lg, lb), "norms": nm.tolist()}
+                    with robust_after_each_attack() as after:  # AutoAttack's own per-attack breakdown
+                        lg, lb, nm = attack_logits(net(), (x_all[start:stop], y_all[start:stop]),
+                                                   "autoattack", eps, batch_size=batch_size, progress=False,
+                                                   seed=0, version=suite.version, norm=suite.norm, **how)
+                    return {**example_hits(lg, lb), "norms": nm.tolist(), "robust_after": after.counts}
 
                 chunks.append(get(f"{item}/images-{start}-{stop}", {**extra, "images": [start, stop]}, chunk))
                 log(f"  AutoAttack {suite.name} eps {eps_label(eps)}/255: images {start}-{stop} of "
                     f"{len(y_all)} done")
             nm = torch.tensor([v for c in chunks for v in c["norms"]], dtype=torch.float32)
-            return {**join_hits(chunks), "norm": suite.norm, "protocol": "pixel",
-                    "mean_norm": nm.mean().item(), "max_norm": nm.max().item()}
+            joined = {**join_hits(chunks), "norm": suite.norm, "protocol": "pixel",
+                      "mean_norm": nm.mean().item(), "max_norm": nm.max().item()}
+            if all(c.get("robust_after") for c in chunks):  # chunks stored before it was recorded lack it
+                joined["robust_after"] = {name: sum(c["robust_after"][name] for c in chunks)
+                                          for name in chunks[0]["robust_after"]}
+            return joined
 
         t_a = time.perf_counter()
         r = res[eps_label(eps)] = get(item, extra, compute)
