@@ -420,3 +420,20 @@ def test_rejudging_reads_training_logs_only_of_the_run_analysed(tmp_path) -> Non
     assert not kpca_cli._same_run(tmp_path / "nothing", {"name": "nothing", **ident})
     (tmp_path / "plain").mkdir()
     assert not kpca_cli._same_run(tmp_path / "plain", {"name": "plain", **ident})
+
+
+def test_analyze_prints_each_measure_with_its_chance_level() -> None:
+    # docs/kpca.md: read these numbers with their chance level; analyze printed linear_cka=0.337 alone, and
+    # the value its test compares (the units with a null) is not the all-heads mean
+    from kpca_attention.cli.kpca import headline
+
+    test = {"alpha": 0.05, "n": 72, "measured": 0.254, "null": 0.312, "p_above": 0.99, "p_below": 0.001}
+    summary = {"num_sequences": 4, "num_heads_analysed": 288, "linear_cka": 0.337, "optimal_cosine": 0.229,
+               "chance": {"linear_cka": {"perm": test}, "optimal_cosine": {"rot": {**test, "p_below": 0.4,
+                                                                                  "p_above": 0.6}}}}
+    lines = headline("m", summary).splitlines()
+    assert lines[0] == "m (4 inputs, 288 heads):"
+    assert lines[2] == ("  linear_cka = 0.337; on the 72 units with a null 0.254 against chance 0.312 "
+                        "(tokens permuted): below chance")
+    assert lines[1].endswith("(V rotated): not distinguished from chance")  # its verdict's null: V rotated
+    assert lines[3] == "  kernel_cka = n/a; no chance level (no null drawn)"

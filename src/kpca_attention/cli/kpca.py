@@ -36,6 +36,29 @@ OPTIONS = {
 }
 
 
+def headline(model: str, summary: dict[str, Any]) -> str:
+    """The lines ``analyze`` prints: each alignment measure over every head, then on the units its chance
+    test used (the inputs with a null: ``--null-samples``) against the null its verdict is read against,
+    and that verdict (docs/kpca.md: a number without its chance level says nothing); then J_proj and its
+    two terms."""
+    from ..kpca.chance import NULL_LABELS, chance_word, verdict_null
+    from ..kpca.claims import fmt
+
+    lines = [f"{model} ({summary.get('num_sequences', '?')} inputs, {summary.get('num_heads_analysed', '?')} "
+             "heads):"]
+    for k in ("optimal_cosine", "linear_cka", "kernel_cka", "direct_cosine"):
+        tests = (summary.get("chance") or {}).get(k) or {}
+        kind = verdict_null(k, tests)
+        test = tests.get(kind)
+        chance = ("no chance level (no null drawn)" if not test else
+                  f"on the {test.get('n')} units with a null {fmt(test.get('measured'))} against chance "
+                  f"{fmt(test.get('null'))} ({NULL_LABELS[kind]}): {chance_word(test)}")
+        lines.append(f"  {k} = {fmt(summary.get(k))}; {chance}")
+    lines.append("  " + ", ".join(f"{k} = {fmt(summary.get(k))}"
+                                  for k in ("j_proj", "phi_norm_sq", "h_norm_sq")))
+    return "\n".join(lines)
+
+
 def _stored(res: dict[str, Any]) -> dict[str, Any]:
     """An analysis as its JSON file holds it: the per-record columns packed (exact, 40 % of the text)."""
     from ..kpca.analysis import pack_records
@@ -147,7 +170,6 @@ def analyze_cmd(
     threads: int = typer.Option(None, help="CPU threads (default: torch's); 1 is fastest on a busy machine"),
 ) -> None:
     """KPCA diagnostics of every attention layer and head of MODEL (paper Sec. 2 and its critique)."""
-    from ..kpca.claims import fmt
     from ..kpca.run import analyze_model
     from ..report.kpca import write_report
     from . import refuse_inside_run
@@ -180,22 +202,7 @@ def analyze_cmd(
     )
     res["inputs"] = inputs.description
     write_json_atomic(json_out, _stored(res), indent=1)
-    s = res["summary"]
-    typer.echo(
-        f"{model}: "
-        + ", ".join(
-            f"{k}={fmt(s.get(k))}"
-            for k in (
-                "optimal_cosine",
-                "linear_cka",
-                "kernel_cka",
-                "direct_cosine",
-                "j_proj",
-                "phi_norm_sq",
-                "h_norm_sq",
-            )
-        )
-    )
+    typer.echo(headline(model, res["summary"]))
     typer.echo(f"analysis {res['timing']['total_s']:.1f} s; results in {json_out}")
     if report is not None:
         typer.echo(f"report: {write_report(res, report)}")
