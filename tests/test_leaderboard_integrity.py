@@ -91,3 +91,20 @@ def test_every_committed_summary_the_page_reads_is_what_its_report_writes() -> N
 
     checked = check_summaries(REPO / "results")
     assert checked and set(checked) <= set(page_studies())
+
+
+def test_a_users_own_folder_gets_its_leaderboard_beside_it(tmp_path, copy_committed) -> None:
+    # user-journey review: a folder of benchmark JSONs alone was refused ("holds no study folders"), a
+    # results page had to exist (a copy of docs/results.md, then rewritten), and the leaderboard went into
+    # the cwd's docs/ and results/; a `kpca-attention robustness` study of existing models was left out
+    # without a word (its result files are <slug>.json, not <slug>-s<seed>.json)
+    results = _benchmark_copy(tmp_path / "mine")
+    res = CliRunner().invoke(app, ["leaderboard", "--results", str(results)])
+    assert res.exit_code == 0, res.output
+    page = (results / "leaderboard" / "leaderboard.md").read_text()
+    assert "`benchmark/rpc-seeds-vit-s0`" in page and not (results / "leaderboard" / "headline.png").exists()
+    copy_committed("elliptical-adaptive", results / "elliptical-adaptive")  # existing models, evaluated once
+    tables, _ = leaderboard_rows(results)
+    adaptive = [r for rows in tables.values() for r in rows if r["name"].startswith("elliptical-adaptive/")]
+    assert adaptive and all(r["seeds"] == [] and r["interval"].startswith("Wilson") for r in adaptive)
+    assert {r["name"] for r in adaptive} == {f"elliptical-adaptive/elliptical_s{s}" for s in (4, 5, 6, 7)}

@@ -44,18 +44,23 @@ def benchmark_cmd(
 
 
 def leaderboard_cmd(
-    results: Path = typer.Option(Path("results"), help="Folder of committed studies (one sub-folder each)."),
-    out: Path = typer.Option(Path("results/leaderboard"), "--out", "-o", help="Folder for the leaderboard JSON files."),
-    markdown: Path = typer.Option(Path("docs/leaderboard.md"), help="The leaderboard page."),
-    results_page: Path = typer.Option(Path("docs/results.md"), help="The page whose headline table of claims "
-                                      "and verdicts and table of finished seeds (each between its markers) "
-                                      "are regenerated too."),
+    results: Path = typer.Option(Path("results"), help="Folder of studies (one sub-folder each, with its "
+                                 "settings.json) and/or of benchmark JSONs under <RESULTS>/benchmark/."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Folder for the leaderboard JSON files "
+                                    "(default: <RESULTS>/leaderboard)."),
+    markdown: Path | None = typer.Option(None, help="The leaderboard page (default: docs/leaderboard.md for "
+                                         "the repository's results/, else <OUT>/leaderboard.md)."),
+    results_page: Path | None = typer.Option(None, help="The page whose headline table of claims and "
+                                             "verdicts and table of finished seeds (each between its "
+                                             "markers) are regenerated too (default: docs/results.md for "
+                                             "the repository's results/, else none)."),
 ) -> None:
     """Regenerate the leaderboard (docs/leaderboard.md and results/leaderboard/*.json), and the headline
     table of claims and verdicts and the table of finished seeds in docs/results.md, from every committed
-    study under RESULTS. A summary.json those tables read that is not what `kpca-attention report` writes
-    from its study's sealed results, and a benchmark JSON whose numbers its sealed per-image results do not
-    give, are refused before anything is written."""
+    study under RESULTS - or, for a folder of your own, its leaderboard beside it. A summary.json those
+    tables read that is not what `kpca-attention report` writes from its study's sealed results, and a
+    benchmark JSON whose numbers its sealed per-image results do not give, are refused before anything is
+    written."""
     from ..io import check_output
     from ..studies.headline import check_summaries, headline_plot, update_results_doc
     from ..studies.leaderboard import write_leaderboard
@@ -63,17 +68,25 @@ def leaderboard_cmd(
     if not results.is_dir():
         raise FileNotFoundError(f"--results {results} is not a folder of study results (run from the "
                                 "repository's root, or give --results)")
+    repo = results.resolve() == Path("results").resolve() and Path("docs/results.md").is_file()
+    out = out if out is not None else results / "leaderboard"
+    markdown = markdown if markdown is not None else (Path("docs/leaderboard.md") if repo else
+                                                      out / "leaderboard.md")
+    page = results_page if results_page is not None else (Path("docs/results.md") if repo else None)
     check_output(markdown, "--markdown", folder=False)  # a folder here: one line, not a temp file's name
-    if not any((d / "settings.json").is_file() for d in results.iterdir()):  # else: empty tables over the docs
+    studies = any((d / "settings.json").is_file() for d in results.iterdir())
+    if not studies and not (results / "benchmark").is_dir():  # else: empty tables over the docs
         itself = " - it is a study itself: give its parent" if (results / "settings.json").is_file() else ""
-        raise ValueError(f"--results {results} holds no study folders (sub-folders with a settings.json)"
-                         f"{itself}")
-    if not results_page.is_file():
-        raise FileNotFoundError(f"--results-page {results_page} does not exist: give the page whose generated "
+        raise ValueError(f"--results {results} holds no study folders (sub-folders with a settings.json) "
+                         f"and no benchmark/ folder of `kpca-attention benchmark` JSONs{itself}")
+    if page is not None and not page.is_file():
+        raise FileNotFoundError(f"--results-page {page} does not exist: give the page whose generated "
                                 "tables to update (docs/results.md)")
     check_summaries(results)  # the summaries the page's tables read are what their sealed results give
     paths = write_leaderboard(results, out, markdown)
-    headline_plot(out / "headline.png", results)
-    changed = update_results_doc(results_page, results)
+    changed = False
+    if page is not None:
+        headline_plot(out / "headline.png", results)
+        changed = update_results_doc(page, results)
     typer.echo(f"wrote {len(paths)} files: {markdown} and {out}/"
-               + (f"; {results_page}: generated tables updated" if changed else ""))
+               + (f"; {page}: generated tables updated" if changed else ""))

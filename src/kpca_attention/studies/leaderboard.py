@@ -197,10 +197,7 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
         for v in settings.get("variants", []):
             runs: dict[tuple, dict[int, dict[str, Any]]] = {}
             dataset = None
-            for path in sorted((folder / "results").glob(f"{v['slug']}-s*.json")):
-                m = re.fullmatch(re.escape(v["slug"]) + r"-s(\d+)\.json", path.name)
-                if not m:
-                    continue
+            for path, seed in _result_files(folder, v):
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
                 store = ResultStore(path)  # verified: hashes and summaries
                 if digest in listed or store.taken_from is not None:
@@ -209,11 +206,12 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
                 raw = store.records()
                 items = store.run_items()  # not an item left under another run's key
                 keys = [x.get("key", {}) for x in raw.values() if isinstance(x, dict)]
-                dataset = dataset or next((k["train"]["dataset"] for k in keys if "train" in k), None)
-                if _missing(settings, items, int(m.group(1))):
+                dataset = dataset or next((k["train"]["dataset"] for k in keys if "train" in k), None) \
+                    or next((k["dataset"] for k in keys if k.get("dataset")), None)  # an existing model's
+                if _missing(settings, items, seed):
                     continue  # a run in progress: left out until it has every item
                 for key, th in _threats(settings, items, _n_classes(dataset)).items():
-                    runs.setdefault(key, {})[int(m.group(1))] = th
+                    runs.setdefault(key, {})[seed] = th
             for key, per_seed in runs.items():
                 seeds = sorted(per_seed)
                 rob = [float(per_seed[s]["robust"].mean()) for s in seeds]
@@ -221,8 +219,9 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
                 lo, hi, how = _interval(rob, per_seed[seeds[0]]["robust"] if len(seeds) == 1 else None)
                 first = per_seed[seeds[0]]
                 tables.setdefault((dataset, *key), []).append({
-                    "name": f"{settings['name']}/{v['slug']}", "label": v.get("label", v["slug"]),
-                    "model": v["model"], "kwargs": v.get("kwargs", {}), "seeds": seeds,
+                    "name": f"{folder.name}/{v['slug']}", "label": v.get("label", v["slug"]),
+                    "model": v["model"], "kwargs": v.get("kwargs", {}),
+                    "seeds": [] if v.get("source") else seeds,  # an existing model: evaluated once
                     "clean_acc": round(100 * float(np.mean(cln)), 2),
                     "robust_acc": round(100 * float(np.mean(rob)), 2),
                     "robust_acc_interval": [round(100 * lo, 2), round(100 * hi, 2)], "interval": how,
@@ -235,6 +234,20 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
     for rows in tables.values():
         rows.sort(key=lambda r: (-r["robust_acc"], r["name"]))
     return tables, notes
+
+
+def _result_files(folder: Path, variant: Mapping[str, Any]) -> list[tuple[Path, int]]:
+    """``[(result file, seed)]`` of a study's variant: ``<slug>-s<seed>.json`` per trained seed, or
+    ``<slug>.json`` (as seed 0) for an existing model the study evaluated (``kpca-attention robustness``)."""
+    if variant.get("source"):
+        path = folder / "results" / f"{variant['slug']}.json"
+        return [(path, 0)] if path.is_file() else []
+    files = []
+    for path in sorted((folder / "results").glob(f"{variant['slug']}-s*.json")):
+        m = re.fullmatch(re.escape(variant["slug"]) + r"-s(\d+)\.json", path.name)
+        if m:
+            files.append((path, int(m.group(1))))
+    return files
 
 
 def _benchmarks(folder: Path, tables: dict[tuple, list[dict[str, Any]]]) -> None:
@@ -348,7 +361,7 @@ def render_markdown(tables: Mapping[tuple, list[dict[str, Any]]], notes: list[st
         if rows[0]["attack_settings"]:
             parts.append(f"Attacks: {rows[0]['attack_settings']}.\n")
         body = [{"rank": i + 1, "label": r["label"], "name": f"`{r['name']}`",
-                 "seeds": ",".join(map(str, r["seeds"])), "clean": f"{r['clean_acc']:.2f}",
+                 "seeds": ",".join(map(str, r["seeds"])) or "-", "clean": f"{r['clean_acc']:.2f}",
                  "robust": f"{r['robust_acc']:.2f}",
                  "ci": "[{:.2f}, {:.2f}] ({})".format(*r["robust_acc_interval"], r["interval"]),
                  "n": r["n"]} for i, r in enumerate(rows)]
