@@ -16,14 +16,11 @@ epochs, which must be measured on the same examples).
 from __future__ import annotations
 
 import argparse
-import hashlib
 from pathlib import Path
 
 import torch
 
-from kpca_attention import tasks
-from kpca_attention.kpca.callback import ProjectionLossCallback
-from kpca_attention.modules import tensor_bytes
+from kpca_attention.kpca.callback import held_out_callback
 from kpca_attention.studies import get_study
 from kpca_attention.train import train
 
@@ -47,18 +44,12 @@ def main() -> None:
     run_dir = args.runs / f"{args.variant}-s{args.seed}"
     cfg = study.train_config(variant, args.seed, str(run_dir))
     cfg.progress = False
-    held_out = tasks.get(cfg.task).datasets(cfg).held_out
-    if held_out is None or len(held_out) < BATCH:
-        ap.error(f"{args.study}/{args.variant}: the run's held-out split has fewer than {BATCH} examples")
-    batch = torch.stack([held_out[i][0] for i in range(BATCH)])
-    digest = hashlib.sha256(tensor_bytes(batch)).hexdigest()
     resume = (run_dir / "checkpoints").exists()
-    mark = run_dir / "jproj_batch.sha256"
-    if resume and mark.exists() and mark.read_text().strip() != digest:
-        ap.error(f"{run_dir} logged J_proj on another batch ({mark}): train it again in another folder")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    mark.write_text(digest + "\n")
-    result = train(cfg, callbacks=[ProjectionLossCallback(batch)], resume=resume)
+    try:
+        callback = held_out_callback(cfg, BATCH, resume=resume, name="the J_proj batch")
+    except ValueError as e:
+        ap.error(str(e))
+    result = train(cfg, callbacks=[callback], resume=resume)
     print(result.run_dir)
 
 

@@ -187,3 +187,30 @@ def test_loading_a_hugging_face_model_draws_no_bar_into_a_log(capsys) -> None:
     err = capsys.readouterr().err
     assert "Loading weights" not in err and "it/s" not in err
     assert hf_logging.is_progress_bar_enabled()
+
+
+def test_train_logs_j_proj_from_the_command_line_and_a_resume_keeps_its_batch(tmp_path) -> None:
+    # P2 ("J_proj falls during training") was n/a for every run trained with the CLI: only Python's
+    # train(cfg, callbacks=[...]) or a benchmarks script could log it (user-journey review)
+    import csv
+
+    from typer.testing import CliRunner
+
+    from kpca_attention.cli import app
+
+    run = tmp_path / "run"
+    args = ["train", "--preset", "digits-cpu", "-o", str(run), "--epochs", "2", "--threads", "1",
+            "--set", "train_subset=64", "--set", "eval_subset=32", "--set", "batch_size=16",
+            "--set", "model_kwargs.depth=1", "--no-progress"]
+    res = CliRunner().invoke(app, [*args, "--log-jproj", "8"])
+    assert res.exit_code == 0, res.output
+    with open(run / "epochs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and all(float(r["kpca/j_proj"]) == float(r["kpca/j_proj"]) for r in rows)
+    mark = (run / "jproj_batch.sha256").read_text()
+    (run / "jproj_batch.sha256").write_text("0" * 64 + "\n")  # as if its epochs were logged on other images
+    res = CliRunner().invoke(app, ["train", "-o", str(run), "--resume", "--max-steps", "8", "--log-jproj", "8"])
+    assert res.exit_code == 2 and "logged J_proj on another batch" in res.output, res.output
+    assert len(mark) == 65
+    res = CliRunner().invoke(app, [*args, "--log-jproj", "0", "--overwrite"])
+    assert res.exit_code == 2 and "--log-jproj must be an integer >= 1" in res.output, res.output

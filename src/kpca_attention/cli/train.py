@@ -70,6 +70,9 @@ def train_cmd(
         "--out", "-o", "--output-dir", help="Run directory.")] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda.")] = None,
     threads: Annotated[int | None, typer.Option(help=THREADS_HELP)] = None,
+    log_jproj: Annotated[int | None, typer.Option(
+        help="Log J_proj, ||phi(q)||^2 and ||h||^2 every epoch on the first N held-out examples (the paper's "
+             "Fig. 1; what `kpca-attention claims` judges P2 on).")] = None,
     num_workers: Annotated[int | None, typer.Option(help="DataLoader worker processes.")] = None,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Any config field, key=value (repeatable): --set model_kwargs.rpc_iters=6.")] = None,
@@ -117,7 +120,12 @@ def train_cmd(
     if print_config:
         typer.echo(cfg.to_json())
         return
-    result = train(cfg, resume=resume_from or resume, overwrite=overwrite)
+    callbacks = []
+    if log_jproj is not None:
+        from ..kpca.callback import held_out_callback
+
+        callbacks.append(held_out_callback(cfg, log_jproj, resume=bool(resume or resume_from)))
+    result = train(cfg, resume=resume_from or resume, overwrite=overwrite, callbacks=callbacks)
     if result.checkpoint is not None:
         final = {k: v for k, v in result.final.items() if isinstance(v, float)}
         summary = {"checkpoint": str(result.checkpoint), "global_step": result.global_step, **final}

@@ -28,7 +28,7 @@ from .analysis import scaled_sv
 from .capture import QKVCapture
 from .diagnostics import projection_loss, projection_loss_official
 
-__all__ = ["ProjectionLossCallback", "projection_metrics"]
+__all__ = ["ProjectionLossCallback", "projection_metrics", "held_out_callback"]
 
 
 def _forward(model: nn.Module, batch: Any, device: torch.device) -> None:
@@ -86,9 +86,47 @@ class ProjectionLossCallback:
             raise TypeError(f"batch must be a tensor or a mapping of tensors, got {type(batch).__name__}")
         self.batch = batch
         self.history: list[dict[str, float]] = []
+        #: ``(file, text)`` written before the first epoch is logged (:func:`held_out_callback`'s batch hash)
+        self.mark: tuple[Any, str] | None = None
 
     def __call__(self, model: nn.Module, epoch: int, logger: Any) -> None:
+        if self.mark is not None:  # the run exists now: this is its batch
+            path, text = self.mark
+            path.write_text(text)
+            self.mark = None
         metrics = projection_metrics(model, self.batch)
         self.history.append({"epoch": epoch, **metrics})
         if logger is not None:
             logger.log(metrics)
+
+
+def held_out_callback(cfg: Any, n: int = 32, *, resume: bool = False,
+                      name: str = "--log-jproj") -> ProjectionLossCallback:
+    """The callback of a run (``cfg``) on the first ``n`` examples of its held-out split - the validation
+    split carved from the training data, or, for a legacy recipe without one, test images; a language model's
+    first ``n`` windows - so that ``kpca-attention claims`` can judge P2 ("J_proj falls during training")
+    from the run's ``epochs.csv``. The batch's SHA-256 goes to ``<run>/jproj_batch.sha256``: P2 compares the
+    first and last epochs, so a resumed run (``resume``) whose epochs were logged on another batch is
+    refused (ValueError); ``name`` names ``n`` in its error."""
+    import hashlib
+    from pathlib import Path
+
+    from .. import tasks
+    from ..checks import check_int
+    from ..modules import tensor_bytes
+
+    check_int(n, name, min=1)
+    held_out = tasks.get(cfg.task).datasets(cfg).held_out
+    if held_out is None or len(held_out) < n:
+        have = 0 if held_out is None else len(held_out)
+        raise ValueError(f"{cfg.output_dir}: the run's held-out split has {have} examples, fewer than the "
+                         f"{n} J_proj is logged on")
+    batch = torch.stack([torch.as_tensor(held_out[i][0]) for i in range(n)])
+    digest = hashlib.sha256(tensor_bytes(batch)).hexdigest()
+    mark = Path(cfg.output_dir) / "jproj_batch.sha256"
+    if resume and mark.exists() and mark.read_text().strip() != digest:
+        raise ValueError(f"{cfg.output_dir} logged J_proj on another batch ({mark}): train it again in "
+                         "another folder")
+    callback = ProjectionLossCallback(batch)
+    callback.mark = (mark, digest + "\n")  # written at the first epoch's end, inside the run that logs it
+    return callback
