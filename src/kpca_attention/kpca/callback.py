@@ -111,12 +111,12 @@ def held_out_callback(cfg: Any, n: int = 32, *, resume: bool = False,
     import hashlib
     from pathlib import Path
 
-    from .. import tasks
     from ..checks import check_int
+    from ..tasks import get as get_task
     from ..modules import tensor_bytes
 
     check_int(n, name, min=1)
-    held_out = tasks.get(cfg.task).datasets(cfg).held_out
+    held_out = get_task(cfg.task).datasets(cfg).held_out
     if held_out is None or len(held_out) < n:
         have = 0 if held_out is None else len(held_out)
         raise ValueError(f"{cfg.output_dir}: the run's held-out split has {have} examples, fewer than the "
