@@ -112,8 +112,8 @@ def held_out_callback(cfg: Any, n: int = 32, *, resume: bool = False,
     from pathlib import Path
 
     from ..checks import check_int
-    from ..tasks import get as get_task
     from ..modules import tensor_bytes
+    from ..tasks import get as get_task
 
     check_int(n, name, min=1)
     held_out = get_task(cfg.task).datasets(cfg).held_out
