@@ -209,7 +209,8 @@ def test_train_logs_j_proj_from_the_command_line_and_a_resume_keeps_its_batch(tm
     assert len(rows) == 2 and all(float(r["kpca/j_proj"]) == float(r["kpca/j_proj"]) for r in rows)
     mark = (run / "jproj_batch.sha256").read_text()
     (run / "jproj_batch.sha256").write_text("0" * 64 + "\n")  # as if logged on other images
-    res = CliRunner().invoke(app, ["train", "-o", str(run), "--resume", "--max-steps", "8", "--log-jproj", "8"])
+    res = CliRunner().invoke(app, ["train", "-o", str(run), "--resume", "--max-steps", "8",
+                                   "--log-jproj", "8"])
     assert res.exit_code == 2 and "logged J_proj on another batch" in res.output, res.output
     assert len(mark) == 65
     res = CliRunner().invoke(app, [*args, "--log-jproj", "0", "--overwrite"])
