@@ -54,8 +54,12 @@ def test_corruptions_and_attacks_side_by_side_and_resumed(runs, tmp_path, monkey
     out = tmp_path / "rob"
     common = [*runs, "--out", out, "--n", 24, "--corruptions", "gaussian_noise,fog", "--no-progress",
               "--device", "cpu", "--batch-size", 32]
-    text = _invoke([*common, "--suite", "corruptions,attacks", "--method", "fgsm,pgd",
-                    "--eps", "2/255,8/255", "--attack-n", 8, "--steps", 2])
+    shown = _invoke([*common, "--suite", "corruptions,attacks", "--method", "fgsm,pgd",
+                     "--eps", "2/255,8/255", "--attack-n", 8, "--steps", 2])
+    text = (out / "report.md").read_text()
+    # the terminal gets the main table and where the report is, not the report's 70 lines
+    assert "| variant |" in shown and f"report: {out / 'report.md'}" in shown and "## " not in shown
+    assert "results and runs in" in shown  # one folder, named once
     assert "mCE vs symvit" in text and "relative to symvit" in text and "| gaussian_noise |" in text
     summary = json.loads((out / "summary.json").read_text())
     # existing models evaluated once each: no table of one-seed verdict cells, one line saying why
@@ -280,7 +284,8 @@ def test_adaptive_twins_each_gradient_attack_and_the_report_checks_it(tmp_path, 
     args = [run, "--out", out, "--suite", "attacks", "--method", "fgsm,pgd,square", "--eps", "8/255",
             "--attack-n", 8, "--steps", 2, "--adaptive", "--no-progress", "--device", "cpu"]
     monkeypatch.setattr("sys.argv", ["kpca-attention", "robustness", *map(str, args)])
-    text = _invoke(args)
+    _invoke(args)
+    text = (out / "report.md").read_text()
     assert f"Regenerate: `kpca-attention robustness {run} --out {out} --suite attacks" in text
     attacks = _results(out, "ell")["attacks"]
     assert sorted(attacks) == ["fgsm", "fgsm-adaptive", "pgd-adaptive", "pgd-steps2", "square"]

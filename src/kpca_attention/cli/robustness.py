@@ -141,7 +141,10 @@ def robustness_cmd(
     run_study(study, out, runs=out, device=str(resolve_device(device)), cache=cache, progress=progress,
               checks=False, report=False, command=regenerate_command(sys.argv[1:], out))
     report = write_study_report(out)  # here a failure is the command's error, not a warning
-    typer.echo(report.read_text())
+    text = report.read_text().splitlines()
+    start = next((i for i, line in enumerate(text) if line.startswith("|")), len(text))
+    table = text[start:next((i for i in range(start, len(text)) if not text[i].startswith("|")), len(text))]
+    typer.echo("\n".join(table))  # the main table; paired differences, plots and the rest in the report
     typer.echo(f"report: {report}")
 
 

@@ -493,7 +493,8 @@ def run_study(
     out.mkdir(parents=True, exist_ok=True)
     _check_settings(study, out, force, command)
     print(f"[{study.name}] {len(todo)} run(s) of {len(study.variants)} variant(s) x seeds "
-          f"{list(study.seeds)}; results in {out}, runs in {runs}"
+          f"{list(study.seeds)}; " + (f"results and runs in {out}" if Path(runs) == Path(out) else
+                                       f"results in {out}, runs in {runs}")
           + (f", {jobs} in parallel" if jobs > 1 else ""), flush=True)
     # the report is rewritten after each finished run (a long study's report stays current), except after
     # the last one: the final report below follows it at once
