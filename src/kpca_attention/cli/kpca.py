@@ -389,7 +389,7 @@ def _same_run(path: Path, model: dict[str, Any]) -> bool:
 
 
 #: ``claims``' default --out
-CLAIMS_OUT = Path("kpca_claims")
+CLAIMS_OUT = Path("runs/claims")  # beside runs/robustness and runs/benchmark
 
 
 def claims_cmd(
