@@ -347,3 +347,21 @@ def test_untrained_copy_of_a_run_is_its_initial_weights_and_runs_of_one_recipe_s
     other_seed = tiny(tmp_path, "b", seed=9, max_steps=1, epochs=1, lr=lr, warmup_epochs=0.0)
     assert ident == {**run_identity(other_seed), "train_seed": 3}
     assert run_identity(tiny(tmp_path, seed=3, max_steps=1, epochs=1, lr=2 * lr))["recipe"] != ident["recipe"]
+
+
+def test_resuming_a_finished_run_changes_none_of_its_files_and_counts_stay_integers(tmp_path, capsys):
+    # user-journey review: `train --resume` on a run finished at max_steps deleted its epochs.csv (the eval
+    # row of its last, part-done epoch) and rewrote steps.csv's step and epoch columns as 20.0, 0.0
+    part = train(tiny(tmp_path, "run", max_steps=3, checkpoint_every_steps=2))
+    run = tmp_path / "run"
+    before = {f: (run / f).read_bytes() for f in ("epochs.csv", "steps.csv", "config.json")}
+    again = train(tiny(tmp_path, "run", max_steps=3), resume=True)
+    assert again.global_step == part.global_step == 3
+    assert {f: (run / f).read_bytes() for f in before} == before  # nothing to train: nothing rewritten
+    assert "already finished at step 3 of 3: nothing to train" in capsys.readouterr().out
+    assert [r["epoch"] for r in again.history] == [0]  # the run's own history
+    resumed = train(tiny(tmp_path, "run", max_steps=5), resume=True)  # continued: rows cut back and appended
+    assert resumed.global_step == 5
+    lines = (run / "steps.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in lines[1:]] == ["1", "2", "3", "4", "5"]  # not 1.0, 2.0 ...
+    assert all(line.split(",")[1] == "0" for line in lines[1:])

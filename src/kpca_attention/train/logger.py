@@ -46,6 +46,10 @@ def read_csv(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+#: columns that hold counts: written as integers also when rows come back from :func:`read_csv` (floats)
+INT_COLUMNS = ("step", "epoch")
+
+
 def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     cols: list[str] = []
     for r in rows:
@@ -53,7 +57,8 @@ def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:  # replaces a link, never writes through
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
-        w.writerows(rows)
+        w.writerows({k: int(v) if k in INT_COLUMNS and isinstance(v, float) and v.is_integer() else v
+                     for k, v in r.items()} for r in rows)
 
 
 class MetricLogger:

@@ -32,7 +32,7 @@ from .distributed import (
     gather_objects,
     init_distributed,
 )
-from .logger import MetricLogger
+from .logger import MetricLogger, read_csv
 from .rundir import RESUMABLE_CHANGES, RunDir
 
 __all__ = ["train", "TrainResult", "Callback", "RESUMABLE_CHANGES"]
@@ -193,12 +193,22 @@ class _Trainer:
         # the training steps' module: compiled (cfg.compile) or the same; evaluation uses the unwrapped model
         step_net: nn.Module = torch.compile(net) if cfg.compile else net
 
-        logger = MetricLogger(self.run_dir, enabled=dist.is_main,
+        total_steps = cfg.epochs * updates_per_epoch
+        if cfg.max_steps is not None:
+            total_steps = min(total_steps, cfg.max_steps)
+        done = progress["global_step"] >= total_steps
+        # a resumed run with nothing left to do writes nothing: its metrics files stay as they are (they were
+        # cut back to the checkpoint's step and epoch, which drops a run's last eval row at max_steps)
+        logger = MetricLogger(self.run_dir, enabled=dist.is_main and not done,
                               resume_epoch=progress["epoch"] if state is not None else None,
                               resume_step=progress["global_step"] if state is not None else None)
-        if dist.is_main:
+        if dist.is_main and not done:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.run_dir / "config.json", cfg.to_json())
+        if dist.is_main and done:
+            tqdm.write(f"[{cfg.model}] {self.run_dir} already finished at step {progress['global_step']} of "
+                       f"{total_steps}: nothing to train (a larger --max-steps, or --set max_steps=None, "
+                       "continues it)")
         last_ckpt: Path | None = ckpt_dir
         extra_files = task.checkpoint_files(loaders.info) or None  # e.g. the LM's vocabulary
         # resumed from another directory: its machines start this run's list (its own checkpoint has none)
@@ -225,10 +235,6 @@ class _Trainer:
             barrier()
 
         tput_key = task.throughput_key  # throughput over all ranks: images/s, tokens/s
-        total_steps = cfg.epochs * updates_per_epoch
-        if cfg.max_steps is not None:
-            total_steps = min(total_steps, cfg.max_steps)
-        done = progress["global_step"] >= total_steps
         epoch = progress["epoch"]
         while not done and epoch < cfg.epochs:
             sampler = loaders.sampler
@@ -334,8 +340,12 @@ class _Trainer:
             # a resumed run that had nothing left to do: make sure the marker says finished
             self.rundir.mark_finished(last_ckpt.name)
         logger.close()
+        history = list(logger.epoch_rows)
+        epochs_csv = self.run_dir / "epochs.csv"
+        if not logger.enabled and dist.is_main and epochs_csv.exists():  # nothing trained: the run's own
+            history = read_csv(epochs_csv)
         return TrainResult(run_dir=self.run_dir, checkpoint=last_ckpt if dist.is_main else None,
-                           history=list(logger.epoch_rows), global_step=progress["global_step"])
+                           history=history, global_step=progress["global_step"])
 
     def _evaluate(self, net: nn.Module, loader: Any, amp: bool, prefix: str) -> dict[str, float]:
         res = self.task.evaluate(net, loader, self.dist.device, cfg=self.cfg, amp=amp,
