@@ -158,7 +158,7 @@ def test_dataset_options_refused_for_the_projects_runs(runs, tmp_path):
     assert not (tmp_path / "rob" / "results").exists()
 
 
-def _lmuntrained_run(run_dir, monkeypatch):
+def _lmuntrained_run(run_dir, monkeypatch, vocab_level: str = "word"):
     from kpca_attention.data.text import TextCorpus, Vocab
     from kpca_attention.train.config import TrainConfig
 
@@ -166,8 +166,9 @@ def _lmuntrained_run(run_dir, monkeypatch):
     text = "\n".join(f"the shepherd {w} kept the flock of {w} by night" for w in names)
     corpus = TextCorpus(train=text, valid=text, test=text, name="tiny")
     monkeypatch.setattr("kpca_attention.data.text.load_corpus", lambda name, root=None: corpus)
-    vocab = Vocab.build(text)
+    vocab = Vocab.build(text, level=vocab_level)
     cfg = TrainConfig(task="lm", model="symlm", dataset="tiny", context=16, output_dir=str(run_dir),
+                      vocab=vocab_level,
                       model_kwargs={"preset": "small", "n_layer": 1, "d_ff": 32})
     task = tasks.get(cfg.task)
     torch.manual_seed(0)
@@ -189,7 +190,11 @@ def test_wordswap_through_the_study_engine(tmp_path, monkeypatch):
     assert clean["tokens"] == attacked["tokens"] == 119 and clean["stride"] == 8  # 120 tokens: 119 predicted
     assert len(attacked["swapped"]) > 0 and attacked["n_swapped"] > 0
     assert clean["ppl"] > 1 and attacked["ppl"] > 1
-    assert "| symlm |" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "| symlm |" in report
+    # the context is the models' (16), read from their items: this study has no recipe, and the report said
+    # "context 256" - also the token bootstrap's block length - for every model (user-journey review)
+    assert "(context 16," in report and "(context 256," not in report
     items = ResultStore(out / "results" / "symlm.json").items()
     _forbid_computing(monkeypatch)
     monkeypatch.setattr("kpca_attention.tasks.language.suites.token_nll", lambda *a, **k: 1 / 0)
@@ -300,3 +305,14 @@ def test_adaptive_twins_each_gradient_attack_and_the_report_checks_it(tmp_path, 
     bad = CliRunner().invoke(app, ["robustness", str(run), "--suite", "attacks", "--method", "square",
                                    "--adaptive", "--out", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "--adaptive twins the gradient attacks" in bad.output
+
+
+def test_a_character_language_model_is_refused_before_any_perplexity(tmp_path, monkeypatch):
+    # the bible-cpu preset is character level: word swap changed its token count and crashed with a traceback
+    # after minutes of clean perplexity (user-journey review)
+    run = _lmuntrained_run(tmp_path / "symlm", monkeypatch, vocab_level="char")
+    monkeypatch.setattr("kpca_attention.tasks.language.suites.token_nll", lambda *a, **k: 1 / 0)
+    res = CliRunner().invoke(app, ["robustness", str(run), "--suite", "wordswap", "--max-tokens", "50",
+                                   "--no-progress", "-o", str(tmp_path / "rob")])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "needs a word-level vocabulary" in res.output and "--set vocab=word" in res.output

@@ -159,6 +159,16 @@ class LanguageSections(StudySections):
         self.context = int(self.settings["recipe"].get("context", 256))
         self.swap_splits: list[str] = []
 
+    def prepare(self) -> None:
+        """The metrics, and the context the perplexities were computed with, read from their items: a
+        study of existing models (``kpca-attention robustness``) has no recipe, and its report said the
+        fallback 256 - also the token bootstrap's block length - for models of context 128."""
+        super().prepare()
+        seen = {int(r[k]["context"]) for s in self.slugs for r in self.res[s].values() for k in r
+                if k.startswith("ppl/") and isinstance(r[k], Mapping) and "context" in r[k]}
+        if len(seen) == 1:
+            self.context = seen.pop()
+
     def keep(self, r: dict[str, Any]) -> dict[str, Any] | None:
         """Runs with a training summary and a perplexity item."""
         return r if "run" in r and any(k.startswith("ppl/") for k in r) else None

@@ -258,6 +258,11 @@ class LMSuites:
             ``{"ppl": {split: r}, "wordswap": {split: r}, "pap_positions": r?, "timing": {...}}``.
         """
         del cache_dir, seed, progress
+        if getattr(cfg, "vocab", "word") != "word":  # before any perplexity: it would be computed, then lost
+            raise ValueError("the language suites pair each split's perplexity with its word-swapped "
+                             "text's, which needs a word-level vocabulary (a swapped word of another length "
+                             f"changes a character model's tokens); this run has vocab={cfg.vocab!r} (the "
+                             "bible-cpu preset is character level): train it with --set vocab=word")
         loaded: list[nn.Module] = [model] if isinstance(model, nn.Module) else []
 
         def net() -> nn.Module:
