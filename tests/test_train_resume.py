@@ -74,3 +74,19 @@ def test_killed_training_resumes_to_the_uninterrupted_result(tmp_path):
     assert w_ref.keys() == w_res.keys()
     for k in w_ref:
         torch.testing.assert_close(w_res[k], w_ref[k], rtol=0, atol=1e-6, msg=f"{k} differs after resume")
+
+
+def test_sigterm_stops_a_command_with_the_line_ctrl_c_gives_and_exit_143(tmp_path):
+    # batch schedulers and `kill` send SIGTERM: the command exited 143 with no word, where Ctrl-C says what
+    # is kept and how to continue (LM user-journey review)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(cli_args(out), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    latest = out / "checkpoints" / "latest.json"
+    deadline = time.monotonic() + 120
+    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err.decode()[-2000:]
+    assert err.decode().strip().splitlines()[-1].startswith("interrupted: finished work is kept")
+    assert resolve_checkpoint(out).exists()  # the last whole checkpoint stays

@@ -15,6 +15,7 @@ Conventions shared by every command:
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 import warnings
 from collections.abc import Callable
@@ -164,10 +165,10 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             typer.echo(f"error: {_one_line(e)}", err=True)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:  # here, not in main(): click turns it into a silent Exit(130) first
+        except KeyboardInterrupt as e:  # here, not in main(): click turns it into a silent Exit(130) first
             typer.echo("interrupted: finished work is kept (the last whole checkpoint, every finished result "
                        "item); run the same command again to continue (train: --resume)", err=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
 
     return wrapper
 
@@ -195,6 +196,15 @@ results_app.command("verify")(user_errors(verify_cmd))
 app.add_typer(results_app, name="results")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch scheduler's, ``kill``'s) raised in the main thread: a command stops as on Ctrl-C -
+    one line saying what is kept, the study's worker processes stopped - and exits 143 (128 + 15)."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point. ``--debug`` anywhere on the line shows tracebacks of user errors."""
     global DEBUG
@@ -204,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     from ..machine import retain_freed_memory
 
     retain_freed_memory()  # the steps free and reallocate the same tensors: keep the pages (see its doc)
+    signal.signal(signal.SIGTERM, _raise_terminated)
     if not DEBUG:  # a warning is one line "warning: ...", as an error is "error: ..."
         warnings.formatwarning = lambda message, *_args, **_kwargs: f"warning: {message}\n"
     _refuse_empty_values(args)
@@ -221,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except abort:
         sys.exit(130)
+    except Terminated:  # outside a command (while click parses): no work to keep
+        sys.exit(143)
     sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)  # an Exit's code, else 0
 
 

@@ -512,12 +512,19 @@ def run_study(
         os.environ["OMP_NUM_THREADS"] = "1"
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = [pool.submit(_worker, (study, v.slug, s, str(out), str(runs), device, cache,
-                                             any_machine, loader_workers)) for v, s in todo]
-            for i, fut in enumerate(as_completed(futures)):
-                fut.result()
-                if report and i < len(futures) - 1:
-                    _report(out)
+            try:
+                futures = [pool.submit(_worker, (study, v.slug, s, str(out), str(runs), device, cache,
+                                                 any_machine, loader_workers)) for v, s in todo]
+                for i, fut in enumerate(as_completed(futures)):
+                    fut.result()
+                    if report and i < len(futures) - 1:
+                        _report(out)
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the runs, not wait for them (a SIGTERM
+                # reaches this process only; their last whole checkpoints and finished items stay)
+                pool.shutdown(wait=False, cancel_futures=True)
+                for child in mp.active_children():
+                    child.terminate()
+                raise
     if checks:
         run_checks(study, out, runs)
     return _report(out) if report else out / "report.md"
