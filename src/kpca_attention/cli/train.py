@@ -132,12 +132,17 @@ def train_cmd(
         typer.echo(json.dumps(summary, indent=2))
 
 
+#: fields of ``evaluate``'s JSON that count things (written as integers)
+_COUNTS = ("tokens", "context", "stride", "examples", "n", "images")
+
+
 def evaluate_cmd(
     checkpoint: Annotated[str, typer.Argument(help="Run or checkpoint directory of this project, or an image "
                                               "classifier as a timm name with an optional weights file "
                                               "(NAME@FILE; then give --dataset).")],
     dataset: Annotated[str | None, typer.Option(help="Dataset (default: the one trained on).")] = None,
-    split: Annotated[str, typer.Option(help="train | val | test.")] = "val",
+    split: Annotated[str, typer.Option(
+        help="train | val | test (valid: the same as val, the language corpora's name).")] = "val",
     data_root: Annotated[str | None, typer.Option(help="Dataset folder.")] = None,
     subset: Annotated[int | None, typer.Option(
         help="Evaluate on this many examples (LMs: tokens) only.")] = None,
@@ -186,6 +191,8 @@ def evaluate_cmd(
         res = evaluate_vision(ref.load(), DataLoader(data, batch_size=batch_size or 256), ref.device,
                               progress=True, desc="eval")
         res = {"model": checkpoint, "dataset": dataset, "split": split, **res}
+    # counts (tokens, context, stride, examples) as integers, not 2000.0
+    res = {k: int(v) if isinstance(v, float) and v.is_integer() and k in _COUNTS else v for k, v in res.items()}
     text = json.dumps(res, indent=2)
     if json_out is not None:
         write_text_atomic(json_out, text + "\n")
