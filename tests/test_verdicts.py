@@ -517,3 +517,15 @@ def test_raising_the_seed_plan_after_looks_keeps_the_familywise_rate():
         final = stats.ttest_1samp(x[:, :plan], 0.0, axis=1).pvalue
         wrong += any(q < ALPHA for q in holm(list(final)))
     assert_rate_at_most(wrong, sims, ALPHA, "familywise wrong words with the plan raised after looks")
+
+
+def test_a_family_with_no_test_says_so_instead_of_a_family_of_0() -> None:
+    # one seed per variant: "a family of 0 two-sided paired t tests ...: 3 variants x 17 metrics" read as a
+    # contradiction (LM user-journey review)
+    from kpca_attention.report.verdicts import Family
+
+    fam = Family("1 variant x 4 metrics")
+    fam.add(("clean", "rpc"), [0.3])  # one paired seed: no p-value
+    assert fam.size == 0 and fam.statement.startswith("no seed-level test: every comparison has fewer than 2")
+    fam.add(("corrupted", "rpc"), [0.3, 0.5])
+    assert fam.statement.startswith("Holm (1979) step-down over a family of 1 two-sided paired t test over")

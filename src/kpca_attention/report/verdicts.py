@@ -235,8 +235,11 @@ class Family:
     @property
     def statement(self) -> str:
         """What the family is, to store with the results."""
-        return (f"Holm (1979) step-down over a family of {self.size} two-sided paired t tests over seeds: "
-                f"{self.description}")
+        if self.size == 0:  # "a family of 0 tests: 1 variant x 4 metrics" read as a contradiction
+            return ("no seed-level test: every comparison has fewer than 2 paired seeds, so there is no "
+                    f"p-value to adjust (the family would be {self.description})")
+        return (f"Holm (1979) step-down over a family of {self.size} two-sided paired t "
+                f"test{'s' * (self.size != 1)} over seeds: {self.description}")
 
     def verdicts(self, margin: MarginSpec, higher_is_better: DirectionSpec = True, alpha: float = 0.05,
                  **kwargs: Any) -> dict[Hashable, Verdict]:
