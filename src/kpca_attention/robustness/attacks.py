@@ -225,7 +225,7 @@ LARGE_LINF = 0.3
 def check_pixel_budget(norm: str, eps: float, name: str = "eps") -> None:
     """An Linf budget in pixel units (images in [0, 1]) of 1 or more lets the attack replace the image with
     any other: a budget written in grey levels (8 for 8/255) is refused with the fraction to write
-    instead; one above :data:`LARGE_LINF` (0.5: half the range) runs, with a warning. L2 and L1
+    instead; one above :data:`LARGE_LINF` (0.3) runs, with a warning. L2 and L1
     budgets grow with the image size and have no such bound."""
     if norm == "Linf" and eps >= 1:
         raise ValueError(f"{name} {eps:g}: an Linf budget is in pixel units, images in [0, 1], and {eps:g} "
