@@ -201,6 +201,8 @@ def test_language_model_trains_and_reloads_with_its_vocabulary(tmp_path):
     assert cfg2.task == "lm" and len(model.vocab) == 64 and model.vocab.level == "char"
     out = evaluate_checkpoint(str(tmp_path / "lm"), subset=200, stride=32, batch_size=8, progress=False)
     assert math.isfinite(out["ppl"]) and out["tokens"] == 200
+    # counts are integers (evaluate --json wrote "tokens": 200.0, "stride": 32.0)
+    assert all(type(out[k]) is int for k in ("tokens", "stride", "context"))
 
 
 def test_deit_recipe_runs_on_an_image_folder(tmp_path):

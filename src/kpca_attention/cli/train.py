@@ -132,10 +132,6 @@ def train_cmd(
         typer.echo(json.dumps(summary, indent=2))
 
 
-#: fields of ``evaluate``'s JSON that count things (written as integers)
-_COUNTS = ("tokens", "context", "stride", "examples", "n", "images")
-
-
 def evaluate_cmd(
     checkpoint: Annotated[str, typer.Argument(help="Run or checkpoint directory of this project, or an image "
                                               "classifier as a timm name with an optional weights file "
@@ -191,8 +187,6 @@ def evaluate_cmd(
         res = evaluate_vision(ref.load(), DataLoader(data, batch_size=batch_size or 256), ref.device,
                               progress=True, desc="eval")
         res = {"model": checkpoint, "dataset": dataset, "split": split, **res}
-    # counts (tokens, context, stride, examples) as integers, not 2000.0
-    res = {k: int(v) if isinstance(v, float) and v.is_integer() and k in _COUNTS else v for k, v in res.items()}
     text = json.dumps(res, indent=2)
     if json_out is not None:
         write_text_atomic(json_out, text + "\n")

@@ -196,8 +196,9 @@ class Task(ABC):
     @abstractmethod
     def evaluate_split(self, model: nn.Module, cfg: Any, split: str, *, subset: int | None,
                        batch_size: int, device: torch.device, progress: bool,
-                       stride: int = 1) -> dict[str, float]:
-        """The metrics of a trained ``model`` on ``split`` of its dataset (``kpca-attention evaluate``)."""
+                       stride: int = 1) -> dict[str, float | int]:
+        """The metrics of a trained ``model`` on ``split`` of its dataset (``kpca-attention evaluate``);
+        counts (tokens, context) as integers."""
 
     # --- studies ----------------------------------------------------------------------------------
     def check_suites(self, suites: Any) -> None:

@@ -140,7 +140,7 @@ class CausalLanguageModelling(Task):
         return evaluate_lm(model, loader, device, amp=amp, progress=progress, desc=desc)
 
     def evaluate_split(self, model: nn.Module, cfg: Any, split: str, *, subset: int | None, batch_size: int,
-                       device: torch.device, progress: bool, stride: int = 1) -> dict[str, float]:
+                       device: torch.device, progress: bool, stride: int = 1) -> dict[str, float | int]:
         """Perplexity of a split with the paper's protocol (:func:`kpca_attention.models.lm.perplexity`,
         window = the training context, ``stride`` 1 = exact); ``subset`` keeps the first N tokens."""
         from ...models.lm import perplexity
@@ -156,8 +156,7 @@ class CausalLanguageModelling(Task):
         model.to(device)
         ppl = perplexity(model, ids, context=cfg.context, batch_size=batch_size, stride=stride,
                          progress=progress)
-        return {"ppl": ppl, "tokens": float(ids.numel()), "stride": float(stride),
-                "context": float(cfg.context)}
+        return {"ppl": ppl, "tokens": int(ids.numel()), "stride": int(stride), "context": int(cfg.context)}
 
     def evaluate_suites(self, suites: LMSuites, model: Any, cfg: Any, store: Any,
                         base_key: Mapping[str, Any], *, has_pap: bool = False, **kw: Any) -> dict[str, Any]:
