@@ -39,8 +39,8 @@ from ..tasks.classification.suites import structure_items
 from .board import leaderboard_lines
 from .verdict_sections import NOISE_NOTE, verdict_lines
 
-__all__ = ["read_settings", "reused_runs", "machine_counts", "load_runs", "load_study_results",
-           "write_study_report", "regenerate_lines",
+__all__ = ["read_settings", "reused_runs", "machine_counts", "load_runs", "result_files",
+           "load_study_results", "write_study_report", "regenerate_lines",
            "plot_training_curves", "trace_rows"]
 
 Runs = dict[str, dict[int, dict[str, Any]]]
@@ -75,23 +75,29 @@ def load_runs(out: str | os.PathLike, settings: Mapping[str, Any],
     item describes (:meth:`~kpca_attention.robustness.store.ResultStore.run_items`), structured by
     :func:`~kpca_attention.tasks.classification.suites.structure_items`; ``keep(results)`` filters what a
     report reads, or drops the run (returns ``None``)."""
-    out = Path(out)
     res: Runs = {}
     for v in settings["variants"]:
-        if v.get("source"):  # an existing model, evaluated once (no training seed)
-            f = out / "results" / f"{v['slug']}.json"
-            r = keep(structure_items(_store_of(f, v, None).run_items())) if f.exists() else None
+        for f, seed in result_files(out, v):
+            r = keep(structure_items(_store_of(f, v, None if v.get("source") else seed).run_items()))
             if r is not None:
-                res.setdefault(v["slug"], {})[0] = r
-            continue
-        for f in sorted((out / "results").glob(f"{v['slug']}-s*.json")):
-            seed_txt = f.stem[len(v["slug"]) + 2:]
-            if not seed_txt.isdigit():
-                continue
-            r = keep(structure_items(_store_of(f, v, int(seed_txt)).run_items()))
-            if r is not None:
-                res.setdefault(v["slug"], {})[int(seed_txt)] = r
+                res.setdefault(v["slug"], {})[seed] = r
     return res
+
+
+def result_files(out: str | os.PathLike, variant: Mapping[str, Any]) -> list[tuple[Path, int]]:
+    """``[(result file, seed)]`` of a study variant (a ``settings.json`` entry) in the study folder ``out``:
+    ``results/<slug>-s<seed>.json`` per finished seed, or ``results/<slug>.json`` as seed 0 for an existing
+    model the study evaluated once (``source``)."""
+    folder = Path(out) / "results"
+    if variant.get("source"):
+        f = folder / f"{variant['slug']}.json"
+        return [(f, 0)] if f.exists() else []
+    files = []
+    for f in sorted(folder.glob(f"{variant['slug']}-s*.json")):
+        seed_txt = f.stem[len(variant["slug"]) + 2:]
+        if seed_txt.isdigit():
+            files.append((f, int(seed_txt)))
+    return files
 
 
 def _store_of(path: Path, variant: Mapping[str, Any], seed: int | None) -> ResultStore:

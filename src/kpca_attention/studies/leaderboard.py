@@ -176,6 +176,7 @@ def _interval(per_seed: list[float], bits: np.ndarray | None) -> tuple[float, fl
 def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[str, Any]]], list[str]]:
     """``({(dataset, norm, eps, protocol, evaluation): [row, ...]}, notes)`` from every study folder."""
     from ..io import read_json
+    from ..report.study import result_files
     from ..robustness.store import ResultStore
     from ..tasks import for_settings
 
@@ -197,7 +198,7 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
         for v in settings.get("variants", []):
             runs: dict[tuple, dict[int, dict[str, Any]]] = {}
             dataset = None
-            for path, seed in _result_files(folder, v):
+            for path, seed in result_files(folder, v):
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
                 store = ResultStore(path)  # verified: hashes and summaries
                 if digest in listed or store.taken_from is not None:
@@ -234,20 +235,6 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
     for rows in tables.values():
         rows.sort(key=lambda r: (-r["robust_acc"], r["name"]))
     return tables, notes
-
-
-def _result_files(folder: Path, variant: Mapping[str, Any]) -> list[tuple[Path, int]]:
-    """``[(result file, seed)]`` of a study's variant: ``<slug>-s<seed>.json`` per trained seed, or
-    ``<slug>.json`` (as seed 0) for an existing model the study evaluated (``kpca-attention robustness``)."""
-    if variant.get("source"):
-        path = folder / "results" / f"{variant['slug']}.json"
-        return [(path, 0)] if path.is_file() else []
-    files = []
-    for path in sorted((folder / "results").glob(f"{variant['slug']}-s*.json")):
-        m = re.fullmatch(re.escape(variant["slug"]) + r"-s(\d+)\.json", path.name)
-        if m:
-            files.append((path, int(m.group(1))))
-    return files
 
 
 def _benchmarks(folder: Path, tables: dict[tuple, list[dict[str, Any]]]) -> None:
