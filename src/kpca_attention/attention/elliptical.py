@@ -43,6 +43,7 @@ from torch import Tensor
 
 from ..checks import Bool, Real
 from ..pap import visible
+from .hooks import HookPoint
 from .registry import register_mechanism
 from .stateful import State, StatefulAttention
 
@@ -107,6 +108,10 @@ class EllipticalAttention(StatefulAttention):
         differentiable: False (official): m is computed without gradient; True: m is differentiated.
         symmetric: True: W_Q = W_K (the metric scales the keys on the query side: K diag(m) K^T).
         applied: False: plain attention here (the layer's values are still recorded for the next one).
+
+    Hook point (besides ``hook_q`` / ``hook_k`` / ``hook_v`` / ``hook_z``): ``hook_metric``, the metric
+    weights m (:func:`elliptical_metric`: ``(B, H, 1, D)``, per query ``(B, H, N, D)`` under a mask), in
+    every layer that applies it; ``hook_q`` holds the queries before m scales them.
     """
 
     #: an adaptive attack differentiates m (the values it gives are the same)
@@ -123,6 +128,7 @@ class EllipticalAttention(StatefulAttention):
         super().__init__(dim, num_heads, *args, **kwargs)
         self.delta = None if delta is None else float(delta)
         self.attenuation, self.median, self.differentiable = float(attenuation), median, differentiable
+        self.hook_metric = HookPoint()
 
     def attend_state(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool,
                      state: State) -> tuple[Tensor, State]:
@@ -134,8 +140,9 @@ class EllipticalAttention(StatefulAttention):
             if self.delta is None and "q_prev" not in state:
                 raise ValueError("EllipticalAttention(delta=None) needs the previous layer's queries: the "
                                  "previous layer must be an EllipticalAttention with delta=None too")
-            m = elliptical_metric(q, state.get("q_prev"), v, state["v_prev"], attn_mask, is_causal,
-                                  self.delta, self.attenuation, self.median, self.differentiable)
+            m = self.hook_metric(elliptical_metric(q, state.get("q_prev"), v, state["v_prev"], attn_mask,
+                                                   is_causal, self.delta, self.attenuation, self.median,
+                                                   self.differentiable))
             q = q * m
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                              dropout_p=self.dropout_p)

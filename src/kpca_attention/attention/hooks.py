@@ -4,7 +4,11 @@ A :class:`HookPoint` is an identity module that names a tensor of a forward pass
 route their per-head q, k, v through ``hook_q`` / ``hook_k`` / ``hook_v`` and the heads' outputs, before
 they are merged and projected, through ``hook_z`` (all ``(B, H, N, D)``: heads before tokens, as the
 layers compute them - TransformerLens's ``hook_z`` is ``(B, N, H, D)``), and the RPC layer PAP's inner
-states through ``hook_mu``, ``hook_tau``, ``hook_L.t``, ``hook_W.t`` and ``hook_S_density.t``. Register
+states through ``hook_mu``, ``hook_tau``, ``hook_L.t``, ``hook_W.t`` and ``hook_S_density.t``. The family's
+layers name their own terms: Twicing ``hook_av`` (the first smoothing A V), NeuTRENO and PIDformer
+``hook_error`` (V^0 - V^l), PIDformer ``hook_integral``, Elliptical ``hook_metric`` (the weights m), robust
+KDE ``hook_r_keys`` / ``hook_r_joint``; a term a layer does not form (the first layer's error) is absent
+from the cache. Register
 a forward hook on one to read it (or return a new tensor to change it); :func:`run_with_cache` reads
 them all. A hook point without a hook costs nothing: the RPC layer only forms PAP's states when one of
 its PAP hook points is :attr:`~HookPoint.active`.

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ..checks import Real
 from .base import fresh_or_inplace_add
+from .hooks import HookPoint
 from .registry import register_mechanism
 from .stateful import State, StatefulAttention
 
@@ -40,6 +41,9 @@ class NeuTRENOAttention(StatefulAttention):
         lam: the fidelity weight (official vision code 0.6; language models 0.4).
         symmetric: True: W_Q = W_K (a SymViT layer, softmax(K K^T / sqrt D)).
         applied: False: plain attention in this layer (V^0 is still recorded if this is the first).
+
+    Hook point (besides ``hook_q`` / ``hook_k`` / ``hook_v`` / ``hook_z``): ``hook_error``, the fidelity
+    error V^0 - V^l ``(B, H, N, D)`` before lam multiplies it (every layer after the first).
     """
 
     parameter_constraints = {**StatefulAttention.parameter_constraints, "lam": Real()}
@@ -48,6 +52,7 @@ class NeuTRENOAttention(StatefulAttention):
         self.validate_options(lam=lam)
         super().__init__(dim, num_heads, *args, **kwargs)
         self.lam = float(lam)
+        self.hook_error = HookPoint()
 
     def attend_state(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool,
                      state: State) -> tuple[Tensor, State]:
@@ -57,7 +62,7 @@ class NeuTRENOAttention(StatefulAttention):
         if "v0" not in state:  # the first layer: record V^0, no fidelity term (it would be 0)
             return out, {**state, "v0": v}
         if self.applied:
-            out = fresh_or_inplace_add(out, torch.sub(state["v0"], v), self.lam)
+            out = fresh_or_inplace_add(out, self.hook_error(torch.sub(state["v0"], v)), self.lam)
         return out, state
 
     def extra_repr(self) -> str:

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from ..checks import Real
 from .base import fresh_or_inplace_add
+from .hooks import HookPoint
 from .registry import register_mechanism
 from .stateful import State, StatefulAttention
 
@@ -47,6 +48,9 @@ class PIDAttention(StatefulAttention):
         kp, ki, kd: the proportional, integral and derivative gains.
         symmetric: True: W_Q = W_K (a SymViT layer).
         applied: False: plain attention in this layer (the controller's state is still updated).
+
+    Hook points (besides ``hook_q`` / ``hook_k`` / ``hook_v`` / ``hook_z``), ``(B, H, N, D)``, every layer
+    after the first: ``hook_error`` (e^l = V^0 - V^l) and ``hook_integral`` (I^l, the sum of e over layers).
     """
 
     parameter_constraints = {**StatefulAttention.parameter_constraints,
@@ -57,6 +61,7 @@ class PIDAttention(StatefulAttention):
         self.validate_options(kp=kp, ki=ki, kd=kd)
         super().__init__(dim, num_heads, *args, **kwargs)
         self.kp, self.ki, self.kd = float(kp), float(ki), float(kd)
+        self.hook_error, self.hook_integral = HookPoint(), HookPoint()
 
     def attend_state(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool,
                      state: State) -> tuple[Tensor, State]:
@@ -65,8 +70,8 @@ class PIDAttention(StatefulAttention):
                                              dropout_p=self.dropout_p)
         if "v0" not in state:  # the first layer: the reference, e^0 = 0 (nothing to store)
             return out, {**state, "v0": v}
-        err = state["v0"] - v
-        integral = err if "pid_integral" not in state else state["pid_integral"] + err
+        err = self.hook_error(state["v0"] - v)
+        integral = self.hook_integral(err if "pid_integral" not in state else state["pid_integral"] + err)
         if self.applied:
             # kp e + ki sum e + kd (e - e_prev) as (kp + kd) e + ki sum e - kd e_prev: three passes over the
             # values instead of seven (a new tensor first where SDPA's backward keeps its output)

@@ -23,10 +23,13 @@ Masks: the two calls take the same ``attn_mask`` / ``is_causal``, so A is the ma
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.nn.functional as F
 from torch import Tensor
 
 from .base import QueryOptionalAttention
+from .hooks import HookPoint
 from .registry import register_mechanism
 
 __all__ = ["TwicingAttention", "last_eighth"]
@@ -42,12 +45,19 @@ class TwicingAttention(QueryOptionalAttention):
 
     Args (besides timm's):
         symmetric: True: W_Q = W_K (a SymViT layer, A = softmax(K K^T / sqrt D)).
+
+    Hook points (besides ``hook_q`` / ``hook_k`` / ``hook_v`` / ``hook_z``): ``hook_av``, the first
+    smoothing A V ``(B, H, N, D)``; the twicing correction A (V - A V) is ``hook_z`` minus it.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hook_av = HookPoint()
 
     def attend(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool) -> Tensor:
         q, k, v = qkv["q"], qkv["k"], qkv["v"]
-        av = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                            dropout_p=self.dropout_p)
+        av = self.hook_av(F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                         dropout_p=self.dropout_p))
         return av + F.scaled_dot_product_attention(q, k, v - av, attn_mask=attn_mask, is_causal=is_causal,
                                                    dropout_p=self.dropout_p)
 
