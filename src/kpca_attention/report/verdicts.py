@@ -224,13 +224,12 @@ class Family:
 
     def p_holm(self) -> dict[Hashable, float | None]:
         """Holm-adjusted p-value per test, over all tests of the family that have a p-value."""
-        raw = self.p_raw()
-        return dict(zip(raw, holm(list(raw.values())), strict=True))
+        return _holm_of(self.p_raw())
 
     @property
     def size(self) -> int:
         """Number of tests that count in the adjustment (those with >= 2 seeds)."""
-        return sum(p is not None for p in self.p_raw().values())
+        return _size_of(self.p_raw())
 
     @property
     def statement(self) -> str:
@@ -246,8 +245,9 @@ class Family:
         """:func:`verdict` for every test with its Holm-adjusted p-value. ``margin`` and
         ``higher_is_better`` are one value for all, a mapping by key, or a function of the key
         (e.g. ``lambda key: MARGINS[key[0]]``); ``kwargs`` go to :func:`verdict`."""
-        adj = self.p_holm()
-        kwargs.setdefault("family_size", max(self.size, 1))
+        raw = self.p_raw()  # once: each p is a t test, and a simulation builds thousands of families
+        adj = _holm_of(raw)
+        kwargs.setdefault("family_size", max(_size_of(raw), 1))
         return {k: verdict(d, _lookup(margin, k), adj[k], alpha, _lookup(higher_is_better, k), **kwargs)
                 for k, d in self.tests.items()}
 
@@ -257,6 +257,14 @@ class Family:
         return {"family": self.statement, "method": "holm", "size": self.size,
                 "tests": [{"key": list(k) if isinstance(k, tuple) else k, "p_raw": raw[k], "p_holm": adj[k]}
                           for k in self.tests]}
+
+
+def _holm_of(raw: Mapping[Hashable, float | None]) -> dict[Hashable, float | None]:
+    return dict(zip(raw, holm(list(raw.values())), strict=True))
+
+
+def _size_of(raw: Mapping[Hashable, float | None]) -> int:
+    return sum(p is not None for p in raw.values())
 
 
 INTERIM_NOTE = (" A verdict on fewer paired seeds than the study plans is interim: it is computed again as "
