@@ -320,3 +320,34 @@ def test_a_report_without_all_five_severities_says_why_it_has_no_mce() -> None:
     suites["corruptions"]["severities"] = [5, 4, 3, 2, 1]
     assert _no_mce_reason({"suites": suites}) is None
     assert _no_mce_reason({"suites": {"corruptions": None}}) is None
+
+
+def test_two_further_comparators_count_their_comparison_once(tmp_path: Path) -> None:
+    """With two ``also_against`` comparators, the second's table leaves out the first (their comparison is
+    in the first's table, as the baseline's is): every unordered pair of variants is one test of the family
+    (here symlm-rpc, symlm-lm, rpc-lm on two metrics: 6, not 8)."""
+    study = quick_language_study().replace(seeds=tuple(SEEDS), margins=MARGINS,
+                                           also_against=("rpc_symlm", "lm"))
+    out = tmp_path / "language"
+    (out / "results").mkdir(parents=True)
+    write_json_atomic(out / "settings.json", study.to_dict())
+    rng = np.random.default_rng(0)
+    for v in study.variants:
+        for i, sd in enumerate(SEEDS):
+            store = ResultStore(out / "results" / f"{v.slug}-s{sd}.json")
+            store.put("run", {}, {"params": 12345, "tokens_per_s": 1000.0, "train_time_s": 60.0,
+                                  "epochs": []})
+            for key in ("ppl/valid", "ppl/test"):
+                store.put(key, {}, {"ppl": _values(v.slug, key)[i] + 0.1 * rng.normal(),
+                                    "nll_f16": encode_f16(rng.uniform(2, 5, size=64))})
+    report = write_study_report(out, plots=False).read_text()
+    ver = read_json(out / "summary.json")["verdicts"]
+    keys = [tuple(t["key"]) for t in ver["family"]["tests"]]
+    assert ver["family"]["size"] == 6 == len(keys) == len(set(keys))
+    pairs = {frozenset(k[1:] if len(k) == 3 else (k[1], "symlm")) for k in keys}
+    assert len(pairs) == 3  # each unordered pair once, over both metrics
+    # LM's own table would hold only mirrors: there is none, and the family statement says why
+    assert set(ver["also"]) == {"rpc_symlm"} and set(ver["also"]["rpc_symlm"]["cells"]) == {"lm"}
+    assert "## Verdicts over seeds against LM" not in report
+    assert "2 variants x 2 metrics against Symlm and 1 variant x 2 metrics against RPC-Symlm (" \
+        in ver["family"]["family"]

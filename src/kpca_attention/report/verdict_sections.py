@@ -81,7 +81,9 @@ def study_verdicts(metrics: Sequence[SeedMetric], variants: Sequence[str], base:
                  f"{'comparator' if also else 'baseline'} per seed; a test with fewer than 2 paired seeds "
                  "has no p-value and does not count)"
                  + (f"; the comparison of {base_label} with {others} is counted once, in the table against "
-                    f"{base_label}" if also else ""))
+                    f"{base_label}" if also else "")
+                 + ("; a comparison between two of those comparators is counted once, in the table of the "
+                    "one listed first" if any(c in vs for c, _cl, _v in also for _c, _l, vs in also) else ""))
     seeds: dict[tuple[str, ...], list[int]] = {}
     direction = {m.key: m.higher_is_better for m in metrics}
     for i, (comp, _cl, vs) in enumerate(comps):
@@ -126,8 +128,11 @@ def verdict_lines(out: Path, sec: StudySections, summary: dict[str, Any]) -> lis
     if base not in sec.res or not variants or not metrics:
         return []
     margins, vmargins = _margins(settings), _variant_margins(settings)
-    also = [(c, label[c], [s for s in sec.slugs if s not in (c, base)])
-            for c in settings.get("also_against", []) if c in sec.res]
+    # each comparator against the variants, less the baseline and the comparators before it: the mirror of a
+    # comparison already made (c2 - c1 after c1 - c2) is the same test and enters the family once
+    comparators = [c for c in settings.get("also_against", []) if c in sec.res]
+    also = [(c, label[c], vs) for i, c in enumerate(comparators)  # (the last one may have none left)
+            if (vs := [s for s in sec.slugs if s not in (c, base, *comparators[:i])])]
     paired: dict[str, list[str]] = {}  # single comparisons (variant, comparator), grouped by comparator
     for v, c in settings.get("pairs", []):
         if v in sec.res and c in sec.res:
@@ -168,6 +173,13 @@ def verdict_lines(out: Path, sec: StudySections, summary: dict[str, Any]) -> lis
     return lines
 
 
+def _before(sec: StudySections, comp: str) -> list[str]:
+    """The comparators whose tables come before ``comp``'s (the baseline, then ``also_against`` in order):
+    their comparison with ``comp`` is in their table, not in ``comp``'s."""
+    earlier = [c for c in sec.settings.get("also_against", []) if c in sec.res]
+    return [sec.base, *earlier[:earlier.index(comp)]]
+
+
 def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequence[str],
                       metrics: Sequence[SeedMetric], fam: Family, ver: Mapping[tuple[str, str], Verdict],
                       seeds: Mapping[tuple[str, str], list[int]], margins: Mapping[str, Any] | None,
@@ -186,8 +198,9 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
                        if m.higher_is_better != metrics[0].higher_is_better)
              + f". alpha = {ALPHA:g}. {fam.statement}."
              + (" The words (docs/verdicts.md): " + "; ".join(f"`{w}`: {h}" for w, h in WORDS_HELP.items())
-                + "." if first else f" {label[sec.base]} against {label[comp]} is the mirror of the row of "
-                f"{label[comp]} in the table against {label[sec.base]} (the same test, counted once)."
+                + "." if first else "".join(
+                    f" {label[c]} against {label[comp]} is the mirror of the row of {label[comp]} in the "
+                    f"table against {label[c]} (the same test, counted once)." for c in _before(sec, comp))
                 if comp in settings.get("also_against", []) else
                 f" A single comparison the study declares (pairs): {', '.join(label[v] for v in variants)} "
                 f"against {label[comp]}."), ""]
