@@ -183,7 +183,7 @@ def test_load_model_and_evaluate_checkpoint(tmp_path):
     model, cfg = load_model(tmp_path / "run")
     assert isinstance(model, NormalizedModel) and not model.training and cfg.model == "symvit_mini_patch4_28"
     out = evaluate_checkpoint(str(tmp_path / "run"), progress=False)
-    assert out["n"] == 360  # digits: 20% held out
+    assert out["n"] == 200 and out["split"] == "val"  # digits-cpu: a validation split of 200 training images
     # the loop's last evaluation used the same weights and the same held-out set
     assert out["top1"] == pytest.approx(res.final["eval_top1"])
     assert 0.0 <= out["top1"] <= out["top5"] <= 1.0

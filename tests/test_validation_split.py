@@ -9,6 +9,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -125,3 +126,41 @@ def test_configs_without_the_fields_load_as_the_legacy_setting_with_their_old_ke
     new = TrainConfig.from_dict({**cfg.to_dict(), "val_size": 2000})
     assert trajectory_settings(new)["val_size"] == 2000
     assert trajectory_settings(TrainConfig.from_dict({**new.to_dict(), "val_seed": 1}))["val_seed"] == 1
+
+
+def test_the_cpu_image_presets_hold_out_a_validation_split() -> None:
+    """The presets a user starts from choose on a validation split, not on the test images; the papers'
+    recipes keep their protocol and say where their held-out numbers come from."""
+    for name, size in (("fmnist-cpu", 2000), ("digits-cpu", 200), ("fmnist-seg-cpu", 1000)):
+        cfg = get_preset(name)
+        assert cfg.val_size == size and get_task(cfg.task).held_out_note(cfg) is None, name
+    cfg = get_preset("digits-cpu")
+    splits = get_task(cfg.task).datasets(cfg)
+    full = len(get_task(cfg.task).builder(cfg)("train", False, None))
+    assert len(splits.held_out) == 200 and len(splits.train) == full - 200
+    note = get_task("vision").held_out_note(get_preset("deit"))
+    assert note is not None and "test split of imagenet" in note and "val_size=N" in note
+    assert get_task("lm").held_out_note(get_preset("bible-cpu")) is None  # the corpus's own valid split
+
+
+def test_a_run_without_a_validation_split_warns_and_evaluates_its_val_as_test(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from kpca_attention.cli import app
+    from kpca_attention.train.evaluate import evaluate_checkpoint
+
+    run = tmp_path / "run"
+    args = ["train", "--preset", "digits-cpu", "--max-steps", "2", "--batch-size", "16", "--no-progress",
+            "--set", "model_kwargs.depth=1", "--set", "eval_subset=32", "--set", "train_subset=64"]
+    with pytest.warns(UserWarning, match=r"no validation split \(val_size is None\).*test split of digits"):
+        res = CliRunner().invoke(app, [*args, "--set", "val_size=None", "-o", str(run)])
+    assert res.exit_code == 0, res.output
+    out = evaluate_checkpoint(run, split="val", subset=20, device="cpu")
+    assert out["split"] == "test" and "no validation split" in out["split_note"]
+    assert evaluate_checkpoint(run, split="test", subset=20, device="cpu")["top1"] == out["top1"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning with the preset's validation split
+        res = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "val")])
+    assert res.exit_code == 0, res.output
+    out = evaluate_checkpoint(tmp_path / "val", split="val", subset=20, device="cpu")
+    assert out["split"] == "val" and "split_note" not in out

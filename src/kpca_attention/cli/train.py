@@ -7,6 +7,7 @@ Several processes / GPUs: ``torchrun --nproc_per_node 4 -m kpca_attention.cli tr
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -120,6 +121,11 @@ def train_cmd(
     if print_config:
         typer.echo(cfg.to_json())
         return
+    from ..tasks import get as get_task
+
+    note = get_task(cfg.task).held_out_note(cfg)
+    if note:
+        warnings.warn(note, stacklevel=1)
     callbacks = []
     if log_jproj is not None:
         from ..kpca.callback import held_out_callback
@@ -151,7 +157,8 @@ def evaluate_cmd(
         "--json", help="Also write the metrics to this JSON file.")] = None,
     threads: Annotated[int | None, typer.Option(help=THREADS_HELP)] = None,
 ) -> None:
-    """Top-1/top-5 accuracy (vision) or perplexity (language models) of a checkpoint or model."""
+    """Top-1/top-5 accuracy (vision), mIoU, mean and pixel accuracy (segmentation) or perplexity (language
+    models) of a checkpoint or model."""
     from ..io import check_output, write_text_atomic
     from ..studies.sources import LoadedSource
     from ..studies.spec import Source

@@ -37,7 +37,7 @@ VISION_RECIPE = {**DEMO_RECIPE, "epochs": 12, "train_subset": None, "val_size": 
 #: What the committed ``vision`` study (results/vision, 3 seeds) was trained with: all 60,000 training images,
 #: the per-epoch held-out numbers on 2,000 images of the TEST split (and the recipe chosen on them). Kept so
 #: that the folder and its definition agree; ``rpc-seeds`` supersedes it with the validation split.
-LEGACY_VISION_RECIPE = {**{k: v for k, v in VISION_RECIPE.items() if k != "val_size"}, "eval_subset": 2000}
+LEGACY_VISION_RECIPE = {**VISION_RECIPE, "val_size": None, "eval_subset": 2000}
 
 #: The larger model of ``vision-large``: DeiT-Tiny's width and depth (192 wide, 12 blocks, 3 heads of
 #: 64, MLP ratio 4; 5.4 M parameters) on 28 px images in 4 px patches (50 tokens).

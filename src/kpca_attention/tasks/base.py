@@ -150,6 +150,15 @@ class Task(ABC):
     def check_config(self, cfg: Any) -> None:  # noqa: B027 - a hook: most tasks accept every config
         """Raise a ``ValueError`` naming the field for settings this task cannot train with."""
 
+    def held_out_note(self, cfg: Any) -> str | None:
+        """A warning when the held-out numbers of training under ``cfg`` come from the test split (no
+        validation split to choose on), else None."""
+        return None
+
+    def split_name(self, cfg: Any, split: str) -> str:
+        """The split ``split`` of ``cfg``'s data actually is (``kpca-attention evaluate``'s JSON)."""
+        return split
+
     def data_info(self, cfg: Any) -> Any:
         """What the model is built from besides ``cfg`` (image tasks: the dataset's
         :class:`~kpca_attention.data.images.ImageDatasetInfo`: classes, channels, size, statistics)."""

@@ -79,6 +79,17 @@ class ImageTask(Task):
         _, val_idx = validation_split(len(full), cfg.val_size, cfg.val_seed)  # type: ignore[arg-type]
         return Subset(full, seeded_sample(val_idx, subset))
 
+    def held_out_note(self, cfg: Any) -> str | None:
+        if cfg.val_size is not None:
+            return None
+        return (f"no validation split (val_size is None): the held-out numbers during training are measured "
+                f"on the test split of {cfg.dataset}, so choices made on them are made on test data; "
+                "--set val_size=N holds N training images out as a validation split")
+
+    def split_name(self, cfg: Any, split: str) -> str:
+        """``val`` of a run without a validation split is the dataset's one held-out set: ``test``."""
+        return "test" if split == "val" and cfg.val_size is None else split
+
     def split_set(self, cfg: Any, split: str, subset: int | None) -> Dataset:
         """``split`` of ``cfg``'s dataset for ``kpca-attention evaluate``: ``val`` of a run with a
         validation split is that split; otherwise the dataset's own split (``subset``: seeded sample).

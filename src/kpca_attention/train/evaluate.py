@@ -60,6 +60,11 @@ def evaluate_checkpoint(
     if data_root is not None:
         cfg.data_root = data_root
     bs = cfg.eval_batch_size if batch_size is None else batch_size
-    metrics = get_task(cfg.task).evaluate_split(model, cfg, split, subset=subset, batch_size=bs, device=dev,
-                                                 progress=progress, stride=stride)
-    return {"checkpoint": str(path), "model": cfg.model, "dataset": cfg.dataset, "split": split, **metrics}
+    task = get_task(cfg.task)
+    metrics = task.evaluate_split(model, cfg, split, subset=subset, batch_size=bs, device=dev,
+                                  progress=progress, stride=stride)
+    used = task.split_name(cfg, split)
+    note = {} if used == split else {"split_note": f"{split} asked: this run has no validation split "
+                                                   f"(val_size None), so its {split} is the {used} split"}
+    return {"checkpoint": str(path), "model": cfg.model, "dataset": cfg.dataset, "split": used, **note,
+            **metrics}
