@@ -115,6 +115,17 @@ def test_benchmark_linf_writes_a_robustbench_json_and_reuses_its_items(net, tmp_
     with pytest.raises(ValueError, match="holds the results of another model named 'mlp'"):
         benchmark(other, dataset="digits", n=6, eps="64/255", out=tmp_path, name="mlp", **QUIET)
     assert (tmp_path / "results" / "mlp.json").read_bytes() == before
+    # the same model under the same name, evaluated otherwise, would replace this benchmark's results (its
+    # JSON then no longer matching them): refused, naming what it would replace
+    for kw, says in (({"n": 4}, "AutoAttack on 6 images, this one is on 4"),
+                     ({"adaptive": True}, "holds a plain \\(not adaptive\\) AutoAttack standard at 64/255"),
+                     ({"version": "rand"}, "holds AutoAttack standard, this one is rand")):
+        with pytest.raises(ValueError, match=says) as e:
+            benchmark(good, dataset="digits", **{"n": 6, **kw}, eps="64/255", out=tmp_path, name="mlp",
+                      **QUIET)
+        assert "give --name another name" in str(e.value) and "\n" not in str(e.value)
+        assert (tmp_path / "results" / "mlp.json").read_bytes() == before
+    benchmark(good, dataset="digits", n=4, eps="64/255", out=tmp_path, name="mlp-n4", **QUIET)  # its own name
 
 
 def test_benchmark_corruptions(net, tmp_path):
@@ -154,6 +165,8 @@ def test_wrong_models_are_refused_with_one_line(net, digits):
     # budgets refused before the model is used: an Linf budget of 8 (meant 8/255), one for corruptions
     with pytest.raises(ValueError, match="pixel units.*write 8/255"):
         benchmark(good, dataset="digits", n=4, eps="8", **QUIET)
+    with pytest.raises(ValueError, match="covers the whole range$"):  # 255/255: no "write 1/255" advice
+        benchmark(good, dataset="digits", n=4, eps="255/255", **QUIET)
     with pytest.raises(ValueError, match="corruptions take none"):
         benchmark(good, dataset="digits", n=4, threat_model="corruptions", eps="8/255", **QUIET)
 
@@ -362,3 +375,34 @@ def test_autoattack_reports_its_robust_accuracy_after_each_attack(net, digits, t
     assert outside.counts == {} and outside.images == 0  # only runs inside the block are counted
     chunks = [v for k, v in ResultStore(tmp_path / "results" / "mlp.json").items().items() if "images-" in k]
     assert len(chunks) == 3 and all(c["robust_after"]["clean"] <= 8 for c in chunks)  # 8 + 8 + 4 images
+
+
+def test_a_run_is_benchmarked_on_its_own_dataset_only(tmp_path):
+    """A Fashion-MNIST run benchmarked on digits would be at chance and pass every check (each variant
+    of the normalisation check is at chance too): refused with one line before any image is read."""
+    from kpca_attention.train import get_preset, train
+
+    run = tmp_path / "run"
+    train(get_preset("digits-cpu", model_kwargs={"depth": 1}, max_steps=1, train_subset=32, eval_subset=16,
+                     batch_size=16, progress=False, output_dir=str(run)))
+    with pytest.raises(ValueError, match=r"trained on digits, not fashion-mnist: .*leave out --dataset") as e:
+        benchmark(str(run), dataset="fashion-mnist", n=4, out=tmp_path / "bm", **QUIET)
+    assert "\n" not in str(e.value) and not (tmp_path / "bm").exists()
+
+
+def test_a_rand_benchmark_says_why_its_number_and_autoattacks_log_can_differ(net, tmp_path):
+    """--version rand: the file's robust accuracy is one more forward pass of a randomised model, which can
+    differ from AutoAttack's own count (a reviewer saw 35.00 against 30.00 in one JSON): the JSON says so."""
+    from kpca_attention.studies.benchmark import RAND_NOTE
+
+    good = NormalizedModel(net, INFO.mean, INFO.std).eval()
+
+    class Noisy(nn.Module):
+        def forward(self, x):
+            return good(F.dropout(x, 0.1, training=True))
+
+    rec = benchmark(Noisy().eval(), dataset="digits", n=4, eps="64/255", version="rand", out=tmp_path,
+                    name="noisy", **QUIET)
+    assert rec["autoattack_acc_note"] == RAND_NOTE and "autoattack_robust_after" in rec
+    plain = benchmark(good, dataset="digits", n=4, eps="64/255", out=tmp_path, name="mlp", **QUIET)
+    assert "autoattack_acc_note" not in plain

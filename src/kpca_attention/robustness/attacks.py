@@ -228,8 +228,9 @@ def check_pixel_budget(norm: str, eps: float, name: str = "eps") -> None:
     instead; one above :data:`LARGE_LINF` (0.3) runs, with a warning. L2 and L1
     budgets grow with the image size and have no such bound."""
     if norm == "Linf" and eps >= 1:
+        hint = f" (write {eps:g}/255 for {eps:g} grey levels)" if eps > 1 else ""  # 1 may be 255/255 typed
         raise ValueError(f"{name} {eps:g}: an Linf budget is in pixel units, images in [0, 1], and {eps:g} "
-                         f"covers the whole range (write {eps:g}/255 for {eps:g} grey levels)")
+                         f"covers the whole range{hint}")
     if norm == "Linf" and eps > LARGE_LINF:  # allowed (a sweep to 0 accuracy), but often a unit slip
         warnings.warn(f"{name} {eps:g} is an Linf budget of {eps * 255:g}/255 in pixel units (images in "
                       f"[0, 1]), past the largest in common use (MNIST's 0.3); for {eps:g} of a grey level "

@@ -173,6 +173,10 @@ def _resolve(model: Any, dataset: str | Dataset | None, device: torch.device
             net = NormalizedModel(net, *loaded.normalize)
             net.training = False  # the wrapper's own flag only: the loaded model's modes are checked
         cfg_ds = getattr(loaded.config, "dataset", None)
+        if cfg_ds is not None and isinstance(dataset, str) and dataset != cfg_ds:
+            # a robust accuracy on images of another dataset measures nothing the leaderboard could list
+            raise ValueError(f"{model} was trained on {cfg_ds}, not {dataset}: benchmark it on its own "
+                             "dataset (leave out --dataset)")
         dataset = dataset if dataset is not None else cfg_ds
         base = str(model).partition("@")[0].rstrip("/")
         info.update(name=model_label(str(model)), architecture=getattr(loaded.config, "model", None) or base,
@@ -269,6 +273,12 @@ def benchmark(
             raise ValueError(f"{taken.path} holds the results of another model named {name!r} (weights "
                              f"{others[0][:12]}..., this one {weights[:12]}...): give --name another name, "
                              "or delete that file to replace its results")
+        clash = _clashing_benchmark(taken.records(), Path(out), ds_name, threat_model, eps_text, eps_value, n,
+                                    version, bool(adaptive), name)
+        if clash:
+            raise ValueError(f"{taken.path}: {clash}; under the same name this benchmark would replace those "
+                             f"results: give --name another name (e.g. {name}-n{n}), or delete "
+                             "the earlier files to replace them")
     known = Subset(test_set, load_image_ids(ds_name)[:CHECK_IMAGES])
     xs, ys = zip(*(known[i] for i in range(len(known))), strict=True)
     checks = check_model(net, torch.stack(xs).to(dev), torch.as_tensor(ys), meta.mean, meta.std,
@@ -304,6 +314,8 @@ def benchmark(
             if robust.get("robust_after"):  # AutoAttack's own breakdown, as it reports it
                 record["autoattack_robust_after"] = {k: f"{100 * c / n:.2f}"
                                                      for k, c in robust["robust_after"].items()}
+            if version == "rand":
+                record["autoattack_acc_note"] = RAND_NOTE
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -314,6 +326,39 @@ def benchmark(
         write_json_atomic(path, record)
         log(f"wrote {path}")
     return record
+
+
+#: in the JSON of a ``--version rand`` benchmark: why its number and AutoAttack's own log can differ
+RAND_NOTE = ("a randomised model: autoattack_acc is one more forward pass of the model on AutoAttack's "
+             "adversarial images (as RobustBench's benchmark() evaluates them), so an image AutoAttack broke "
+             "can count as robust on this draw and the other way round; AutoAttack's own count after its "
+             "attacks is autoattack_robust_after")
+
+
+def _clashing_benchmark(records: dict[str, dict[str, Any]], out: Path, dataset: str, threat_model: str,
+                        eps_text: str | None, eps_value: float | None, n: int, version: str, adaptive: bool,
+                        name: str) -> str | None:
+    """What an earlier benchmark under ``name`` in ``out`` holds that this one (``n`` images, ``version``,
+    ``adaptive``) would replace - its clean results on another number of images, its robust item of the same
+    budget run otherwise, or its JSON at the same path from another AutoAttack version - or None."""
+    from ..io import read_json
+    from ..tasks.classification.suites import eps_label
+
+    if threat_model == "corruptions":
+        return None
+    clean = records.get("autoattack/clean", {}).get("key") or {}
+    if clean.get("n") not in (None, n):
+        return f"it holds this model's AutoAttack on {clean['n']} images, this one is on {n}"
+    item = records.get(f"autoattack/{version}-{threat_model}/{eps_label(eps_value)}", {}).get("key") or {}
+    if item and bool(item.get("adaptive", False)) != adaptive:
+        was = "an adaptive" if item.get("adaptive") else "a plain (not adaptive)"
+        return f"it holds {was} AutoAttack {version} at {eps_text} for this model"
+    budget = [] if eps_text is None else [eps_text.replace("/", "_")]
+    earlier = read_json(out.joinpath(dataset, threat_model, *budget, f"{name}.json"))
+    if isinstance(earlier, dict) and earlier.get("version", version) != version:
+        return (f"its JSON for {threat_model} {eps_text} holds AutoAttack {earlier['version']}, this one "
+                f"is {version}")
+    return None
 
 
 def _robustbench_note(dataset: str, threat_model: str, eps_text: str | None) -> str:

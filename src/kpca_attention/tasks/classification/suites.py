@@ -365,7 +365,8 @@ def evaluate_image_suites(
                 res.setdefault(a.name, {})[eps_label(eps)] = item(
                     f"attacks/{a.name}/{eps_label(eps)}", key, compute, same_draw)
                 r = res[a.name][eps_label(eps)]
-                log(f"  {a.name} eps {eps_label(eps)}/255 ({a.protocol}): top-1 {100 * r['top1']:.1f}% "
+                log(f"  {a.name} eps {eps_text(attack_norm(a.method, a.options), eps_label(eps))} "
+                    f"({a.protocol}): top-1 {100 * r['top1']:.1f}% "
                     f"({time.perf_counter() - t_a:.0f} s)")
         out["attacks"] = res
     aa = suites.autoattack
@@ -501,10 +502,12 @@ def evaluate_autoattack(
     how = {"adaptive": True} if suite.adaptive else {}  # in the key only when set: older items stay valid
     for eps in suite.eps:
         item = f"autoattack/{suite.name}/{eps_label(eps)}"
+        budget = eps_text(suite.norm, eps_label(eps))  # as people write it: 4/255 (Linf), 0.5 (L2)
         extra = {"version": suite.version, "norm": suite.norm, "eps": eps, "protocol": "pixel",
                  "attack_seed": 0, **how, **batch_key(batch_size)}
 
-        def compute(eps: float = eps, item: str = item, extra: dict[str, Any] = extra) -> dict[str, Any]:
+        def compute(eps: float = eps, item: str = item, extra: dict[str, Any] = extra,
+                    budget: str = budget) -> dict[str, Any]:
             # chunks of batch_size images, each one AutoAttack run seeded alike (its attacks are per
             # example), each stored when done: an evaluation stopped part-way (an hour on one CPU core)
             # resumes at its first missing chunk, with the numbers an uninterrupted one gives
@@ -520,7 +523,7 @@ def evaluate_autoattack(
                     return {**example_hits(lg, lb), "norms": nm.tolist(), "robust_after": after.counts}
 
                 chunks.append(get(f"{item}/images-{start}-{stop}", {**extra, "images": [start, stop]}, chunk))
-                log(f"  AutoAttack {suite.name} eps {eps_label(eps)}/255: images {start}-{stop} of "
+                log(f"  AutoAttack {suite.name} eps {budget}: images {start}-{stop} of "
                     f"{len(y_all)} done")
             nm = torch.tensor([v for c in chunks for v in c["norms"]], dtype=torch.float32)
             joined = {**join_hits(chunks), "norm": suite.norm, "protocol": "pixel",
@@ -532,7 +535,7 @@ def evaluate_autoattack(
 
         t_a = time.perf_counter()
         r = res[eps_label(eps)] = get(item, extra, compute)
-        log(f"  AutoAttack {suite.name} eps {eps_label(eps)}/255 on {suite.n} images: top-1 "
+        log(f"  AutoAttack {suite.name} eps {budget} on {suite.n} images: top-1 "
             f"{100 * r['top1']:.1f}% ({time.perf_counter() - t_a:.0f} s)")
     out["autoattack"] = {suite.name: res}
     return out
