@@ -337,6 +337,13 @@ def _order(key: tuple) -> tuple:
     return (dataset or "", {"Linf": 0, "L2": 1}.get(norm, 2), protocol != "pixel", value, evaluation)
 
 
+#: under a table whose only attack is CW: what such an L2 number is and is not
+CW_ONLY = ("CW is a minimum-norm attack, run here with its fixed settings and its last iterate kept: "
+           "an image counts as robust when the perturbation CW found is larger than the budget, though a "
+           "smaller one may exist. The robust accuracy is an upper bound on what a stronger L2 attack (APGD, "
+           "AutoAttack L2) leaves, and not comparable with RobustBench's L2 rows.")
+
+
 def render_markdown(tables: Mapping[tuple, list[dict[str, Any]]], notes: list[str]) -> str:
     from ..tables import markdown_table
 
@@ -347,6 +354,8 @@ def render_markdown(tables: Mapping[tuple, list[dict[str, Any]]], notes: list[st
         parts.append(f"## {_title(key)}\n")
         if rows[0]["attack_settings"]:
             parts.append(f"Attacks: {rows[0]['attack_settings']}.\n")
+        if key[4] == "worst case of cw":
+            parts.append(CW_ONLY + "\n")
         body = [{"rank": i + 1, "label": r["label"], "name": f"`{r['name']}`",
                  "seeds": ",".join(map(str, r["seeds"])) or "-", "clean": f"{r['clean_acc']:.2f}",
                  "robust": f"{r['robust_acc']:.2f}",
