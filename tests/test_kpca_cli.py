@@ -432,8 +432,36 @@ def test_analyze_prints_each_measure_with_its_chance_level() -> None:
                "chance": {"linear_cka": {"perm": test}, "optimal_cosine": {"rot": {**test, "p_below": 0.4,
                                                                                   "p_above": 0.6}}}}
     lines = headline("m", summary).splitlines()
-    assert lines[0] == "m (4 inputs, 288 heads):"
-    assert lines[2] == ("  linear_cka = 0.337; on the 72 units with a null 0.254 against chance 0.312 "
-                        "(tokens permuted): below chance")
+    # 288 = inputs x layers x heads: (input, layer, head) units, not heads; the tests run over the 72 heads
+    assert lines[0] == ("m (4 inputs, 288 (input, layer, head) units; means over all of them, chance tests "
+                        "over heads):")
+    assert lines[2] == ("  linear_cka = 0.337; on the 72 heads (each averaged over the inputs with a null) "
+                        "0.254 against chance 0.312 (tokens permuted): below chance")
     assert lines[1].endswith("(V rotated): not distinguished from chance")  # its verdict's null: V rotated
     assert lines[3] == "  kernel_cka = n/a; no chance level (no null drawn)"
+
+
+def test_claims_feeds_texts_to_the_text_model_and_the_dataset_to_the_image_model(tmp_path) -> None:
+    """MiniLM and an image run judged in one call: --texts goes to MiniLM, --dataset to the image run (it
+    was refused, as if --texts were meant for the image model); --texts with no text model, or --dataset
+    with no image model, is still one clear line."""
+    from kpca_attention.train import get_preset, train
+
+    cfg = get_preset("digits-cpu", output_dir=str(tmp_path / "img"), epochs=1, train_subset=32,
+                     eval_subset=16, batch_size=16, progress=False, num_workers=0,
+                     model_kwargs={"depth": 1, "embed_dim": 32})
+    img = str(train(cfg).run_dir)
+    texts = tmp_path / "t.txt"
+    texts.write_text(TEXTS)
+    args = ["--max-samples", "4", "--detail-samples", "0", "--null-samples", "2", "--control-samples", "0",
+            "--no-report", "--threads", "1"]
+    r = CliRunner().invoke(app, ["claims", "all-MiniLM-L6-v2", img, "--texts", str(texts), "--dataset",
+                                 "digits", "--out", str(tmp_path / "c"), *args])
+    assert r.exit_code == 0, r.output
+    inputs = [m["inputs"] for m in json.loads((tmp_path / "c" / "claims.json").read_text())["models"]]
+    assert any("texts from" in i for i in inputs) and any("digits" in i for i in inputs), inputs
+    for given, says in ((["--texts", str(texts)], "--texts is for text models"),
+                        (["--dataset", "digits"], "--images / --dataset are for image models")):
+        models = [img] if given[0] == "--texts" else ["all-MiniLM-L6-v2"]
+        r = CliRunner().invoke(app, ["claims", *models, *given, "--out", str(tmp_path / "d"), *args])
+        assert r.exit_code == 2 and says in r.output, r.output

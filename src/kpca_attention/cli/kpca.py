@@ -45,13 +45,14 @@ def headline(model: str, summary: dict[str, Any]) -> str:
     from ..kpca.claims import fmt
 
     lines = [f"{model} ({summary.get('num_sequences', '?')} inputs, {summary.get('num_heads_analysed', '?')} "
-             "heads):"]
+             "(input, layer, head) units; means over all of them, chance tests over heads):"]
     for k in ("optimal_cosine", "linear_cka", "kernel_cka", "direct_cosine"):
         tests = (summary.get("chance") or {}).get(k) or {}
         kind = verdict_null(k, tests)
         test = tests.get(kind)
         chance = ("no chance level (no null drawn)" if not test else
-                  f"on the {test.get('n')} units with a null {fmt(test.get('measured'))} against chance "
+                  f"on the {test.get('n')} heads (each averaged over the inputs with a null) "
+                  f"{fmt(test.get('measured'))} against chance "
                   f"{fmt(test.get('null'))} ({NULL_LABELS[kind]}): {chance_word(test)}")
         lines.append(f"  {k} = {fmt(summary.get(k))}; {chance}")
     lines.append("  " + ", ".join(f"{k} = {fmt(summary.get(k))}"
@@ -66,12 +67,13 @@ def _stored(res: dict[str, Any]) -> dict[str, Any]:
     return {**res, "records": pack_records(res["records"])} if res.get("records") else res
 
 
-def _check_options(**values: Any) -> None:
+def _check_options(several_models: bool = False, **values: Any) -> None:
     """Every option of the command against :data:`OPTIONS`, and the inputs' combination, before any work."""
     from ..kpca.run import check_input_options
 
     check_parameters(values, OPTIONS, cli=True)
-    check_input_options(texts=values.get("texts"), images=values.get("images"), dataset=values.get("dataset"))
+    check_input_options(texts=values.get("texts"), images=values.get("images"), dataset=values.get("dataset"),
+                        several_models=several_models)
 
 
 def _config(
@@ -108,7 +110,8 @@ def _config(
 
 
 # options shared by analyze and claims
-_NULL_SAMPLES = typer.Option(20, help="inputs whose alignment also gets the permutation and Gaussian nulls")
+_NULL_SAMPLES = typer.Option(20, help="inputs whose alignment also gets the nulls (tokens permuted, Gaussian "
+                                       "V, V rotated)")
 _NULL_DRAWS = typer.Option(10, help="seeded draws per null, averaged")
 _CONTROL_SAMPLES = typer.Option(2, help="inputs that get the positive control (V_hat + noise at known SNRs)")
 
@@ -432,7 +435,7 @@ def claims_cmd(
     with the measured value, its chance level and a verdict against a stated threshold or test."""
     from ..kpca.claims import judge
     from ..kpca.load import load_for_analysis
-    from ..kpca.run import analyze_model
+    from ..kpca.run import analyze_model, resolve_inputs
     from ..report.kpca import write_claims, write_report
     from ..train.resolve import untrained_copy
 
@@ -455,7 +458,8 @@ def claims_cmd(
         return _rejudge(from_analysis, report, baseline, out if given else None)
     _check_options(max_samples=max_samples, prefixes=prefixes, detail_samples=detail_samples,
                    null_samples=null_samples, null_draws=null_draws, control_samples=control_samples,
-                   threads=threads, split=split, texts=texts, images=images, dataset=dataset)
+                   threads=threads, split=split, texts=texts, images=images, dataset=dataset,
+                   several_models=len(models or ()) > 1)
     set_threads(threads)
     cfg = _config(
         "abs", "unit", "GHA", "auto", "kornblith", detail_samples, False, False,
@@ -473,13 +477,22 @@ def claims_cmd(
         output_path(out, f"{BASELINE_PREFIX}{label}.json", what=f"the name of model {name}")
         output_path(out, label, what=f"the name of model {name}")
     # every model and its inputs are checked (loaded once) before any is analysed
-    prepared, identity = [], []
+    prepared, identity, kinds = [], [], set()
     for name, label in zip(models, labels, strict=True):
-        loaded, inputs = _model_and_inputs(name, pretrained, device, texts=texts, images=images,
-                                           dataset=dataset, split=split, data_root=data_root,
-                                           max_samples=max_samples, bible_fallback=True)
-        prepared.append(inputs)
+        loaded = load_for_analysis(name, pretrained=pretrained, device=device)
+        kinds.add("text" if loaded.takes_text else "image")
+        # text and image models judged together: --texts feeds the text models, --images / --dataset the
+        # image models, each the data it can take
+        given = {"texts": texts} if loaded.takes_text else {"images": images, "dataset": dataset}
+        prepared.append(resolve_inputs(loaded, **given, split=split, data_root=data_root,
+                                       max_samples=max_samples, bible_fallback=True))
         identity.append((label, loaded.info.get("recipe"), loaded.info.get("train_seed")))
+    if texts is not None and "text" not in kinds:
+        raise ValueError(f"--texts is for text models, and none of {', '.join(models)} is one: give --images DIR "
+                         "or --dataset NAME")
+    if (images is not None or dataset is not None) and "image" not in kinds:
+        raise ValueError(f"--images / --dataset are for image models, and none of {', '.join(models)} is one: "
+                         "give --texts FILE")
     if baseline is not None:  # the groups the summary over seeds will form, by the same rule
         from ..report.kpca_seeds import group_names
 

@@ -84,13 +84,15 @@ def _prefix_pairs(length: int, prefixes: int) -> list[tuple[int, int]]:
     return sorted((p, end) for end, p in pairs.items())
 
 
-def check_input_options(*, texts: Any = None, images: Any = None, dataset: Any = None) -> None:
+def check_input_options(*, texts: Any = None, images: Any = None, dataset: Any = None,
+                        several_models: bool = False) -> None:
     """The inputs' options exclude each other: ``images`` (a folder) or ``dataset`` (a name), never both
-    (one would be silently ignored); ``texts`` only without either."""
+    (one would be silently ignored); ``texts`` only without either - except for ``several_models``
+    (``claims``), where the texts feed the text models and the images the image models."""
     if images is not None and dataset is not None:
         raise ValueError(f"give --images or --dataset, not both: --images {images} would be analysed and "
                          f"--dataset {dataset} ignored")
-    if texts is not None and (images is not None or dataset is not None):
+    if texts is not None and (images is not None or dataset is not None) and not several_models:
         raise ValueError("give --texts (text models) or --images / --dataset (image models), not both")
 
 
