@@ -6,6 +6,8 @@ tensor changes the layer's output as the equation says."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import timm
 import torch
@@ -103,3 +105,21 @@ def test_a_hook_that_zeroes_the_error_turns_neutreno_into_plain_attention() -> N
         plain = model(x)
     torch.testing.assert_close(ablated, plain)
     assert not torch.allclose(full, plain)
+
+
+def test_run_with_cache_says_when_it_has_nothing_to_read() -> None:
+    """An empty cache from a model without this package's layers (timm's own ViT), or from a filter that
+    matches no hook point, would pass for "nothing happened": each warns, naming why."""
+    vit = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=16, depth=1).eval()
+    with pytest.warns(UserWarning, match="VisionTransformer has no hook points.*replace_attention"), \
+            torch.no_grad():
+        _, cache = run_with_cache(vit, torch.rand(1, 3, 32, 32))
+    assert cache == {}
+    model, x = _model("twicing_vit_mini_patch4_28")
+    with pytest.warns(UserWarning, match=r"matched none of the model's \d+ hook points \(e\.g\. blocks\.0"), \
+            torch.no_grad():
+        run_with_cache(model, x, names_filter="blocks.0.attn.hook_mu")  # Twicing has no PAP
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error")
+        _, cache = run_with_cache(model, x, names_filter="blocks.0.attn.hook_av")
+    assert list(cache) == ["blocks.0.attn.hook_av"]

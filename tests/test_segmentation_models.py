@@ -27,6 +27,11 @@ def test_names_cover_the_encoder_families_and_build_through_timm():
         create_model("segmenter_symvit_mini_patch4_32", pretrained=True, **MINI)
     with pytest.raises(ValueError, match="decoder"):
         create_model("segmenter_symvit_mini_patch4_32", decoder="fpn", **MINI)
+    # a feature backbone is its encoder: said in one line, not an AttributeError from inside the build
+    with pytest.raises(ValueError, match=r"not a feature backbone.*'symvit_mini_patch4_32', features_only"):
+        timm.create_model("segmenter_symvit_mini_patch4_32", features_only=True, **MINI)
+    enc = timm.create_model("symvit_mini_patch4_32", features_only=True, in_chans=1, out_indices=(-1,))
+    assert enc(torch.rand(1, 1, 32, 32))[0].shape[1] == enc.feature_info.channels()[-1]
 
 
 @pytest.mark.parametrize("decoder", ["mask_transformer", "linear"])

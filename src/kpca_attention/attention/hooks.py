@@ -26,6 +26,7 @@ with ``model.`` (``model.blocks.0.attn.hook_mu``); pass ``model.model`` for the 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -84,9 +85,17 @@ def run_with_cache(
         return hook
 
     try:
-        for name, module in model.named_modules():
-            if isinstance(module, HookPoint) and wanted(name):
+        points = [(name, m) for name, m in model.named_modules() if isinstance(m, HookPoint)]
+        for name, module in points:
+            if wanted(name):
                 handles.append(module.register_forward_hook(store(name)))
+        if not handles:  # an empty cache would pass for "nothing happened" instead of "nothing to read"
+            warnings.warn(
+                f"run_with_cache: names_filter matched none of the model's {len(points)} hook points (e.g. "
+                f"{points[0][0]})" if points else
+                f"run_with_cache: {type(model).__name__} has no hook points: they are in this package's "
+                "attention layers (timm's own Attention has none; kpca_attention.replace_attention puts them "
+                "in), so the cache is empty", stacklevel=2)
         output = model(*inputs, **kwargs)
     finally:
         for handle in handles:

@@ -320,6 +320,9 @@ def _create(family: str, size: str, pretrained: bool, **kwargs: Any) -> Segmente
                          "fmnist-seg-cpu / ade20k-segmenter) and load the checkpoint instead")
     for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):  # timm.create_model's
         kwargs.pop(key, None)
+    if kwargs.get("features_only"):  # timm would hand it to the encoder, which then has no embed_dim
+        raise ValueError(f"{name} is a dense-prediction model, not a feature backbone: features_only is for "
+                         f"its encoder (timm.create_model('{family}_{enc_size}', features_only=True))")
     num_classes = kwargs.pop("num_classes", 150)
     img_size = kwargs.pop("img_size", window)
     return create_segmenter(f"{family}_{enc_size}", num_classes, img_size, **kwargs)
