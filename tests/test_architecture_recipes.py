@@ -25,3 +25,19 @@ def test_a_study_of_your_own_runs_from_a_script(tmp_path, monkeypatch):
     verdicts = json.loads((out / "summary.json").read_text())["verdicts"]
     assert verdicts["margins"]["clean"]["value"] == 2.0
     assert verdicts["cells"]["twicing"]["clean"]["n"] == 3  # three paired seeds, a word from the engine
+
+
+def test_a_segmentation_study_of_your_own_runs_from_a_script(tmp_path, monkeypatch):
+    # a user found no documented way to run the segmentation suites on Segmenters of their own
+    text = (REPO / "docs" / "segmentation.md").read_text()
+    block = re.search(r"## Comparing your own Segmenters.*?```python\n(.*?)```", text, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "recipe"}
+    exec(compile(block, "docs/segmentation.md", "exec"), namespace)  # noqa: S102 - our own docs
+    out = tmp_path / "runs" / "my-seg"
+    report = (out / "report.md").read_text()
+    assert (tmp_path / namespace["report"]).resolve() == out / "report.md"
+    summary = json.loads((out / "summary.json").read_text())
+    cells = summary["verdicts"]["cells"]["rpc"]
+    assert cells["clean:miou"]["n"] == 2 and cells["corrupted:miou"]["n"] == 2  # two paired seeds
+    assert "gaussian_noise" in report and "contrast" in report

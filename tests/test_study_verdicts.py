@@ -351,3 +351,4 @@ def test_two_further_comparators_count_their_comparison_once(tmp_path: Path) -> 
     assert "## Verdicts over seeds against LM" not in report
     assert "2 variants x 2 metrics against Symlm and 1 variant x 2 metrics against RPC-Symlm (" \
         in ver["family"]["family"]
+    assert "a comparison between two of those comparators is counted once" in ver["family"]["family"]

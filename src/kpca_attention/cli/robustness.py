@@ -238,7 +238,7 @@ def robustness_study(
     if not task.takes_tokens and task.suites_type is not ImageSuites:
         raise ValueError(f"{paths[0]}: robustness evaluates image classifiers and language models, not a "
                          f"{task.title} model (task={task.name!r}); its robustness suites run in its study "
-                         f"(kpca-attention study {task.name})")
+                         f"(kpca-attention study {task.name}) or in a study of your own (docs/{task.name}.md)")
     if image and task.takes_tokens:
         raise ValueError(f"{paths[0]}: the {', '.join(image)} suite(s) need image classifiers, got a "
                          f"{task.title} model (task={task.name!r}); language models take --suite wordswap")

@@ -65,13 +65,14 @@ def margin_of(margins: Mapping[str, Mapping[str, Any]] | None,
 def study_verdicts(metrics: Sequence[SeedMetric], variants: Sequence[str], base: str, base_label: str,
                    margins: Mapping[str, Mapping[str, Any]] | None, alpha: float = ALPHA, *,
                    variant_margins: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
-                   also: Sequence[tuple[str, str, Sequence[str]]] = ()
+                   also: Sequence[tuple[str, str, Sequence[str]]] = (), mirrors_left_out: bool = False
                    ) -> tuple[Family, dict[tuple[str, ...], Verdict], dict[tuple[str, ...], list[int]]]:
     """The verdict of every ``(metric key, variant)`` against ``base`` on the seeds both have
     (:mod:`.verdicts`), and of every ``(metric key, variant, comparator)`` of the further comparisons
     ``also`` (``(comparator slug, its label, its variants)``): one Holm family over all of them; the
-    margin of each is the variant's own, else the metric's (None: no equivalence). Returns ``(family,
-    {key: verdict}, {key: paired seeds})``."""
+    margin of each is the variant's own, else the metric's (None: no equivalence); ``mirrors_left_out``: a
+    comparator's list leaves out the comparators before it (the family statement says so). Returns
+    ``(family, {key: verdict}, {key: paired seeds})``."""
     comps = [(base, base_label, list(variants))] + [(c, cl, list(vs)) for c, cl, vs in also]
     nm = len(metrics)
     parts = [f"{len(vs)} variant{'s' if len(vs) != 1 else ''} x {nm} metric{'s' if nm != 1 else ''} "
@@ -83,7 +84,7 @@ def study_verdicts(metrics: Sequence[SeedMetric], variants: Sequence[str], base:
                  + (f"; the comparison of {base_label} with {others} is counted once, in the table against "
                     f"{base_label}" if also else "")
                  + ("; a comparison between two of those comparators is counted once, in the table of the "
-                    "one listed first" if any(c in vs for c, _cl, _v in also for _c, _l, vs in also) else ""))
+                    "one listed first" if mirrors_left_out else ""))
     seeds: dict[tuple[str, ...], list[int]] = {}
     direction = {m.key: m.higher_is_better for m in metrics}
     for i, (comp, _cl, vs) in enumerate(comps):
@@ -139,7 +140,7 @@ def verdict_lines(out: Path, sec: StudySections, summary: dict[str, Any]) -> lis
             paired.setdefault(c, []).append(v)
     also += [(c, label[c], vs) for c, vs in paired.items()]
     fam, ver, seeds = study_verdicts(metrics, variants, base, label[base], margins, variant_margins=vmargins,
-                                     also=also)
+                                     also=also, mirrors_left_out=len(comparators) > 1)
     summary["verdicts"] = {"alpha": ALPHA, "baseline": base, "family": fam.to_dict()}
     if fam.size == 0 and all(v.get("source") for v in settings["variants"]):
         # existing models evaluated once each (the robustness command): nothing to pair over seeds

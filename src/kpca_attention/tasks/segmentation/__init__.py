@@ -57,7 +57,7 @@ def evaluate_segmentation(
     all_reduce_sum(acc.confusion)
     m = acc.compute()
     return {"miou": m["miou"], "mean_accuracy": m["mean_accuracy"], "pixel_accuracy": m["pixel_accuracy"],
-            "loss": loss_sum[0].item() / max(loss_sum[1].item(), 1.0), "pixels": float(m["pixels"])}
+            "loss": loss_sum[0].item() / max(loss_sum[1].item(), 1.0), "pixels": int(m["pixels"])}
 
 
 class SemanticSegmentation(ImageTask):
