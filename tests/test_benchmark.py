@@ -100,6 +100,7 @@ def test_benchmark_linf_writes_a_robustbench_json_and_reuses_its_items(net, tmp_
     lo, hi = rec["clean_acc_interval"]
     assert lo <= float(rec["clean_acc"]) <= hi
     assert rec["checks"]["top1_given"] > 80  # the known batch: a trained model
+    assert rec["flags"] == []  # Square broke nothing the gradient attacks left
     store = ResultStore(tmp_path / "results" / "mlp.json")
     items = store.items()
     assert set(items) == {"autoattack/clean", "autoattack/standard-Linf/64",
@@ -406,3 +407,18 @@ def test_a_rand_benchmark_says_why_its_number_and_autoattacks_log_can_differ(net
     assert rec["autoattack_acc_note"] == RAND_NOTE and "autoattack_robust_after" in rec
     plain = benchmark(good, dataset="digits", n=4, eps="64/255", out=tmp_path, name="mlp", **QUIET)
     assert "autoattack_acc_note" not in plain
+
+
+def test_autoattack_flags_square_breaking_what_the_gradient_attacks_left() -> None:
+    """AutoAttack's check_square_sr in the JSON: Square, run last, breaking more than 0.2 % of the images
+    every gradient attack left correct (a reviewer's quantised model: 46 % after APGD-CE/APGD-T/FAB-T, 36 %
+    after Square) is flagged; within the tolerance, or without Square, nothing is."""
+    from kpca_attention.studies.benchmark import autoattack_flags
+
+    after = {"clean": 60, "apgd-ce": 46, "apgd-t": 46, "fab-t": 46, "square": 36}
+    (flag,) = autoattack_flags(after, 100)
+    assert flag.startswith("white-box >= black-box: Square broke 10.00 % of the images") and "masking" in flag
+    assert autoattack_flags({**after, "square": 46}, 100) == []
+    assert autoattack_flags({**after, "square": 45}, 1000) == []  # 1 of 1000 = 0.1 %: within 0.2 %
+    assert autoattack_flags({**after, "square": 43}, 1000) != []  # 0.3 %
+    assert autoattack_flags({"clean": 60, "apgd-ce": 30, "apgd-dlr": 29}, 100) == []  # rand: no Square

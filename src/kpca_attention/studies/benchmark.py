@@ -7,7 +7,8 @@ severities 1-5); a fixed, published subset of test images; one JSON per model wi
 ``autoattack_acc`` or ``corruptions_acc`` / ``corruptions_mce``, ``eps``, ``threat_model``, ``dataset`` and
 ``reported`` (false: measured here), and ``autoattack_robust_after``: the robust accuracy after each of
 AutoAttack's attacks as AutoAttack reports it (``clean`` first; absent for results stored before it was
-recorded). The images here are the first ``n`` of the dataset's committed list
+recorded) with ``flags``: signs of gradient masking read from it (:func:`autoattack_flags`). The images here
+are the first ``n`` of the dataset's committed list
 (:mod:`~kpca_attention.robustness.image_ids`), whose SHA-256 the JSON records; every number comes with a
 95 % interval (Wilson over images for accuracies, a bootstrap over images for the corruption mean).
 
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -314,6 +315,7 @@ def benchmark(
             if robust.get("robust_after"):  # AutoAttack's own breakdown, as it reports it
                 record["autoattack_robust_after"] = {k: f"{100 * c / n:.2f}"
                                                      for k, c in robust["robust_after"].items()}
+                record["flags"] = autoattack_flags(robust["robust_after"], n)
             if version == "rand":
                 record["autoattack_acc_note"] = RAND_NOTE
     finally:
@@ -326,6 +328,26 @@ def benchmark(
         write_json_atomic(path, record)
         log(f"wrote {path}")
     return record
+
+
+def autoattack_flags(robust_after: Mapping[str, int], n: int) -> list[str]:
+    """Signs of gradient masking in AutoAttack's own per-attack counts (``robust_after``: images still
+    correct after each attack, in the order run): Square, gradient-free and run last, breaking more than
+    AutoAttack's tolerance (0.2 % of the ``n`` images) that every gradient attack before it left correct -
+    the rule of AutoAttack's ``check_square_sr`` and of :mod:`~kpca_attention.robustness.attack_checks`
+    (RobustBench footnotes such entries). A flag is a sign, not proof; no flag is not proof of the
+    opposite."""
+    from ..robustness.attack_checks import TOLERANCE
+
+    names = list(robust_after)
+    if "square" not in names or names.index("square") == 0:
+        return []
+    broken = robust_after[names[names.index("square") - 1]] - robust_after["square"]
+    if broken <= TOLERANCE * n:
+        return []
+    return [f"white-box >= black-box: Square broke {100 * broken / n:.2f} % of the images every gradient "
+            f"attack left correct (tolerance {100 * TOLERANCE:g} %, AutoAttack's check_square_sr): a sign of "
+            "gradient masking - the robust accuracy may overstate the model's robustness"]
 
 
 #: in the JSON of a ``--version rand`` benchmark: why its number and AutoAttack's own log can differ
@@ -433,6 +455,8 @@ def _print(r: dict[str, Any], log: Callable[[str], None]) -> None:
         if after:
             log("  robust accuracy after each attack: " + ", ".join(
                 f"{k.upper()} {v}%" for k, v in after.items() if k != "clean"))
+        for flag in r.get("flags", []):
+            log(f"  flag: {flag}")
     else:
         log(line("corruptions accuracy (15 corruptions x 5 severities)", "corruptions_acc"))
         if r["corruptions_mce"] is not None:
