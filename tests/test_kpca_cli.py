@@ -125,6 +125,9 @@ def test_claims_table(tmp_path):
     table = (tmp_path / "c" / "claims.md").read_text()
     for claim in ("P1:", "P2:", "P3:", "P4:", "C1: optimal cosine <= 0.32", "C2:", "P5/C3:"):
         assert claim in table, claim
+    # a row read alone claimed more than its test: the table says how its words read
+    assert "not evidence that attention is kernel PCA" in table
+    assert "trained below the untrained copy" in table
     data = json.loads((tmp_path / "c" / "claims.json").read_text())
     rows = data["models"][0]["rows"]
     chance_words = ("below chance", "not distinguished from chance", "above chance", "too few units to test")

@@ -502,6 +502,16 @@ def write_report(res: dict[str, Any], out_dir: str | Path) -> Path:
     return write_text_atomic(out / "report.md", "\n".join(lines) + "\n")
 
 
+#: under the claims table: what its words do and do not say (a row read alone claimed more than its test)
+READING = ('How to read the verdicts: "above chance" says the measure beats its null (V with its tokens '
+           "permuted, Gaussian or rotated V) over the model's heads - a number a random model can also "
+           "reach, not evidence that attention is kernel PCA. Read P4's alignment rows with the untrained-"
+           'copy rows where they are given (--untrained-baseline): "above chance" beside "trained below the '
+           'untrained copy" means training made the values less aligned with Theorem 1\'s G H A, not more. '
+           '"Not shown" and "not distinguished from chance" mean the test decided nothing at these inputs, '
+           'not that the property is absent (docs/kpca.md).')
+
+
 def write_claims(verdicts: list[dict[str, Any]], out_dir: str | Path, baseline: str | None = None) -> Path:
     """``claims.md`` (one table) and ``claims.json`` in ``out_dir`` from
     :func:`kpca_attention.kpca.claims.judge` results, with the claims over training seeds of runs of one
@@ -527,6 +537,8 @@ def write_claims(verdicts: list[dict[str, Any]], out_dir: str | Path, baseline: 
                               "measured": "measured", "threshold": "threshold", "verdict": "verdict"}),
         "",
         "Inputs: " + "; ".join(f"{v['model']}: {v['inputs']}" for v in verdicts),
+        "",
+        READING,
         "",
     ]
     groups = seed_groups(verdicts)
