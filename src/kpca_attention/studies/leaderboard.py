@@ -31,6 +31,7 @@ import hashlib
 import math
 import os
 import re
+import textwrap
 from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
@@ -40,21 +41,31 @@ import numpy as np
 
 __all__ = ["leaderboard_rows", "render_markdown", "write_leaderboard"]
 
+#: how the page says where it came from: the repository's committed results, or a user's folder
+REPO_SOURCE = ("Generated from every committed study under `results/` by `kpca-attention leaderboard` "
+               "(do not edit by\nhand; `tests/test_leaderboard.py` checks that this page and "
+               "`results/leaderboard/` are in sync with\n`results/`).")
+
 HEADER = """# Leaderboard
 
-Generated from every committed study under `results/` by `kpca-attention leaderboard` (do not edit by
-hand; `tests/test_leaderboard.py` checks that this page and `results/leaderboard/` are in sync with
-`results/`). One table per threat model, one row per model, sorted by robust accuracy; clean accuracy on
-the same images. Mean over the seeds listed; 95 % interval: t over seeds (2+ seeds) or Wilson over images
-(1 seed). All numbers are measured here (`reported: false`), attacks in pixel space (images in [0, 1],
-eps in pixel units) unless a table says `lab`; each table names its attacks' settings, and runs whose
-settings differ are never pooled in one table. Models are small and trained on CPU budgets: read the
-rows as comparisons within a study, not as results next to RobustBench's. The order is not a verdict: rows
-of different studies are different trainings (the 3-seed `vision` study chose its recipe on the test split),
-a one-seed row's Wilson interval measures test-set noise only, and a mechanism's non-adaptive attack can
-flatter it (Elliptical: docs/results.md). The paired comparisons over seeds, with their verdicts, are in
-each study's `report.md` and in docs/results.md.
+{source} One table per threat model, one row per model, sorted by robust accuracy; clean accuracy on
+the same images. The AutoAttack tables are on the first images of the dataset's committed test-image
+list, the worst-case and corruption tables on each study's seeded draw: two tables at one budget can be on
+different images. A `benchmark/` row is named by its JSON (`rpc-seeds-vit-s0`: a model benchmarked under
+that name, not necessarily the study's own run of that seed; docs/robustness.md says which). Mean over the
+seeds listed; 95 % interval: t over seeds (2+ seeds) or Wilson over images (1 seed). All numbers are
+measured here (`reported: false`), attacks in pixel space (images in [0, 1], eps in pixel units) unless a
+table says `lab`; each table names its attacks' settings, and runs whose settings differ are never pooled
+in one table. Models are small and trained on CPU budgets: read the rows as comparisons within a study, not
+as results next to RobustBench's. The order is not a verdict: rows of different studies are different
+trainings{repo_trainings}, a one-seed row's Wilson interval measures test-set noise only, and a mechanism's
+non-adaptive attack can flatter it{repo_flatter}. The paired comparisons over seeds, with their verdicts,
+are in each study's `report.md`{repo_results}.
 """
+
+#: the sentences of the page that name the repository's own studies (left out for a user's folder)
+REPO_NOTES = {"repo_trainings": " (the 3-seed `vision` study chose its recipe on the test split)",
+              "repo_flatter": " (Elliptical: docs/results.md)", "repo_results": " and in docs/results.md"}
 
 
 def _bits(r: Mapping[str, Any]) -> np.ndarray:
@@ -344,10 +355,16 @@ CW_ONLY = ("CW is a minimum-norm attack, run here with its fixed settings and it
            "AutoAttack L2) leaves, and not comparable with RobustBench's L2 rows.")
 
 
-def render_markdown(tables: Mapping[tuple, list[dict[str, Any]]], notes: list[str]) -> str:
+def render_markdown(tables: Mapping[tuple, list[dict[str, Any]]], notes: list[str],
+                    source: str | None = None) -> str:
+    """The page; ``source``: the folder it was generated from (None: the repository's ``results/``)."""
     from ..tables import markdown_table
 
-    parts = [HEADER]
+    where = REPO_SOURCE if source is None else (
+        f"Generated from the studies under `{source}` by `kpca-attention leaderboard --results {source}`.")
+    notes_ = REPO_NOTES if source is None else dict.fromkeys(REPO_NOTES, "")
+    title, body = HEADER.format(source=where, **notes_).split("\n\n", 1)
+    parts = [title + "\n\n" + textwrap.fill(" ".join(body.split()), 106) + "\n"]
     for key in sorted(tables, key=_order):
         rows = tables[key]
         robust = "corrupted top-1 (%)" if key[1] == "corruptions" else "robust top-1 (%)"
@@ -387,9 +404,10 @@ TABLE_KEYS = ("dataset", "threat_model", "eps", "protocol", "evaluation", "attac
 
 
 def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike,
-                      markdown: str | os.PathLike) -> list[Path]:
+                      markdown: str | os.PathLike, *, repo: bool = True) -> list[Path]:
     """Write ``markdown`` and one JSON per table under ``out`` (``<dataset>/<threat>/<eps>-...json``);
-    JSON files of tables that no longer exist are removed. Returns the paths written."""
+    JSON files of tables that no longer exist are removed. Returns the paths written. ``repo``: the
+    repository's committed ``results/`` (the page says so), else a folder of the user's (named)."""
     from ..io import output_path, write_json_atomic, write_text_atomic
 
     tables, notes = leaderboard_rows(results)
@@ -397,7 +415,7 @@ def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike,
     if out.is_symlink():
         raise ValueError(f"{out} is a symbolic link: the leaderboard removes its stale tables under its "
                          "output folder; give the folder itself")
-    written = [write_text_atomic(markdown, render_markdown(tables, notes))]
+    written = [write_text_atomic(markdown, render_markdown(tables, notes, None if repo else str(results)))]
     keep = set()
     for key, rows in tables.items():
         dataset, norm, eps, protocol, evaluation = key
