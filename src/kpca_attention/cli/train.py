@@ -7,6 +7,7 @@ Several processes / GPUs: ``torchrun --nproc_per_node 4 -m kpca_attention.cli tr
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
@@ -124,7 +125,7 @@ def train_cmd(
     from ..tasks import get as get_task
 
     note = get_task(cfg.task).held_out_note(cfg)
-    if note:
+    if note and os.environ.get("RANK", "0") == "0":  # under torchrun: once, from the rank that writes
         warnings.warn(note, stacklevel=1)
     callbacks = []
     if log_jproj is not None:

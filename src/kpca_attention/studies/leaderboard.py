@@ -43,8 +43,8 @@ __all__ = ["leaderboard_rows", "render_markdown", "write_leaderboard"]
 
 #: how the page says where it came from: the repository's committed results, or a user's folder
 REPO_SOURCE = ("Generated from every committed study under `results/` by `kpca-attention leaderboard` "
-               "(do not edit by\nhand; `tests/test_leaderboard.py` checks that this page and "
-               "`results/leaderboard/` are in sync with\n`results/`).")
+               "(do not edit by hand; `tests/test_leaderboard.py` checks that this page and "
+               "`results/leaderboard/` are in sync with `results/`).")
 
 HEADER = """# Leaderboard
 
