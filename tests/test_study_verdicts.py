@@ -352,3 +352,12 @@ def test_two_further_comparators_count_their_comparison_once(tmp_path: Path) -> 
     assert "2 variants x 2 metrics against Symlm and 1 variant x 2 metrics against RPC-Symlm (" \
         in ver["family"]["family"]
     assert "a comparison between two of those comparators is counted once" in ver["family"]["family"]
+
+
+def test_a_main_table_over_different_seed_sets_says_to_compare_paired(study_dir: Path) -> None:
+    """A reviewer subtracted two rows of the language table (Symlm over 5 seeds, the others over 4) and got
+    -0.55 where the paired difference is -0.36: a table whose rows have different seeds says so."""
+    note = "The rows average over their own seeds (the seeds column), which differ between rows"
+    assert note not in write_study_report(study_dir, plots=False).read_text()  # the same six seeds each
+    (study_dir / "results" / "lm-s5.json").unlink()
+    assert note in write_study_report(study_dir, plots=False).read_text()

@@ -368,6 +368,10 @@ def write_study_report(out: str | os.PathLike, *, plots: bool = True) -> Path:
             **sec.extra_columns(rows),
             **({"throughput": sec.throughput_title, "train min": "train min"} if trained else {})}
     lines += [sec.table_title, "", markdown_table(rows, cols), ""] + sec.table_notes(cols)
+    if trained and len({tuple(sorted(met[s])) for s in slugs}) > 1:  # a difference of these means mixes seeds
+        lines += ["The rows average over their own seeds (the seeds column), which differ between rows: "
+                  "compare variants through the paired differences over the seeds both have (the verdict "
+                  "tables), not by subtracting these means.", ""]
 
     # --- the leaderboard (when the study asks for one) and the verdicts over seeds ---------------------
     vlines = verdict_lines(out, sec, summary)
