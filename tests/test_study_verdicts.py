@@ -361,3 +361,13 @@ def test_a_main_table_over_different_seed_sets_says_to_compare_paired(study_dir:
     assert note not in write_study_report(study_dir, plots=False).read_text()  # the same six seeds each
     (study_dir / "results" / "lm-s5.json").unlink()
     assert note in write_study_report(study_dir, plots=False).read_text()
+
+
+def test_training_time_is_in_seconds_when_every_run_took_less_than_a_minute(study_dir: Path) -> None:
+    """A smoke study's "train min" column read "0.0 +- 0.0" (runs of ~3 s): seconds then."""
+    assert "| train min |" in write_study_report(study_dir, plots=False).read_text()  # 60 s runs
+    for f in (study_dir / "results").glob("*.json"):
+        ResultStore(f).put("run", {}, {"params": 12345, "tokens_per_s": 1000.0, "train_time_s": 3.0,
+                                       "epochs": []})
+    report = write_study_report(study_dir, plots=False).read_text()
+    assert "| train s |" in report and "| 3.0 ± 0.0 |" in report

@@ -350,6 +350,9 @@ def write_study_report(out: str | os.PathLike, *, plots: bool = True) -> Path:
 
     # --- the main table ----------------------------------------------------------------------------
     rows = []
+    times = [r["run"].get("train_time_s") for s in slugs for r in res[s].values()]
+    # minutes, or seconds for a smoke run (a column of "0.0 +- 0.0" minutes says nothing)
+    per_unit, unit = (60, "train min") if any(t is not None and t >= 60 for t in times) else (1, "train s")
     for s in slugs:
         seeds = sorted(met[s])
         row: dict[str, Any] = {"variant": label[s], "seeds": ",".join(map(str, seeds))}
@@ -358,7 +361,7 @@ def write_study_report(out: str | os.PathLike, *, plots: bool = True) -> Path:
         row.update(sec.row_extras(s, seeds, summary))
         row["throughput"] = fmt_pm([res[s][sd]["run"].get(sec.throughput_key) for sd in seeds], scale=1,
                                    digits=0)
-        row["train min"] = fmt_pm([res[s][sd]["run"].get("train_time_s", np.nan) / 60 for sd in seeds],
+        row["train min"] = fmt_pm([res[s][sd]["run"].get("train_time_s", np.nan) / per_unit for sd in seeds],
                                   scale=1)
         if sec.summary_means:
             summary["means"][s] = {k: float(np.mean([met[s][sd][k] for sd in seeds if k in met[s][sd]]))
@@ -366,7 +369,7 @@ def write_study_report(out: str | os.PathLike, *, plots: bool = True) -> Path:
         rows.append(row)
     cols = {"variant": "variant", "seeds": "seeds", **{k: sec.title(k) for k in keys},
             **sec.extra_columns(rows),
-            **({"throughput": sec.throughput_title, "train min": "train min"} if trained else {})}
+            **({"throughput": sec.throughput_title, "train min": unit} if trained else {})}
     lines += [sec.table_title, "", markdown_table(rows, cols), ""] + sec.table_notes(cols)
     if trained and len({tuple(sorted(met[s])) for s in slugs}) > 1:  # a difference of these means mixes seeds
         lines += ["The rows average over their own seeds (the seeds column), which differ between rows: "
