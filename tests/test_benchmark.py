@@ -422,3 +422,15 @@ def test_autoattack_flags_square_breaking_what_the_gradient_attacks_left() -> No
     assert autoattack_flags({**after, "square": 45}, 1000) == []  # 1 of 1000 = 0.1 %: within 0.2 %
     assert autoattack_flags({**after, "square": 43}, 1000) != []  # 0.3 %
     assert autoattack_flags({"clean": 60, "apgd-ce": 30, "apgd-dlr": 29}, 100) == []  # rand: no Square
+
+
+def test_a_link_inside_out_does_not_carry_the_json_out(net, tmp_path):
+    """A security review linked out/digits to a folder elsewhere: the JSON was written there and the
+    command said it wrote out/digits/...; refused now, before any image is attacked."""
+    good = NormalizedModel(net, INFO.mean, INFO.std).eval()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "digits").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match="the benchmark JSON .* would write outside the output folder"):
+        benchmark(good, dataset="digits", n=4, eps="64/255", out=tmp_path / "out", name="mlp", **QUIET)
+    assert not any((tmp_path / "elsewhere").rglob("*")) and not (tmp_path / "out" / "results").exists()

@@ -254,9 +254,12 @@ def test_json_output_cannot_replace_the_runs_own_files(run, tmp_path) -> None:
     shutil.copytree(run, copy)
     before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
     latest = next(copy.rglob("latest.json"))
+    ckpt = next(p for p in (copy / "checkpoints").iterdir() if p.is_dir())  # a checkpoint folder as MODEL
     for args in (["evaluate", str(copy), "--subset", "8", "--json", str(latest)],
                  ["analyze", str(copy), "--json", str(copy / "config.json"), "--max-samples", "2",
-                  "--dataset", "digits"]):
+                  "--dataset", "digits"],
+                 ["evaluate", str(ckpt), "--subset", "8", "--json", str(latest)],
+                 ["evaluate", str(ckpt), "--subset", "8", "--json", str(copy / "config.json")]):
         res = CliRunner().invoke(app, args)
         _one_line_error(res, "would replace a file of the run")
     assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before

@@ -122,6 +122,8 @@ def refuse_inside_run(path: Path | None, spec: str, option: str) -> None:
     if path is None or not is_project_run(base):
         return
     run, target = Path(base).expanduser().resolve(), Path(path).expanduser().resolve()
+    if run.parent.name == "checkpoints" and (run.parent / "latest.json").is_file():
+        run = run.parent.parent  # a checkpoint folder: the run around it holds the files to keep
     if run not in target.parents and target != run:
         return
     inside = target.relative_to(run).parts if target != run else ()

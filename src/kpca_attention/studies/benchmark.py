@@ -266,6 +266,13 @@ def benchmark(
     name = name or re.sub(r"[^A-Za-z0-9_.+-]+", "_", str(info["name"]))
 
     weights = weights_sha256(net)
+    json_path: Path | None = None
+    if out is not None:
+        # through output_path, before any work: a link inside --out (out/fashion-mnist -> elsewhere) must
+        # not carry the JSON out of it
+        budget = [] if eps_text is None else [eps_text.replace("/", "_")]
+        json_path = output_path(out, ds_name, threat_model, *budget, f"{name}.json",
+                                what="the benchmark JSON")
     if out is not None:  # the name taken by another model's results: they were replaced without a word
         taken = ResultStore(output_path(out, "results", f"{name}.json", what="name"))
         others = sorted({k.get("weights") for k in (r.get("key") for r in taken.records().values())
@@ -322,11 +329,9 @@ def benchmark(
         if tmp is not None:
             tmp.cleanup()
     _print(record, log)
-    if out is not None:
-        budget = [] if eps_text is None else [eps_text.replace("/", "_")]
-        path = Path(out).joinpath(ds_name, threat_model, *budget, f"{name}.json")
-        write_json_atomic(path, record)
-        log(f"wrote {path}")
+    if json_path is not None:
+        write_json_atomic(json_path, record)
+        log(f"wrote {json_path}")
     return record
 
 
