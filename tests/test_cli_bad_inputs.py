@@ -372,3 +372,26 @@ def test_a_large_linf_budget_warns_in_one_line(tmp_path) -> None:
         check_pixel_budget("L2", 0.5, "--eps")
     assert [str(w.message).split(",")[0] for w in seen] == [
         "--eps 0.5 is an Linf budget of 127.5/255 in pixel units (images in [0"]
+
+
+def test_train_refuses_a_folder_that_is_not_a_run(hf_folder, tmp_path) -> None:
+    """A security review trained into a Hugging Face model folder: its config.json was replaced, and with
+    --overwrite its tb/ (a user file in it) deleted. Refused now, with or without --overwrite, nothing
+    touched; a folder whose config.json is a training config (a run killed before its first checkpoint)
+    still takes the run."""
+    (hf_folder / "tb").mkdir()
+    (hf_folder / "tb" / "notes.txt").write_text("mine")
+    before = {p: p.read_bytes() for p in hf_folder.rglob("*") if p.is_file()}
+    args = ["train", "--preset", "digits-cpu", "--max-steps", "1", "--no-progress", "--set",
+            "model_kwargs.depth=1", "--set", "train_subset=64", "--set", "eval_subset=16",
+            "-o", str(hf_folder)]
+    for extra in ([], ["--overwrite"]):
+        _one_line_error(CliRunner().invoke(app, [*args, *extra]), "is not a training config of this project")
+    assert {p: p.read_bytes() for p in hf_folder.rglob("*") if p.is_file()} == before
+    killed = tmp_path / "killed"  # what a run leaves before its first checkpoint: its config and logs
+    killed.mkdir()
+    from kpca_attention.train import get_preset
+
+    (killed / "config.json").write_text(get_preset("digits-cpu", output_dir=str(killed)).to_json())
+    ok = CliRunner().invoke(app, [*args[:-1], str(killed)])
+    assert ok.exit_code == 0, ok.output

@@ -71,6 +71,19 @@ def _check_resume_config(saved: TrainConfig, cfg: TrainConfig, where: Path) -> N
                          f"(only {', '.join(sorted(RESUMABLE_CHANGES))} may change){why}")
 
 
+def _is_training_folder(folder: Path) -> bool:
+    """Whether ``folder`` may receive a run: it has no ``config.json``, or its ``config.json`` is a
+    :class:`TrainConfig` (a run of this project, perhaps killed before its first checkpoint)."""
+    f = folder / "config.json"
+    if not f.is_file():
+        return True
+    try:
+        TrainConfig.from_json(f.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, RecursionError):  # JSONDecodeError too
+        return False
+    return True
+
+
 class _Trainer:
     def __init__(self, cfg: TrainConfig, dist: DistInfo, callbacks: Sequence[Callback],
                  resume: bool | str | Path, overwrite: bool) -> None:
@@ -85,6 +98,11 @@ class _Trainer:
                              "deletes it")
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise NotADirectoryError(f"output directory {self.run_dir} is a file")
+        if not self.rundir.has_checkpoint() and not _is_training_folder(self.run_dir):
+            # a Hugging Face model folder, a results folder...: its config.json and logs would be replaced,
+            # and --overwrite would delete its tb/ (a run killed before its first checkpoint passes)
+            raise FileExistsError(f"{self.run_dir} holds a config.json that is not a training config of this "
+                                  "project: train into a new or empty folder")
         if resume:
             self.resume_from = self.run_dir if resume is True else Path(resume)
             if resume is not True and self.rundir.has_checkpoint() and not self._same_run(self.resume_from):
