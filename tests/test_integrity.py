@@ -360,3 +360,17 @@ def test_a_report_leaves_out_an_item_stored_under_another_runs_key(tmp_path) -> 
     metrics = json.loads((study / "summary.json").read_text())["metrics"]
     assert "0" not in metrics["rpc_official"] and {"1", "2"} <= set(metrics["rpc_official"])
     assert {"0", "1", "2"} <= set(metrics["symvit"])
+
+
+def test_verify_names_planned_runs_without_a_result_file(tmp_path, copy_committed) -> None:
+    """A security review deleted one seed's result file of a committed study: verify still said "each
+    study's files hold the runs its settings.json names" and the report averaged the seeds left. A seed
+    removed reads as one not run yet - which verify now lists, so a cherry-pick shows."""
+    study = copy_committed("rpc-depth12", tmp_path / "rpc-depth12")
+    ok = CliRunner().invoke(app, ["results", "verify", str(study)])
+    assert ok.exit_code == 0 and "no result file" not in ok.output, ok.output
+    next(study.glob("results/rpc12_official-s2.json")).unlink()
+    res = CliRunner().invoke(app, ["results", "verify", str(study)])
+    assert res.exit_code == 0, res.output
+    assert "planned by settings.json, no result file (not run yet, or removed): rpc-depth12/rpc12_official " \
+           "seed 2" in res.output

@@ -52,7 +52,8 @@ def verify_cmd(
     """Check every hash and per-item summary of FOLDER's result files; refuse a file that is not sealed
     (an item without its hash cannot show an edit) unless --allow-unsealed. The hashes detect damage and
     naive edits, not a deliberate forgery (they are unkeyed): compare with the git history for that."""
-    from ..report.study import load_runs, read_settings
+    from ..report.study import load_runs, read_settings, result_files
+    from ..report.verdicts import planned_seeds
     from ..robustness.store import ResultStore, store_files
 
     files = store_files(folder)
@@ -69,8 +70,18 @@ def verify_cmd(
                          "`kpca-attention results seal`, or pass --allow-unsealed")
     studies = sorted({p.parent for p in folder.rglob("settings.json") if (p.parent / "results").is_dir()}
                      | ({folder} if (folder / "settings.json").is_file() else set()))
+    missing = []
     for study in studies:  # each file holds the run settings.json gives it (not another's, swapped)
-        load_runs(study, read_settings(study), keep=lambda r: r)
+        settings = read_settings(study)
+        load_runs(study, settings, keep=lambda r: r)
+        for v in settings.get("variants", []):  # planned runs without a file: not run yet, or removed
+            lack = sorted(planned_seeds(settings, v["slug"]) - {sd for _f, sd in result_files(study, v)})
+            if lack:
+                missing.append(f"{study.name}/{v['slug']} seed{'s' * (len(lack) > 1)} "
+                               f"{','.join(map(str, lack))}")
     extra = f" ({len(unsealed)} unsealed: summaries only)" if unsealed else ""
     typer.echo(f"{len(files)} result file(s) in {folder}: every item verified{extra}"
-               + (f"; each study's files hold the runs its settings.json names ({len(studies)})" if studies else ""))
+               + (f"; each study's files hold the runs they are named for ({len(studies)} "
+                  f"stud{'ies' if len(studies) > 1 else 'y'})" if studies else ""))
+    if missing:  # a seed removed from results/ (a cherry-pick) shows here as one not run yet
+        typer.echo(f"planned by settings.json, no result file (not run yet, or removed): {'; '.join(missing)}")
