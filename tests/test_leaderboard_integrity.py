@@ -111,3 +111,18 @@ def test_a_users_own_folder_gets_its_leaderboard_beside_it(tmp_path, copy_commit
     adaptive = [r for rows in tables.values() for r in rows if r["name"].startswith("elliptical-adaptive/")]
     assert adaptive and all(r["seeds"] == [] and r["interval"].startswith("Wilson") for r in adaptive)
     assert {r["name"] for r in adaptive} == {f"elliptical-adaptive/elliptical_s{s}" for s in (4, 5, 6, 7)}
+
+
+def test_a_result_file_whose_seal_was_removed_is_refused(tmp_path, copy_committed) -> None:
+    """A security review removed the "sealed" flag of one committed result file and one item's hash, then
+    changed that item's numbers: the leaderboard published them (a row moved from rank 16 to 11). This
+    version seals every file it writes, so an unsealed one is refused by name before anything is written."""
+    results = tmp_path / "results"
+    copy_committed("rpc-depth12", results / "rpc-depth12")
+    f = results / "rpc-depth12" / "results" / "rpc12_official-s0.json"
+    data = json.loads(f.read_text())
+    del data["sealed"]
+    f.write_text(json.dumps(data))
+    res = CliRunner().invoke(app, ["leaderboard", "--results", str(results), "-o", str(tmp_path / "lb")])
+    assert res.exit_code == 2 and f"{f} is not sealed" in res.output, res.output
+    assert not (tmp_path / "lb").exists()
