@@ -374,3 +374,25 @@ def test_verify_names_planned_runs_without_a_result_file(tmp_path, copy_committe
     assert res.exit_code == 0, res.output
     assert "planned by settings.json, no result file (not run yet, or removed): rpc-depth12/rpc12_official " \
            "seed 2" in res.output
+
+
+def test_packed_data_cannot_unpack_past_its_declared_size() -> None:
+    """A security review packed 3 GiB of zeros into a 645 KB analysis file: claims --from-analysis grew to
+    4 GB. Unpacking now stops one byte past the size the record declares (8 bytes per value)."""
+    import lzma
+
+    from kpca_attention.io import pack_bytes, unpack_bytes
+    from kpca_attention.kpca.analysis import unpack_records
+
+    bomb = pack_bytes(bytes(64 << 20))  # 64 MiB of zeros: ~10 KB packed
+    assert len(bomb) < 20_000
+    with pytest.raises(ValueError, match="unpacks to more than the 800 bytes"):
+        unpack_records({"n": 100, "columns": {"x": {"dtype": "float64", "data": bomb}}})
+    with pytest.raises(ValueError, match="decompression bomb"):
+        unpack_bytes(bomb, max_size=1 << 20)
+    small = np.arange(5, dtype="<f8")
+    column = {"dtype": "float64", "data": pack_bytes(small.tobytes())}
+    out = unpack_records({"n": 5, "columns": {"x": column}})
+    assert np.array_equal(out["x"], small)
+    with pytest.raises((ValueError, lzma.LZMAError)):
+        unpack_bytes(pack_bytes(b"abc")[:-3])  # cut short: never a silent partial result

@@ -189,6 +189,17 @@ def pack_bytes(raw: bytes) -> str:
     return base64.b85encode(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME)).decode("ascii")
 
 
-def unpack_bytes(text: str) -> bytes:
-    """The bytes of :func:`pack_bytes` (``ValueError`` / ``lzma.LZMAError`` on text it did not write)."""
-    return lzma.decompress(base64.b85decode(text))
+#: the most bytes :func:`unpack_bytes` unpacks when its caller knows no bound (a result item is far smaller)
+UNPACK_LIMIT = 1 << 30
+
+
+def unpack_bytes(text: str, max_size: int = UNPACK_LIMIT) -> bytes:
+    """The bytes of :func:`pack_bytes` (``ValueError`` / ``lzma.LZMAError`` on text it did not write), at
+    most ``max_size`` of them: a few hundred KB of xz can unpack to gigabytes (a decompression bomb in a
+    downloaded result or analysis file), so a caller that knows the size passes it, and more is refused."""
+    dec = lzma.LZMADecompressor()
+    out = dec.decompress(base64.b85decode(text), max_length=max_size + 1)
+    if len(out) > max_size or not dec.eof:
+        raise ValueError(f"packed data unpacks to more than the {max_size} bytes it may hold (damaged, or a "
+                         "decompression bomb)")
+    return out

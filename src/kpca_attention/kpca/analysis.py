@@ -213,7 +213,8 @@ def unpack_records(stored: dict[str, Any]) -> dict[str, np.ndarray]:
         return {key: np.asarray(val) for key, val in stored.items()}
     out = {}
     for key, col in stored["columns"].items():
-        a = np.frombuffer(unpack_bytes(col["data"]), dtype="<i8" if col["dtype"] == "int64" else "<f8")
+        a = np.frombuffer(unpack_bytes(col["data"], max_size=8 * int(stored["n"])),
+                          dtype="<i8" if col["dtype"] == "int64" else "<f8")
         if len(a) != stored["n"]:
             raise ValueError(f"records column {key!r} holds {len(a)} values, the file says {stored['n']}")
         out[key] = a

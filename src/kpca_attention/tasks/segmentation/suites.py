@@ -117,7 +117,7 @@ def encode_counts(counts: np.ndarray) -> dict[str, Any]:
 def decode_counts(data: Mapping[str, Any]) -> np.ndarray:
     """The int64 array of :func:`encode_counts`."""
     try:
-        raw = unpack_bytes(data["xz_base85"])
+        raw = unpack_bytes(data["xz_base85"], max_size=8 * int(np.prod(data["shape"])))
         dtype = np.dtype(data["dtype"]).newbyteorder("<")
         return np.frombuffer(raw, dtype=dtype).reshape(data["shape"]).astype(np.int64)
     except (KeyError, TypeError, ValueError, lzma.LZMAError) as e:
