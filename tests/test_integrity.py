@@ -396,3 +396,15 @@ def test_packed_data_cannot_unpack_past_its_declared_size() -> None:
     assert np.array_equal(out["x"], small)
     with pytest.raises((ValueError, lzma.LZMAError)):
         unpack_bytes(pack_bytes(b"abc")[:-3])  # cut short: never a silent partial result
+
+
+def test_a_result_folder_refuses_links_and_pipes(tmp_path, copy_committed) -> None:
+    """A FIFO named like a result file hung `results verify` forever; a link to /dev/zero filled memory."""
+    study = copy_committed("rpc-depth12", tmp_path / "a")
+    os.mkfifo(study / "results" / "zz-s0.json")
+    res = CliRunner().invoke(app, ["results", "verify", str(study)])
+    assert res.exit_code == 2 and "is not a regular file" in res.output, res.output
+    other = copy_committed("rpc-depth12", tmp_path / "b")
+    (other / "results" / "zz-s0.json").symlink_to("/dev/zero")
+    res = CliRunner().invoke(app, ["results", "verify", str(other)])
+    assert res.exit_code == 2 and "is not a regular file" in res.output, res.output

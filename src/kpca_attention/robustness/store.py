@@ -362,6 +362,9 @@ def store_files(folder: str | os.PathLike) -> list[Path]:
     root = p / "results" if study else p
     files = []
     for f in sorted(root.glob("*.json")):
+        if f.is_symlink() or not f.is_file():  # a FIFO hangs the read, a link to /dev/zero fills the memory
+            raise ResultIntegrityError(f"{f} is not a regular file (a link, a pipe or a device): a result "
+                                       "folder holds result files only - remove it")
         text = f.read_text(encoding="utf-8", errors="replace")
         if '"items"' in text:  # a result file (read and verified whole by ResultStore)
             files.append(f)
