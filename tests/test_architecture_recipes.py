@@ -13,13 +13,19 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
+def run_recipe(doc: str, after: str, cwd: Path, monkeypatch) -> dict:
+    """Execute, in ``cwd``, the first python block of ``docs/<doc>`` after the text ``after``; its names."""
+    text = (REPO / "docs" / doc).read_text()
+    block = re.search(re.escape(after) + r".*?```python\n(.*?)```", text, re.S).group(1)
+    monkeypatch.chdir(cwd)
+    namespace: dict = {"__name__": "recipe"}
+    exec(compile(block, f"docs/{doc}", "exec"), namespace)  # noqa: S102 - our own docs
+    return namespace
+
+
 def test_a_study_of_your_own_runs_from_a_script(tmp_path, monkeypatch):
     # "Add a study" said only to edit the package (studies/__init__.py); a user's own study is a script
-    text = (REPO / "docs" / "architecture.md").read_text()
-    block = re.search(r"A study of your own.*?```python\n(.*?)```", text, re.S).group(1)
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "recipe"}
-    exec(compile(block, "docs/architecture.md", "exec"), namespace)  # noqa: S102 - our own docs
+    namespace = run_recipe("architecture.md", "A study of your own", tmp_path, monkeypatch)
     out = tmp_path / "runs" / "my-study"
     assert (tmp_path / namespace["report"]).resolve() == out / "report.md" and (out / "report.md").is_file()
     verdicts = json.loads((out / "summary.json").read_text())["verdicts"]
@@ -29,11 +35,7 @@ def test_a_study_of_your_own_runs_from_a_script(tmp_path, monkeypatch):
 
 def test_a_segmentation_study_of_your_own_runs_from_a_script(tmp_path, monkeypatch):
     # a user found no documented way to run the segmentation suites on Segmenters of their own
-    text = (REPO / "docs" / "segmentation.md").read_text()
-    block = re.search(r"## Comparing your own Segmenters.*?```python\n(.*?)```", text, re.S).group(1)
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "recipe"}
-    exec(compile(block, "docs/segmentation.md", "exec"), namespace)  # noqa: S102 - our own docs
+    namespace = run_recipe("segmentation.md", "## Comparing your own Segmenters", tmp_path, monkeypatch)
     out = tmp_path / "runs" / "my-seg"
     report = (out / "report.md").read_text()
     assert (tmp_path / namespace["report"]).resolve() == out / "report.md"

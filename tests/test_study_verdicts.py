@@ -57,11 +57,9 @@ def _values(slug: str, key: str) -> list[float]:
     return [b + d for b, d in zip(BASE[key], DIFFS[slug][key], strict=True)]
 
 
-@pytest.fixture
-def study_dir(tmp_path: Path) -> Path:
-    """A study folder as the engine leaves it: settings.json and one result store per (variant, seed)."""
-    study = quick_language_study().replace(seeds=tuple(SEEDS), margins=MARGINS)
-    out = tmp_path / "language"
+def write_study(out: Path, study, jitter: float = 0.0) -> Path:
+    """A study folder as the engine leaves it: settings.json and one result store per (variant, seed), the
+    perplexities of :func:`_values` (plus ``jitter`` x a seeded normal draw)."""
     (out / "results").mkdir(parents=True)
     write_json_atomic(out / "settings.json", study.to_dict())
     rng = np.random.default_rng(0)
@@ -71,9 +69,15 @@ def study_dir(tmp_path: Path) -> Path:
             store.put("run", {}, {"params": 12345, "tokens_per_s": 1000.0, "train_time_s": 60.0,
                                   "epochs": []})
             for key in ("ppl/valid", "ppl/test"):
-                store.put(key, {}, {"ppl": _values(v.slug, key)[i],
+                store.put(key, {}, {"ppl": _values(v.slug, key)[i] + jitter * rng.normal(),
                                     "nll_f16": encode_f16(rng.uniform(2, 5, size=64))})
     return out
+
+
+@pytest.fixture
+def study_dir(tmp_path: Path) -> Path:
+    return write_study(tmp_path / "language",
+                       quick_language_study().replace(seeds=tuple(SEEDS), margins=MARGINS))
 
 
 def _expected(margins: dict[str, float] | None):
@@ -328,18 +332,7 @@ def test_two_further_comparators_count_their_comparison_once(tmp_path: Path) -> 
     (here symlm-rpc, symlm-lm, rpc-lm on two metrics: 6, not 8)."""
     study = quick_language_study().replace(seeds=tuple(SEEDS), margins=MARGINS,
                                            also_against=("rpc_symlm", "lm"))
-    out = tmp_path / "language"
-    (out / "results").mkdir(parents=True)
-    write_json_atomic(out / "settings.json", study.to_dict())
-    rng = np.random.default_rng(0)
-    for v in study.variants:
-        for i, sd in enumerate(SEEDS):
-            store = ResultStore(out / "results" / f"{v.slug}-s{sd}.json")
-            store.put("run", {}, {"params": 12345, "tokens_per_s": 1000.0, "train_time_s": 60.0,
-                                  "epochs": []})
-            for key in ("ppl/valid", "ppl/test"):
-                store.put(key, {}, {"ppl": _values(v.slug, key)[i] + 0.1 * rng.normal(),
-                                    "nll_f16": encode_f16(rng.uniform(2, 5, size=64))})
+    out = write_study(tmp_path / "language", study, jitter=0.1)
     report = write_study_report(out, plots=False).read_text()
     ver = read_json(out / "summary.json")["verdicts"]
     keys = [tuple(t["key"]) for t in ver["family"]["tests"]]
