@@ -136,3 +136,32 @@ def test_the_documented_recipe_hands_a_run_s_weights_to_timm(run_dir, tmp_path):
     images = torch.rand(2, *model.model.patch_embed.img_size).unsqueeze(1).expand(2, vit.in_chans, -1, -1)
     with torch.no_grad():
         torch.testing.assert_close(vit((images - model.mean) / model.std), model(images))
+
+
+@pytest.mark.parametrize("marker", [{"files": ["model.safetensors"]}, {"files": "abc"}, {"files": {}},
+                                    "no_size"], ids=["list", "string", "empty", "no_size"])
+def test_an_odd_completion_marker_is_a_clear_error(copy_run, marker):
+    """A security review's COMPLETE markers of the wrong type gave AttributeError / KeyError tracebacks, and
+    one that listed no files verified nothing."""
+    ckpt = resolve_checkpoint(copy_run)
+    if marker == "no_size":
+        marker = json.loads((ckpt / "COMPLETE").read_text())
+        marker["files"]["model.safetensors"].pop("size")
+    (ckpt / "COMPLETE").write_text(json.dumps(marker))
+    with pytest.raises(CheckpointError, match="COMPLETE|model.safetensors"):
+        load_model(copy_run)
+
+
+@pytest.mark.parametrize("settings", ['{"a": 1}', '"abc"', "[1, 2]", "null", "[" * 100000])
+def test_odd_recorded_attention_settings_are_a_clear_error(run_dir, tmp_path, settings):
+    """Attention settings in a weights file's metadata of the wrong type (or nested past the parser's
+    depth) gave tracebacks from inside the comparison."""
+    import safetensors.torch
+
+    from kpca_attention.train.checkpoint import SETTINGS_KEY, check_settings
+
+    model, _ = load_model(run_dir)
+    f = tmp_path / "w.safetensors"
+    safetensors.torch.save_model(model.model, str(f), metadata={SETTINGS_KEY: settings})
+    with pytest.raises(CheckpointError, match="recorded settings"):
+        check_settings(model.model, f)

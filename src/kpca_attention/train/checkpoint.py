@@ -199,8 +199,12 @@ def check_settings(model: nn.Module, file: str | os.PathLike, *, override_settin
         return
     try:
         saved = json.loads(meta[SETTINGS_KEY])
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:
         raise CheckpointError(f"weights {file}: the recorded settings are not valid JSON ({e})") from e
+    if not (isinstance(saved, list) and all(isinstance(x, dict) and isinstance(x.get("layer"), str)
+                                            for x in saved)):
+        raise CheckpointError(f"weights {file}: the recorded settings ({SETTINGS_KEY}) are not a list of "
+                              "attention layers' options (damaged, or written by another tool)")
     differ = _settings_differ(saved, attention_settings(model), _option_defaults(model))
     if differ:
         more = f" (+{len(differ) - 4} more)" if len(differ) > 4 else ""
@@ -384,13 +388,17 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
     try:
         marker = json.loads(marker_path.read_text())
         files = marker["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, KeyError, TypeError, RecursionError) as e:
         raise CheckpointError(f"checkpoint marker {marker_path} is corrupt: {e}") from e
+    if not isinstance(files, dict) or not files:  # a list or a string broke below; none verifies nothing
+        raise CheckpointError(f"checkpoint marker {marker_path} is corrupt: its \"files\" must map each file "
+                              "of the checkpoint to its size and hash")
     for fname, meta in files.items():
         f = entry_in(ckpt, fname, marker_path)
         if not f.exists():
             raise CheckpointError(f"checkpoint file {f} is missing")
-        if not f.is_file() or not isinstance(meta, dict):
+        if (not f.is_file() or not isinstance(meta, dict) or not isinstance(meta.get("size"), int)
+                or not isinstance(meta.get("sha256"), str)):
             raise CheckpointError(f"checkpoint file {f} is not a regular file with its size and hash in "
                                   f"{marker_path}")
         size = f.stat().st_size
