@@ -165,3 +165,13 @@ def test_odd_recorded_attention_settings_are_a_clear_error(run_dir, tmp_path, se
     safetensors.torch.save_model(model.model, str(f), metadata={SETTINGS_KEY: settings})
     with pytest.raises(CheckpointError, match="recorded settings"):
         check_settings(model.model, f)
+
+
+def test_a_config_nested_past_the_parser_depth_is_a_clear_error(tmp_path):
+    """A security review's config.json of 200,000 "[" gave a RecursionError traceback (a checkpoint's own
+    config is hash-checked first; one whose marker was rewritten to match reaches the parser)."""
+    from kpca_attention.train.rundir import read_config
+
+    (tmp_path / "config.json").write_text("[" * 200000)
+    with pytest.raises(CheckpointError, match="config.json is invalid: RecursionError"):
+        read_config(tmp_path)

@@ -88,8 +88,8 @@ def read_config(ckpt: Path) -> TrainConfig:
         return TrainConfig.from_json(f.read_text())
     except FileNotFoundError as e:
         raise CheckpointError(f"checkpoint config {f} is missing") from e
-    except (json.JSONDecodeError, ValueError, TypeError) as e:
-        raise CheckpointError(f"checkpoint config {f} is invalid: {e}") from e
+    except (json.JSONDecodeError, ValueError, TypeError, RecursionError) as e:  # RecursionError: nested deep
+        raise CheckpointError(f"checkpoint config {f} is invalid: {type(e).__name__}: {e}") from e
 
 
 class RunDir:
