@@ -82,7 +82,6 @@ def leaderboard_cmd(
     if page is not None and not page.is_file():
         raise FileNotFoundError(f"--results-page {page} does not exist: give the page whose generated "
                                 "tables to update (docs/results.md)")
-    _refuse_unsealed(results)
     check_summaries(results)  # the summaries the page's tables read are what their sealed results give
     paths = write_leaderboard(results, out, markdown, repo=repo)
     changed = False
@@ -92,15 +91,3 @@ def leaderboard_cmd(
     typer.echo(f"wrote {len(paths)} files: {markdown} and {out}/"
                + (f"; {page}: generated tables updated" if changed else ""))
 
-
-def _refuse_unsealed(results: Path) -> None:
-    """The leaderboard publishes sealed results only: this version seals every result file it writes, so
-    an unsealed one is a legacy file or one whose seal was removed (with it, an edited item's missing hash
-    goes unnoticed). Refused with one line naming it."""
-    from ..robustness.store import ResultStore
-
-    for f in sorted(results.glob("*/results/*.json")):
-        if f.is_file() and not f.is_symlink() and not ResultStore(f).sealed:
-            raise ValueError(f"{f} is not sealed, so an edit of its items cannot be detected: the leaderboard "
-                             "publishes sealed results only - check the file and run `kpca-attention results "
-                             "seal` on its folder (a legacy file), or restore it")

@@ -212,6 +212,11 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
             for path, seed in result_files(folder, v):
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
                 store = ResultStore(path)  # verified: hashes and summaries
+                if not store.sealed:  # this version seals what it writes: legacy, or its seal removed
+                    raise ValueError(f"{path} is not sealed, so an edit of its items cannot be detected: the "
+                                     "leaderboard publishes sealed results only - check the file and run "
+                                     "`kpca-attention results seal` on its folder (a legacy file), or "
+                                     "restore it")
                 if digest in listed or store.taken_from is not None:
                     continue  # the same run, taken from another study: one row, under the study that ran it
                 listed.add(digest)
