@@ -155,8 +155,10 @@ def verdict_lines(out: Path, sec: StudySections, summary: dict[str, Any]) -> lis
                and (comp == base or k[2] == comp)}
         sseeds = {(k[0], k[1]): sd for k, sd in seeds.items() if (len(k) == 2) == (comp == base)
                   and (comp == base or k[2] == comp)}
+        # the tables before this comparator's hold its comparisons with them (a mirror here)
+        before = [base, *comparators[:comparators.index(comp)]] if comp in comparators else [base]
         part, cells, plots = _comparison_lines(out, sec, comp, vs, metrics, fam, sub, sseeds, margins,
-                                               vmargins, first=comp == base)
+                                               vmargins, first=comp == base, before=before)
         lines += part
         if comp == base:
             summary["verdicts"].update({
@@ -174,19 +176,13 @@ def verdict_lines(out: Path, sec: StudySections, summary: dict[str, Any]) -> lis
     return lines
 
 
-def _before(sec: StudySections, comp: str) -> list[str]:
-    """The comparators whose tables come before ``comp``'s (the baseline, then ``also_against`` in order):
-    their comparison with ``comp`` is in their table, not in ``comp``'s."""
-    earlier = [c for c in sec.settings.get("also_against", []) if c in sec.res]
-    return [sec.base, *earlier[:earlier.index(comp)]]
-
-
 def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequence[str],
                       metrics: Sequence[SeedMetric], fam: Family, ver: Mapping[tuple[str, str], Verdict],
                       seeds: Mapping[tuple[str, str], list[int]], margins: Mapping[str, Any] | None,
-                      vmargins: Mapping[str, Any], *, first: bool
+                      vmargins: Mapping[str, Any], *, first: bool, before: Sequence[str] = ()
                       ) -> tuple[list[str], dict[str, Any], list[str]]:
-    """One comparison's section: ``(lines, summary cells, forest plot names)``."""
+    """One comparison's section: ``(lines, summary cells, forest plot names)``; ``before``: the comparators
+    whose tables come first and hold this one's comparisons with them."""
     settings, label = sec.settings, sec.label
     main_unit = metrics[0].unit
     title = {m.key: m.title for m in metrics}
@@ -201,7 +197,7 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
              + (" The words (docs/verdicts.md): " + "; ".join(f"`{w}`: {h}" for w, h in WORDS_HELP.items())
                 + "." if first else "".join(
                     f" {label[c]} against {label[comp]} is the mirror of the row of {label[comp]} in the "
-                    f"table against {label[c]} (the same test, counted once)." for c in _before(sec, comp))
+                    f"table against {label[c]} (the same test, counted once)." for c in before)
                 if comp in settings.get("also_against", []) else
                 f" A single comparison the study declares (pairs): {', '.join(label[v] for v in variants)} "
                 f"against {label[comp]}."), ""]

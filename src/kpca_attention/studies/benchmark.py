@@ -273,7 +273,7 @@ def benchmark(
         budget = [] if eps_text is None else [eps_text.replace("/", "_")]
         json_path = output_path(out, ds_name, threat_model, *budget, f"{name}.json",
                                 what="the benchmark JSON")
-    if out is not None:  # the name taken by another model's results: they were replaced without a word
+        # the name taken by another model's results: they were replaced without a word
         taken = ResultStore(output_path(out, "results", f"{name}.json", what="name"))
         others = sorted({k.get("weights") for k in (r.get("key") for r in taken.records().values())
                          if isinstance(k, dict) and k.get("weights") not in (None, weights)})
@@ -281,8 +281,8 @@ def benchmark(
             raise ValueError(f"{taken.path} holds the results of another model named {name!r} (weights "
                              f"{others[0][:12]}..., this one {weights[:12]}...): give --name another name, "
                              "or delete that file to replace its results")
-        clash = _clashing_benchmark(taken.records(), Path(out), ds_name, threat_model, eps_text, eps_value, n,
-                                    version, bool(adaptive), name)
+        clash = _clashing_benchmark(taken.records(), json_path, threat_model, eps_text, eps_value, n, version,
+                                    bool(adaptive))
         if clash:
             raise ValueError(f"{taken.path}: {clash}; under the same name this benchmark would replace those "
                              f"results: give --name another name (e.g. {name}-n{n}), or delete "
@@ -362,12 +362,13 @@ RAND_NOTE = ("a randomised model: autoattack_acc is one more forward pass of the
              "attacks is autoattack_robust_after")
 
 
-def _clashing_benchmark(records: dict[str, dict[str, Any]], out: Path, dataset: str, threat_model: str,
-                        eps_text: str | None, eps_value: float | None, n: int, version: str, adaptive: bool,
-                        name: str) -> str | None:
-    """What an earlier benchmark under ``name`` in ``out`` holds that this one (``n`` images, ``version``,
-    ``adaptive``) would replace - its clean results on another number of images, its robust item of the same
-    budget run otherwise, or its JSON at the same path from another AutoAttack version - or None."""
+def _clashing_benchmark(records: dict[str, dict[str, Any]], json_path: Path, threat_model: str,
+                        eps_text: str | None, eps_value: float | None, n: int, version: str,
+                        adaptive: bool) -> str | None:
+    """What an earlier benchmark under the same name (its result ``records``, its JSON at ``json_path``)
+    holds that this one (``n`` images, ``version``, ``adaptive``) would replace - its clean results on
+    another number of images, its robust item of the same budget run otherwise, or its JSON from another
+    AutoAttack version - or None."""
     from ..io import read_json
     from ..tasks.classification.suites import eps_label
 
@@ -380,8 +381,7 @@ def _clashing_benchmark(records: dict[str, dict[str, Any]], out: Path, dataset: 
     if item and bool(item.get("adaptive", False)) != adaptive:
         was = "an adaptive" if item.get("adaptive") else "a plain (not adaptive)"
         return f"it holds {was} AutoAttack {version} at {eps_text} for this model"
-    budget = [] if eps_text is None else [eps_text.replace("/", "_")]
-    earlier = read_json(out.joinpath(dataset, threat_model, *budget, f"{name}.json"))
+    earlier = read_json(json_path)
     if isinstance(earlier, dict) and earlier.get("version", version) != version:
         return (f"its JSON for {threat_model} {eps_text} holds AutoAttack {earlier['version']}, this one "
                 f"is {version}")
