@@ -83,7 +83,7 @@ def leaderboard_cmd(
         raise FileNotFoundError(f"--results-page {page} does not exist: give the page whose generated "
                                 "tables to update (docs/results.md)")
     check_summaries(results)  # the summaries the page's tables read are what their sealed results give
-    paths = write_leaderboard(results, out, markdown, repo=repo)
+    paths = write_leaderboard(results, out, markdown, repo=repo, sealed_only=True)
     changed = False
     if page is not None:
         headline_plot(out / "headline.png", results)

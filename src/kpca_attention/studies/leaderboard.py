@@ -184,8 +184,10 @@ def _interval(per_seed: list[float], bits: np.ndarray | None) -> tuple[float, fl
     return float(lo), float(hi), f"bootstrap, {len(bits)} images"
 
 
-def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[str, Any]]], list[str]]:
-    """``({(dataset, norm, eps, protocol, evaluation): [row, ...]}, notes)`` from every study folder."""
+def leaderboard_rows(results: str | os.PathLike, *,
+                     sealed_only: bool = False) -> tuple[dict[tuple, list[dict[str, Any]]], list[str]]:
+    """``({(dataset, norm, eps, protocol, evaluation): [row, ...]}, notes)`` from every study folder;
+    ``sealed_only`` (what ``kpca-attention leaderboard`` publishes): an unsealed result file is refused."""
     from ..io import read_json
     from ..report.study import result_files
     from ..robustness.store import ResultStore
@@ -212,7 +214,7 @@ def leaderboard_rows(results: str | os.PathLike) -> tuple[dict[tuple, list[dict[
             for path, seed in result_files(folder, v):
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
                 store = ResultStore(path)  # verified: hashes and summaries
-                if not store.sealed:  # this version seals what it writes: legacy, or its seal removed
+                if sealed_only and not store.sealed:  # this version seals what it writes: legacy, or tampered
                     raise ValueError(f"{path} is not sealed, so an edit of its items cannot be detected: the "
                                      "leaderboard publishes sealed results only - check the file and run "
                                      "`kpca-attention results seal` on its folder (a legacy file), or "
@@ -409,13 +411,15 @@ TABLE_KEYS = ("dataset", "threat_model", "eps", "protocol", "evaluation", "attac
 
 
 def write_leaderboard(results: str | os.PathLike, out: str | os.PathLike,
-                      markdown: str | os.PathLike, *, repo: bool = True) -> list[Path]:
+                      markdown: str | os.PathLike, *, repo: bool = True,
+                      sealed_only: bool = False) -> list[Path]:
     """Write ``markdown`` and one JSON per table under ``out`` (``<dataset>/<threat>/<eps>-...json``);
     JSON files of tables that no longer exist are removed. Returns the paths written. ``repo``: the
-    repository's committed ``results/`` (the page says so), else a folder of the user's (named)."""
+    repository's committed ``results/`` (the page says so), else a folder of the user's (named);
+    ``sealed_only``: see :func:`leaderboard_rows`."""
     from ..io import output_path, write_json_atomic, write_text_atomic
 
-    tables, notes = leaderboard_rows(results)
+    tables, notes = leaderboard_rows(results, sealed_only=sealed_only)
     out = Path(out)
     if out.is_symlink():
         raise ValueError(f"{out} is a symbolic link: the leaderboard removes its stale tables under its "
