@@ -114,7 +114,7 @@ class MaskTransformerDecoder(nn.Module):
             raise ValueError(f"decoder width {dim} is not a multiple of decoder_heads={num_heads}")
         self.num_classes = num_classes
         self.proj_dec = nn.Linear(encoder_dim, dim)
-        rates = torch.linspace(0, drop_path, depth).tolist() if depth else []
+        rates = torch.linspace(0, drop_path, depth, device="cpu").tolist() if depth else []
         # timm's pre-norm Block is the official Block (qkv with bias, GELU MLP, dropout on attention
         # weights and both projections, drop path).
         self.blocks = nn.ModuleList([
@@ -248,7 +248,7 @@ def create_segmenter(
     # The decoder is initialised from a seed drawn before the encoder is built: the RPC encoders draw extra
     # random numbers when they swap their attention layers in, and Segmenter-SymViT and Segmenter-RPC-SymViT
     # built under one seed must still start from identical weights (encoder and decoder).
-    decoder_seed = int(torch.randint(0, 2**62, ()).item())
+    decoder_seed = int(torch.randint(0, 2**62, (), device="cpu").item())  # cpu: also under a meta build
     encoder = timm.create_model(encoder_name, num_classes=0, img_size=img_size, **encoder_kwargs)
     dim = encoder.embed_dim
     with torch.random.fork_rng(devices=[]):

@@ -56,6 +56,7 @@ from torch import nn
 from ..io import fsync_dir as _fsync_dir
 from ..io import new_file_mode, read_json, sha256_file, write_json_atomic
 from ..machine import machine_kind, run_machine_info
+from ..models.sizing import meta_model
 from ..modules import model_device
 from ..tasks import get as get_task
 from .config import TrainConfig
@@ -74,6 +75,7 @@ __all__ = [
     "attention_settings",
     "save_weights",
     "check_settings",
+    "check_shapes",
     "SETTINGS_KEY",
 ]
 
@@ -410,6 +412,31 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
     return marker
 
 
+def check_shapes(model: nn.Module, file: str | os.PathLike) -> None:
+    """Refuse weights ``file`` whose tensor names or shapes (read from its header, no tensor loaded) differ
+    from ``model``'s state dict; ``model`` may live on the meta device (:func:`~..models.sizing.meta_model`),
+    so a config that does not match its weights is refused before its model is allocated. Tied parameters
+    are saved under one of their names, so a name missing from the file is fine when a twin is there."""
+    try:
+        with safetensors.safe_open(str(file), "pt") as f:
+            saved = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for malformed headers
+        raise CheckpointError(f"cannot read weights {file}: {e}") from e
+    state = model.state_dict(keep_vars=True)
+    twins: dict[int, list[str]] = {}
+    for k, t in state.items():
+        twins.setdefault(id(t), []).append(k)
+    missing = [k for k, t in state.items() if not any(n in saved for n in twins[id(t)])]
+    unexpected = [k for k in saved if k not in state]
+    shapes = [f"{k} {list(saved[k])} in the file, {list(state[k].shape)} in the model"
+              for k in saved if k in state and saved[k] != tuple(state[k].shape)]
+    if missing or unexpected or shapes:
+        parts = [f"missing {sorted(missing)[:8]}" if missing else "",
+                 f"unexpected {sorted(unexpected)[:8]}" if unexpected else "",
+                 f"other shapes: {'; '.join(shapes[:3])}" if shapes else ""]
+        raise CheckpointError(f"weights {file} do not match the model: {', '.join(p for p in parts if p)}")
+
+
 def load_weights(module: nn.Module, file: Path, device: str | torch.device = "cpu", *,
                  override_settings: bool = False) -> None:
     """Strict safetensors load (missing or unexpected keys are an error, unlike the official code);
@@ -468,9 +495,12 @@ def load_model(
         info = task.checkpoint_info(config, ckpt)  # e.g. the LM's vocabulary
     except (FileNotFoundError, ValueError) as e:
         raise CheckpointError(str(e)) from e
-    model = task.build_model(config, info)
     wfile = ckpt / (EMA_FILE if ema else MODEL_FILE)
     if ema and not wfile.exists():
         raise CheckpointError(f"{ckpt} has no EMA weights ({EMA_FILE}); the run had model_ema=False")
+    shell = meta_model(lambda: task.build_model(config, info))
+    if shell is not None:  # names and shapes first: a config.json that asks for a huge model is refused here
+        check_shapes(shell, wfile)
+    model = task.build_model(config, info)
     load_weights(model, wfile, override_settings=override_settings)
     return model.to(device).eval(), config

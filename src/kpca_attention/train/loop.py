@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..io import write_text_atomic
+from ..models.sizing import check_fits, memory_bytes, meta_model
 from ..modules import eval_mode
 from ..tasks import get as get_task
 from . import checkpoint as ckpt_mod
@@ -58,6 +59,13 @@ def _seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
     torch.manual_seed(seed)
+
+
+def _device_memory(dev: torch.device) -> int | None:
+    """Bytes of memory the model trains in: the GPU's for CUDA, else this machine's."""
+    if dev.type == "cuda":
+        return torch.cuda.get_device_properties(dev).total_memory
+    return memory_bytes()
 
 
 def _check_resume_config(saved: TrainConfig, cfg: TrainConfig, where: Path) -> None:
@@ -146,6 +154,10 @@ class _Trainer:
         loaders = build_loaders(cfg, dist)
         # identical initial weights on every rank (DDP also broadcasts rank 0's)
         _seed_all(cfg.seed)
+        shell = meta_model(lambda: task.build_model(cfg, loaders.info))
+        if shell is not None:  # a size typo (img_size, embed_dim) is refused before gigabytes are allocated
+            check_fits(shell, cfg.model, bytes_per_parameter=16, available=_device_memory(dev),
+                       what="its float32 weights, gradients and two optimizer states")
         model = task.build_model(cfg, loaders.info).to(dev)
         updates_per_epoch = loaders.updates_per_epoch
         if updates_per_epoch < 1:

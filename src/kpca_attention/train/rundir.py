@@ -169,6 +169,7 @@ class RunDir:
         """Hold the run directory exclusively for the ``with`` block (see the module docstring)."""
         import fcntl
 
+        created = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         self.refuse_links()
         lock_path = self.path / LOCK_FILE
@@ -192,6 +193,10 @@ class RunDir:
                 os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+            if created and [p.name for p in self.path.iterdir()] == [LOCK_FILE]:  # failed before writing
+                with contextlib.suppress(OSError):  # anything: leave no empty run folder behind
+                    lock_path.unlink()
+                    self.path.rmdir()
 
     def refuse_links(self) -> None:
         """Refuse a run folder that holds a symbolic link (among its files, its checkpoints or their
