@@ -169,6 +169,16 @@ def test_train_refuses_a_model_of_another_task(preset, model, says, tmp_path) ->
     assert "task" in line and model in line
 
 
+@pytest.mark.parametrize(("key", "says"), [("act_layer", "valid: celu, elu, gelu"),
+                                           ("norm_layer", "valid: batchnorm")])
+def test_train_names_timms_layer_names_for_an_unknown_one(key, says, tmp_path) -> None:
+    res = _invoke(["train", "--preset", "digits-cpu", "-o", tmp_path / "t",
+                   "--set", f"model_kwargs.{key}=os.system"])
+    line = _one_line_error(res, says)
+    assert f"{key}='os.system' is not a name timm knows" in line
+    assert not (tmp_path / "t").exists()
+
+
 @pytest.mark.parametrize("command", ["evaluate", "robustness"])
 def test_a_hugging_face_folder_is_not_called_an_incomplete_run(command, hf_folder, tmp_path) -> None:
     res = _invoke([command, hf_folder, *(["-o", tmp_path / "r"] if command == "robustness" else [])])

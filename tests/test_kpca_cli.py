@@ -468,3 +468,32 @@ def test_claims_feeds_texts_to_the_text_model_and_the_dataset_to_the_image_model
         models = [img] if given[0] == "--texts" else ["all-MiniLM-L6-v2"]
         r = CliRunner().invoke(app, ["claims", *models, *given, "--out", str(tmp_path / "d"), *args])
         assert r.exit_code == 2 and says in r.output, r.output
+
+
+def test_rejudging_a_damaged_folder_is_one_line_naming_the_file(tmp_path) -> None:
+    """An analysis or claims.json of the wrong outline (a list, a summary that is a string, nesting deeper
+    than Python's parser, a packed column that is not one) was a traceback; now one line naming the file."""
+    from run_fixtures import untrained_run
+
+    run = untrained_run(tmp_path / "m")
+    made = CliRunner().invoke(app, ["claims", str(run), "--dataset", "digits", "--max-samples", "4",
+                                    "--null-samples", "3", "--control-samples", "0", "--detail-samples", "0",
+                                    "--no-report", "-o", str(tmp_path / "c")])
+    assert made.exit_code == 0, made.output
+    stored = json.loads((tmp_path / "c" / "analysis_m.json").read_text())
+    records = stored["records"]
+    damaged = {"a list": json.dumps([stored]), "a string summary": json.dumps({**stored, "summary": "x"}),
+               "deep": "[" * 200000 + "]" * 200000,
+               "a packed column": json.dumps({**stored, "records": {**records, "columns": "zz"}})}
+    for what, text in damaged.items():
+        (tmp_path / "c" / "analysis_m.json").write_text(text)
+        res = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c")])
+        assert res.exit_code == 2, (what, res.output, res.exception)
+        file = tmp_path / "c" / "analysis_m.json"
+        says = f"error: {file}: not an analysis this tool wrote (damaged or edited)"
+        assert res.output.startswith(says), (what, res.output)
+    (tmp_path / "c" / "analysis_m.json").write_text(json.dumps(stored))
+    (tmp_path / "c" / "claims.json").write_text("[1, 2]")
+    res = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c")])
+    assert res.exit_code == 2, res.output
+    assert "claims.json is not a claims table this tool wrote" in res.output, res.output

@@ -169,7 +169,7 @@ def read_json(path: str | os.PathLike) -> Any | None:
     try:
         with open(path) as f:
             return json.load(f)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # deep nesting: unreadable
         return None
 
 

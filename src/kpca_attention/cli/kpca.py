@@ -342,11 +342,16 @@ def _rejudge(folder: Path, report: bool, baseline: str | None, dest: Path | None
     if not files:
         raise ValueError(f"{folder}: no analysis_<model>.json to judge again (claims writes them into its --out)")
     stored = read_json(folder / "claims.json") or {}
+    if not (isinstance(stored, dict) and isinstance(stored.get("models", []), list)
+            and all(isinstance(m, dict) and isinstance(m.get("model"), str) for m in stored.get("models", []))):
+        raise ValueError(f"{folder / 'claims.json'} is not a claims table this tool wrote (damaged or edited): "
+                         "remove it to judge every analysis in the folder")
     before = {m["model"]: m for m in stored.get("models", [])}
     if baseline is None:  # the comparison the folder's claims were written with
         baseline = (stored.get("over_seeds_baseline") or {}).get("baseline")
     order = list(before)
-    results = [_nan_for_null(read_json(f)) for f in files]
+    results = [_stored_analysis(f) for f in files]
+    source = {id(r): f for f, r in zip(files, results, strict=True)}
     if before:  # the models the folder's claims were written with, not leftovers of other runs in it
         left = [f.name for f, r in zip(files, results, strict=True) if r["model"]["name"] not in before]
         if left:
@@ -357,12 +362,16 @@ def _rejudge(folder: Path, report: bool, baseline: str | None, dest: Path | None
     results.sort(key=lambda r: order.index(r["model"]["name"]) if r["model"]["name"] in order else len(order))
     verdicts = []
     for res in results:
-        if isinstance(res.get("records"), dict):
-            res["records"] = unpack_records(res["records"])
         name = res["model"]["name"]
         run_dir = Path(name) if _same_run(Path(name), res["model"]) else None
         base = _read_baseline(folder / f"{BASELINE_PREFIX}{model_label(name)}.json", res)
-        verdict = {**judge(res, run_dir=run_dir, untrained=base), "label": model_label(name)}
+        try:
+            if isinstance(res.get("records"), dict):
+                res["records"] = unpack_records(res["records"])
+            verdict = {**judge(res, run_dir=run_dir, untrained=base), "label": model_label(name)}
+        except (KeyError, TypeError, AttributeError, IndexError) as e:  # a field of the wrong kind
+            raise ValueError(f"{source[id(res)]}: not an analysis this tool wrote (damaged or edited): "
+                             f"{type(e).__name__} {e}") from e
         old = before.get(name)
         if run_dir is None and old is not None:  # the logs are not here: the rows judged from them stay
             rows = [r for r in verdict["rows"] if not _training_row(r)]
@@ -372,6 +381,18 @@ def _rejudge(folder: Path, report: bool, baseline: str | None, dest: Path | None
         if report:
             typer.echo(f"report: {write_report(res, output_path(dest or folder, model_label(name)))}")
     typer.echo(write_claims(verdicts, dest or folder, baseline=baseline).read_text())
+
+
+def _stored_analysis(file: Path) -> dict[str, Any]:
+    """One ``analysis_<model>.json`` of a claims folder, its outline checked (a model name, records, a
+    summary)."""
+    res = _nan_for_null(read_json(file))
+    if not (isinstance(res, dict) and isinstance(res.get("model"), dict)
+            and isinstance(res["model"].get("name"), str) and isinstance(res.get("records"), (list, dict))
+            and isinstance(res.get("summary"), dict)):
+        raise ValueError(f"{file}: not an analysis this tool wrote (damaged or edited): it needs a model name, "
+                         "records and a summary")
+    return res
 
 
 def _same_run(path: Path, model: dict[str, Any]) -> bool:

@@ -63,6 +63,15 @@ def list_models(kind: str | None = None) -> list[str]:
     return table[kind]
 
 
+def _layer_names(keyword: str) -> str:
+    """``"; valid: ..."`` for timm's layer-name keywords (read from timm's own tables), else ``""``."""
+    from timm.layers import create_act, create_norm
+
+    table = {"act_layer": getattr(create_act, "_ACT_LAYER_DEFAULT", None),
+             "norm_layer": getattr(create_norm, "_NORM_MAP", None)}.get(keyword)
+    return f"; valid: {', '.join(sorted(table))}" if isinstance(table, dict) else ""
+
+
 def create_model(name: str, **kwargs: Any) -> nn.Module:
     """Build a model of this package by name (see :func:`list_models`); any other timm name also works.
 
@@ -82,6 +91,12 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
                 raise
             raise ValueError(f"{name}: {e}; see the model's keyword arguments "
                              f"(timm.create_model({name!r}, ...))") from e
+        except KeyError as e:  # a layer name timm does not know (model_kwargs.act_layer="gelu2")
+            bad = [k for k, v in kwargs.items() if isinstance(v, str) and e.args and v == e.args[0]]
+            if not bad:
+                raise
+            raise ValueError(f"{name}: {bad[0]}={kwargs[bad[0]]!r} is not a name timm knows"
+                             f"{_layer_names(bad[0])}") from e
     raise ValueError(
         f"unknown model {name!r}; valid names of this package: {', '.join(list_models())} "
         "(any timm model name is accepted too)"
