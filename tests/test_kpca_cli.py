@@ -497,3 +497,26 @@ def test_rejudging_a_damaged_folder_is_one_line_naming_the_file(tmp_path) -> Non
     res = CliRunner().invoke(app, ["claims", "--from-analysis", str(tmp_path / "c")])
     assert res.exit_code == 2, res.output
     assert "claims.json is not a claims table this tool wrote" in res.output, res.output
+
+
+def test_texts_are_read_only_as_far_as_asked_and_huge_lines_refused(tmp_path, monkeypatch) -> None:
+    """analyze --texts read and split the whole file (2 GB for a 456 MB file) to keep three lines, and one
+    79 MB line made the tokenizer abort the process; now the file is read as far as the texts asked for,
+    and a line longer than MAX_TEXT_CHARS is one clear error."""
+    from kpca_attention.kpca import load as load_mod
+
+    f = tmp_path / "t.txt"
+    f.write_text("one\n\n  two \r\nthree\u2028four\nfive\n")
+    assert load_mod.read_texts(f) == ["one", "two", "three", "four", "five"]
+    assert load_mod.read_texts(f, 2) == ["one", "two"]
+    assert load_mod.read_texts(f, 4) == ["one", "two", "three", "four"]
+    monkeypatch.setattr(load_mod, "MAX_TEXT_CHARS", 10)
+    f.write_text("short\n" + "x" * 10 + "\r\n" + "y" * 11 + "\nafter\n")
+    assert load_mod.read_texts(f, 2) == ["short", "x" * 10]  # not read as far as the long line
+    with pytest.raises(ValueError, match=r"line 3 is longer than 10 characters"):
+        load_mod.read_texts(f)
+    # the file is read only as far as the texts asked for: bytes that are no UTF-8 far below are never decoded
+    f.write_bytes("".join(f"line {i}\n" for i in range(20000)).encode() + b"\xff\xfe bad\n")
+    assert load_mod.read_texts(f, 3) == ["line 0", "line 1", "line 2"]
+    with pytest.raises(UnicodeDecodeError):
+        load_mod.read_texts(f)

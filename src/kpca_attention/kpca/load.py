@@ -42,12 +42,26 @@ def load_for_analysis(name: str, *, pretrained: bool = True, device: str = "cpu"
 # ----------------------------------------------------------------------------- inputs
 
 
+#: the longest line :func:`read_texts` takes, in characters: an analysis reads a few hundred tokens of a text,
+#: and the tokenizer aborts the process (no Python error) on lines of tens of megabytes
+MAX_TEXT_CHARS = 1_000_000
+
+
 def read_texts(path: str | Path, limit: int | None = None) -> list[str]:
-    """One text per non-empty line of a UTF-8 file (first ``limit``)."""
+    """One text per non-empty line of a UTF-8 file (the first ``limit``; the file is read only that far).
+    A line longer than :data:`MAX_TEXT_CHARS` is refused."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"text file {p} does not exist")
-    texts = [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts: list[str] = []
+    with p.open(encoding="utf-8") as f:
+        for number, line in enumerate(iter(lambda: f.readline(MAX_TEXT_CHARS + 2), ""), 1):
+            if len(line.rstrip("\r\n")) > MAX_TEXT_CHARS:
+                raise ValueError(f"{p}: line {number} is longer than {MAX_TEXT_CHARS:,} characters; give one "
+                                 "text per line (the analysis reads the first --max-length tokens of each)")
+            texts += [t.strip() for t in line.splitlines() if t.strip()]  # also U+2028 and the like
+            if limit and len(texts) >= limit:
+                break
     if not texts:
         raise ValueError(f"{p} holds no non-empty line")
     return texts[:limit] if limit else texts
