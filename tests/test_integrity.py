@@ -135,6 +135,52 @@ def test_legacy_files_gain_hashes_and_stay_readable_mid_way(tmp_path) -> None:
     assert res.exit_code == 2 and "'run'" in res.output, res.output
 
 
+def test_an_item_removed_from_a_sealed_file_is_named_until_the_removal_is_sealed(tmp_path) -> None:
+    """A security review deleted the clean item of a sealed file: the run then read as one still in
+    evaluation (a seed quietly dropped from the means). A sealed file lists its items' names, so the removal
+    (or an item added by hand) is an error naming it; `results seal` records a removal made on purpose."""
+    f = tmp_path / "results" / "v-s0.json"
+    store = ResultStore(f)
+    store.put("run", {"a": 1}, {"loss": 1.0})
+    store.put("clean", {"a": 1}, {"correct": "11", "n": 2, "top1": 1.0})
+    data = json.loads(f.read_text())
+    assert data["sealed"] is True and data["sealed_items"] == ["clean", "run"]
+    gone = {**data, "items": {k: v for k, v in data["items"].items() if k != "clean"}}
+    f.write_text(json.dumps(gone))
+    with pytest.raises(ResultIntegrityError, match=r"not those it was sealed with \(removed \['clean'\]\)"):
+        ResultStore(f)
+    res = CliRunner().invoke(app, ["results", "verify", str(tmp_path)])
+    assert res.exit_code == 2 and "removed ['clean']" in res.output, res.output
+    res = CliRunner().invoke(app, ["results", "seal", str(tmp_path)])  # on purpose: recorded
+    assert res.exit_code == 0, res.output
+    assert json.loads(f.read_text())["sealed_items"] == ["run"] and set(ResultStore(f).items()) == {"run"}
+    extra = json.loads(f.read_text())
+    extra["items"]["clean"] = data["items"]["clean"]  # an item (with its hash) put back by hand
+    f.write_text(json.dumps(extra))
+    with pytest.raises(ResultIntegrityError, match=r"added \['clean'\]"):
+        ResultStore(f)
+    extra.pop("sealed_items")  # sealed before the list existed: read as before
+    f.write_text(json.dumps(extra))
+    assert set(ResultStore(f).items()) == {"run", "clean"}
+
+
+def test_a_report_names_the_legacy_files_it_reads(tmp_path) -> None:
+    """The report reads unsealed (legacy) files, whose items can be edited without a trace: it says which."""
+    study = _copy_vision(tmp_path)
+    f = study / "results" / "vit-s1.json"
+    data = json.loads(f.read_text())
+    del data["sealed"], data["sealed_items"], data["items"]["clean"]["sha256"]
+    f.write_text(json.dumps(data))
+    res = CliRunner().invoke(app, ["report", str(study)])
+    assert res.exit_code == 0, res.output
+    assert ("Not sealed (legacy result files, written before items carried hashes: an edit of their items "
+            f"cannot be detected): vit-s1.json; `kpca-attention results seal {study}`") in \
+        (study / "report.md").read_text()
+    assert CliRunner().invoke(app, ["results", "seal", str(study)]).exit_code == 0
+    assert CliRunner().invoke(app, ["report", str(study)]).exit_code == 0
+    assert "Not sealed" not in (study / "report.md").read_text()
+
+
 def test_seal_refuses_a_folder_whose_items_disagree(tmp_path) -> None:
     f = tmp_path / "results" / "v-s0.json"
     f.parent.mkdir()
@@ -153,6 +199,14 @@ def test_the_committed_results_are_sealed(study) -> None:
         data = json.loads(f.read_text())
         assert data.get("sealed") is True, f
         ResultStore(f)  # verifies every hash and summary
+
+
+def test_every_committed_result_file_lists_its_items() -> None:
+    files = sorted((ROOT / "results").glob("*/results/*.json"))
+    assert len(files) > 200
+    for f in files:
+        data = json.loads(f.read_text())
+        assert data.get("sealed") is True and isinstance(data.get("sealed_items"), list), f
 
 
 def test_the_leaderboard_reads_results_through_the_verifying_store(tmp_path) -> None:

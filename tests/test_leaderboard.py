@@ -265,6 +265,7 @@ def test_landed_rows_count_finished_runs_their_machines_and_where_they_come_from
     for twicing in (tmp_path / "zoo" / "results").glob("twicing-s*.json"):
         data = json.loads(twicing.read_text())
         del data["items"]["attacks/pgd/8"]
+        data["sealed_items"].remove("attacks/pgd/8")  # as a run still in evaluation
         twicing.write_text(json.dumps(data))
     rows = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:-1]]
             for line in landed.landed_markdown(tmp_path).splitlines()[2:]}
@@ -314,7 +315,7 @@ def test_landed_rows_count_vector_instructions_within_each_kind_of_machine(tmp_p
     last = files[-1]
     data = json.loads(last.read_text())
     data["items"]["run"]["result"]["machine"].update(cpu="Intel(R) Xeon(R) Processor", cpu_capability="AVX2")
-    del data["items"]["run"]["sha256"], data["sealed"]  # as if that run had been recorded there: sealed anew
+    del data["items"]["run"]["sha256"], data["sealed"], data["sealed_items"]  # recorded there: sealed anew
     last.write_text(json.dumps(data))
     seal_store(last)
     amd: dict[str, int] = {}

@@ -121,7 +121,16 @@ def test_a_result_file_whose_seal_was_removed_is_refused(tmp_path, copy_committe
     copy_committed("rpc-depth12", results / "rpc-depth12")
     f = results / "rpc-depth12" / "results" / "rpc12_official-s0.json"
     data = json.loads(f.read_text())
-    del data["sealed"]
+    # the flag and one item's hash removed: the file still lists its items, so it still reads as sealed -
+    # for the report too, which reads legacy files
+    del data["sealed"], data["items"]["clean"]["sha256"]
+    f.write_text(json.dumps(data))
+    for argv in (["leaderboard", "--results", str(results), "-o", str(tmp_path / "lb")],
+                 ["report", str(results / "rpc-depth12")]):
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 2 and "'clean' has no hash in a sealed file" in res.output, (argv, res.output)
+    # the list removed too: an unsealed (legacy) file, which the leaderboard refuses by name
+    del data["sealed_items"]
     f.write_text(json.dumps(data))
     res = CliRunner().invoke(app, ["leaderboard", "--results", str(results), "-o", str(tmp_path / "lb")])
     assert res.exit_code == 2 and f"{f} is not sealed" in res.output, res.output

@@ -178,6 +178,10 @@ def test_results_verify_refuses_a_file_whose_seal_was_removed(tmp_path) -> None:
     item = next(iter(data["items"].values()))
     item.pop("sha256")
     f.write_text(json.dumps(data))
+    res = CliRunner().invoke(app, ["results", "verify", str(folder)])  # it still lists its items: sealed
+    assert res.exit_code == 2 and "has no hash in a sealed file" in res.output and f.name in res.output
+    data.pop("sealed_items")  # the list removed too: a legacy file, named as not sealed
+    f.write_text(json.dumps(data))
     res = CliRunner().invoke(app, ["results", "verify", str(folder)])
     assert res.exit_code == 2 and "not sealed" in res.output and f.name in res.output
     res = CliRunner().invoke(app, ["results", "verify", str(folder), "--allow-unsealed"])

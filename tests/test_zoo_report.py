@@ -234,7 +234,7 @@ def test_reuse_of_another_studys_results_and_fixed_margins(tmp_path: Path, capsy
     # a reference to the other study's items by hash, not a copy: the same records, a fraction of the bytes
     assert read_json(ours)["reuses"]["study"] == "other" and read_json(ours)["items"] == {}
     assert ResultStore(ours).records() == ResultStore(theirs).records()
-    assert ours.stat().st_size < theirs.stat().st_size / 10
+    assert ours.stat().st_size < theirs.stat().st_size / 5  # names and hashes (5 items of a toy LM run)
     assert ResultStore(ours).taken_from == theirs
     assert trained_on(tmp_path / "mine") == trained_on(tmp_path / "other")  # the machine check sees it
     assert not (tmp_path / "runs-mine" / "symlm-s0").exists()  # neither trained nor evaluated

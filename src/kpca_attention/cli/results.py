@@ -5,8 +5,9 @@
 same for a legacy folder (files written before items carried hashes), then adds the missing hashes and
 marks each file sealed; ``verify`` refuses an unsealed file unless ``--allow-unsealed``.
 
-What the hashes detect: damage, and an edit that leaves an item's hash (or its per-example data) as it was.
-Beside them ``verify`` refuses a file emptied of its items and, in a study folder, a file holding another
+What the hashes detect: damage, and an edit that leaves an item's hash (or its per-example data) as it was;
+the list of item names a sealed file holds detects an item removed or added by hand. Beside them ``verify``
+refuses a file emptied of its items and, in a study folder, a file holding another
 run than the one settings.json gives it (two files swapped or renamed: each run item records its training
 config or model). What they cannot: a deliberate forgery - the hash is a public, unkeyed SHA-256, so whoever
 edits a value can recompute it - nor a whole file or seed removed, nor the files beside the results
@@ -33,12 +34,13 @@ Folder = Annotated[Path, typer.Argument(help="A study or robustness folder (its 
 
 def seal_cmd(folder: Folder) -> None:
     """Verify every item of FOLDER's result files, then add the missing SHA-256 hashes and seal each file
-    (rewritten in the current format: correctness bits packed; no hash changes)."""
+    with the names of the items it holds (rewritten in the current format: correctness bits packed; no hash
+    changes). Items deleted on purpose from a sealed file, to compute them again, are recorded this way."""
     from ..robustness.store import ResultStore, seal_store, store_files
 
     files = store_files(folder)
-    for f in files:  # verify everything before sealing anything
-        ResultStore(f)
+    for f in files:  # verify everything before sealing anything (items deleted on purpose are recorded)
+        ResultStore(f, check_listed=False)
     for f in files:
         n, new = seal_store(f)
         typer.echo(f"sealed {f} ({n} items, {new} newly hashed)")

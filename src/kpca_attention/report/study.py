@@ -69,16 +69,21 @@ def read_settings(out: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_runs(out: str | os.PathLike, settings: Mapping[str, Any],
-              keep: Callable[[dict[str, Any]], dict[str, Any] | None]) -> Runs:
+              keep: Callable[[dict[str, Any]], dict[str, Any] | None], *,
+              unsealed: list[Path] | None = None) -> Runs:
     """``{slug: {seed: results}}`` of every ``results/<slug>-s<seed>.json`` of the settings' variants
     (``results/<slug>.json`` as seed 0 for an existing model, ``source``): the items of the run its ``run``
     item describes (:meth:`~kpca_attention.robustness.store.ResultStore.run_items`), structured by
     :func:`~kpca_attention.tasks.classification.suites.structure_items`; ``keep(results)`` filters what a
-    report reads, or drops the run (returns ``None``)."""
+    report reads, or drops the run (returns ``None``). The legacy files read (not sealed: an edit of their
+    items cannot be detected) are appended to ``unsealed``."""
     res: Runs = {}
     for v in settings["variants"]:
         for f, seed in result_files(out, v):
-            r = keep(structure_items(_store_of(f, v, None if v.get("source") else seed).run_items()))
+            store = _store_of(f, v, None if v.get("source") else seed)
+            if unsealed is not None and not store.sealed:
+                unsealed.append(f)
+            r = keep(structure_items(store.run_items()))
             if r is not None:
                 res.setdefault(v["slug"], {})[seed] = r
     return res
@@ -132,9 +137,11 @@ def _store_of(path: Path, variant: Mapping[str, Any], seed: int | None) -> Resul
 
 
 def _sections(out: str | os.PathLike) -> tuple[StudySections, Runs]:
+    """The task's report sections of the study folder ``out`` (``sec.unsealed``: its legacy result files)
+    and the runs they report."""
     settings = read_settings(out)
     sec = task_of_settings(settings).sections(settings)
-    return sec, sec.select(load_runs(out, sec.settings, sec.keep))
+    return sec, sec.select(load_runs(out, sec.settings, sec.keep, unsealed=sec.unsealed))
 
 
 def reused_runs(out: str | os.PathLike) -> dict[str, list[str]]:
@@ -345,6 +352,10 @@ def write_study_report(out: str | os.PathLike, *, plots: bool = True) -> Path:
     if s_.get("incomplete"):
         lines += ["", f"Still in evaluation, not shown: {', '.join(s_['incomplete'])} (their finished "
                   "items are kept and reused)."]
+    if sec.unsealed:
+        lines += ["", "Not sealed (legacy result files, written before items carried hashes: an edit of "
+                  f"their items cannot be detected): {', '.join(f.name for f in sec.unsealed)}; "
+                  f"`kpca-attention results seal {out}` verifies and seals them."]
     lines += regenerate_lines(s_, out)
     lines.append("")
 

@@ -17,11 +17,14 @@ before anything else looks at the items, so results, hashes and references are t
 without that entry (the format before) reads as it is; ``kpca-attention results seal`` rewrites it packed.
 
 Integrity: every item carries ``"sha256"``, the SHA-256 of the canonical JSON of its key and result
-(:func:`item_hash`), and a file whose items all carry one is marked ``"sealed": true``. Loading
-(:class:`ResultStore`, hence every reader: the study report, the engine, the robustness command)
-checks each hash, each item's summary against its per-example data (:func:`check_summary`: the stored
-accuracy against the correctness bits, a perplexity against its mean NLL) and, in a sealed file, that
-no item lacks a hash; any failure is a :class:`ResultIntegrityError` naming the file and the item.
+(:func:`item_hash`), and a file whose items all carry one is marked ``"sealed": true`` and lists the names
+of its items (``"sealed_items"``). Loading (:class:`ResultStore`, hence every reader: the study report, the
+engine, the robustness command) checks each hash, each item's summary against its per-example data
+(:func:`check_summary`: the stored accuracy against the correctness bits, a perplexity against its mean
+NLL) and, in a sealed file, that no item lacks a hash and that the items are those listed (an item deleted
+by hand would otherwise read as one not computed yet); any failure is a :class:`ResultIntegrityError`
+naming the file and the item. Deleting items on purpose (to compute them again) is recorded with
+``kpca-attention results seal``.
 A legacy file (no hashes, written before hashes existed) still loads, its summaries checked; new items
 written into it are hashed; ``kpca-attention results seal`` verifies it and adds the missing hashes.
 
@@ -326,6 +329,42 @@ def expand_items(path: Path, items: Mapping[str, Any], shared: Any) -> dict[str,
     return out
 
 
+#: what to do with an item that fails its checks
+_RECOMPUTE = ("to compute it again, delete the item and record the deletion with "
+              "`kpca-attention results seal FILE`")
+
+
+def _is_sealed(data: Mapping[str, Any]) -> bool:
+    """Whether a file's items must all carry hashes: marked sealed, or listing its items' names (only a
+    sealed file does: removing the mark alone does not make a sealed file legacy)."""
+    return bool(data.get("sealed")) or "sealed_items" in data
+
+
+def _names(items: Mapping[str, Any], reuses: Any) -> list[str]:
+    """The sorted names of a file's own items and of those its reference takes (a sealed file lists them)."""
+    taken = reuses.get("sha256") if isinstance(reuses, dict) else None
+    return sorted(set(items) | (set(taken) if isinstance(taken, dict) else set()))
+
+
+def _check_names(path: Path, data: dict[str, Any]) -> None:
+    """A sealed file lists the names of its items (``"sealed_items"``): an item removed or added by hand is
+    an error naming it (files sealed before the list existed have none and are not checked)."""
+    listed = data.get("sealed_items")
+    if listed is None:
+        return
+    if not (isinstance(listed, list) and all(isinstance(n, str) for n in listed)):
+        raise ResultIntegrityError(f"{path}: its \"sealed_items\" entry is damaged (expected a list of "
+                                   "names)")
+    held = _names(data.get("items", {}), data.get("reuses"))
+    if held != sorted(listed):
+        gone, extra = sorted(set(listed) - set(held)), sorted(set(held) - set(listed))
+        parts = (f"removed {gone[:4]}" if gone else "", f"added {extra[:4]}" if extra else "")
+        raise ResultIntegrityError(
+            f"{path}: its items are not those it was sealed with ({'; '.join(p for p in parts if p)}): a "
+            "removed item would read as a run not finished yet. If you removed items on purpose to compute "
+            f"them again, record it with `kpca-attention results seal {path}`")
+
+
 def _verify(path: Path, data: dict[str, Any], *, require_hashes: bool) -> None:
     for item, stored in data.get("items", {}).items():
         where = f"{path}: item {item!r}"
@@ -334,10 +373,10 @@ def _verify(path: Path, data: dict[str, Any], *, require_hashes: bool) -> None:
         digest = stored.get("sha256")
         if digest is None and require_hashes:
             raise ResultIntegrityError(f"{where} has no hash in a sealed file (an item was added or replaced "
-                                       "by hand); delete the item to recompute it")
+                                       f"by hand); {_RECOMPUTE}")
         if digest is not None and digest != item_hash(stored["key"], stored["result"]):
             raise ResultIntegrityError(f"{where} was changed after it was written (its SHA-256 does not "
-                                       "match); delete the item to recompute it")
+                                       f"match); {_RECOMPUTE}")
         wrong = check_summary(stored["result"])
         if wrong:
             raise ResultIntegrityError(f"{where} disagrees with itself: {wrong}")
@@ -392,7 +431,7 @@ def seal_store(path: str | os.PathLike) -> tuple[int, int]:
         data = _read_store(path)
         if data is None:
             raise FileNotFoundError(f"no result file {path}")
-        _verify(path, data, require_hashes=bool(data.get("sealed")))
+        _verify(path, data, require_hashes=_is_sealed(data))
         reuses = data.get("reuses")
         taken = _reused_items(path, reuses) if reuses is not None else {}
         items = data.get("items", {})
@@ -427,6 +466,7 @@ def _file_data(items: dict[str, Any], reuses: dict[str, Any] | None, *, sealed: 
         data["reuses"] = reuses
     if sealed:
         data["sealed"] = True
+        data["sealed_items"] = _names(items, reuses)
     return data
 
 
@@ -483,7 +523,8 @@ def write_reference(path: str | os.PathLike, theirs: str | os.PathLike) -> int:
         raise FileNotFoundError(f"no result file {theirs}")
     if "reuses" in data:
         raise ValueError(f"{theirs} is itself a reference; refer to the file it reuses")
-    _verify(theirs, data, require_hashes=bool(data.get("sealed")))
+    _verify(theirs, data, require_hashes=_is_sealed(data))
+    _check_names(theirs, data)
     hashes = {item: stored.get("sha256") or item_hash(stored["key"], stored["result"])
               for item, stored in data.get("items", {}).items()}
     reuses = {"study": theirs.parent.parent.name, "file": theirs.name, "sha256": hashes}
@@ -497,11 +538,16 @@ def write_reference(path: str | os.PathLike, theirs: str | os.PathLike) -> int:
 class ResultStore:
     """The items of one model in one JSON file (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, check_listed: bool = True) -> None:
+        """Read and verify ``path`` (a missing file is an empty store); ``check_listed=False`` accepts a
+        sealed file whose items differ from the names it was sealed with (``results seal`` records a
+        deletion)."""
         self.path = Path(path)
         data = _read_store(self.path) or {}
-        self._sealed = bool(data.get("sealed")) or not data.get("items")  # a new file is sealed
+        self._sealed = _is_sealed(data) or not data.get("items")  # a new file is sealed
         _verify(self.path, data, require_hashes=self._sealed)
+        if check_listed:
+            _check_names(self.path, data)
         self._reuses: dict[str, Any] | None = data.get("reuses")
         #: items taken from another study's file (a reference), and this file's own items
         self._taken = _reused_items(self.path, self._reuses) if self._reuses is not None else {}
@@ -542,7 +588,7 @@ class ResultStore:
                 # verify what this store does not already hold as read (and verified): another writer's
                 # items, or an edit since - not the whole file again on every put
                 new = {k: v for k, v in on_disk.get("items", {}).items() if self._own.get(k) != v}
-                _verify(self.path, {"items": new}, require_hashes=bool(on_disk.get("sealed")))
+                _verify(self.path, {"items": new}, require_hashes=_is_sealed(on_disk))
                 self._own = {**self._own, **new}
             self._own[item] = mine
             self._items = {**self._taken, **self._own}

@@ -314,6 +314,8 @@ class StudySections(ABC):
         self.slugs: list[str] = []
         self.label: dict[str, str] = {}
         self.base: str = str(settings.get("baseline", ""))
+        #: the study's result files read that are not sealed (legacy), named in the report's header
+        self.unsealed: list[Any] = []
 
     # --- reading ------------------------------------------------------------------------------------
     def keep(self, r: dict[str, Any]) -> dict[str, Any] | None:
