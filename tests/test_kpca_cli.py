@@ -520,3 +520,28 @@ def test_texts_are_read_only_as_far_as_asked_and_huge_lines_refused(tmp_path, mo
     assert load_mod.read_texts(f, 3) == ["line 0", "line 1", "line 2"]
     with pytest.raises(UnicodeDecodeError):
         load_mod.read_texts(f)
+
+
+def test_the_chance_figure_compares_each_measure_with_its_nulls_on_the_same_inputs() -> None:
+    """alignment_vs_chance.png drew each layer's measure averaged over every input against nulls averaged over
+    the first --null-samples inputs (an optimal cosine 0.294 under a null of 0.311, both 0.311 on the same
+    inputs), and only the permutation and Gaussian nulls - not the rotated one the optimal cosine's verdict
+    uses. Both now come from the same units, with every null held."""
+    from kpca_attention.report.kpca_figures import chance_by_layer
+
+    nan = float("nan")
+    # two layers x two inputs, the second input without nulls (beyond --null-samples)
+    rec = {"layer": [0, 0, 1, 1], "linear_cka": [0.5, 0.9, 0.3, 0.7],
+           "linear_cka_null_perm": [0.1, nan, 0.2, nan], "linear_cka_null_gauss": [0.05, nan, 0.06, nan],
+           "linear_cka_null_rot": [0.5, nan, 0.3, nan],
+           "optimal_cosine": [0.4, 0.8, 0.2, 0.6], "optimal_cosine_null_perm": [0.4, nan, 0.2, nan],
+           "optimal_cosine_null_rot": [0.3, nan, 0.25, nan],
+           "optimal_cosine_null_gauss": [0.5, nan, 0.5, nan]}
+    chance = {m: {k: {"n": 2} for k in ("perm", "gauss", "rot")} for m in ("linear_cka", "optimal_cosine")}
+    series = chance_by_layer({"records": rec, "summary": {"chance": chance}})
+    cka, cos = series["linear_cka"], series["optimal_cosine"]
+    assert cka["layers"] == [0, 1] and cka["measured"] == [0.5, 0.3]  # the inputs with nulls only
+    assert cka["null_perm"] == [0.1, 0.2] and cka["null_rot"] == [0.5, 0.3] and cka["verdict"] == "perm"
+    assert cos["measured"] == [0.4, 0.2] and cos["null_rot"] == [0.3, 0.25] and cos["verdict"] == "rot"
+    assert "null_perm" not in cos  # its measured value by construction
+    assert chance_by_layer({"records": {k: v for k, v in rec.items() if k != "layer"}}) == {}

@@ -188,7 +188,8 @@ app.command("robustness")(user_errors(robustness_cmd))
 from .benchmark import benchmark_cmd, leaderboard_cmd  # noqa: E402, I001
 app.command("benchmark")(user_errors(benchmark_cmd))
 app.command("leaderboard")(user_errors(leaderboard_cmd))
-from .kpca import analyze_cmd, claims_cmd, pap_trace_cmd  # noqa: E402, I001
+from .kpca import analyze_cmd, claims_cmd  # noqa: E402, I001
+from .pap_trace import pap_trace_cmd  # noqa: E402, I001
 app.command("analyze")(user_errors(analyze_cmd))
 app.command("claims")(user_errors(claims_cmd))
 app.command("pap-trace")(user_errors(pap_trace_cmd))

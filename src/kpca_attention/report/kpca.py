@@ -3,49 +3,24 @@
 
 The numbers come from :mod:`kpca_attention.kpca` (:func:`~kpca_attention.kpca.run.analyze_model`,
 :func:`~kpca_attention.kpca.claims.judge`); this module only lays them out. Every measure is shown
-next to its chance levels (token-permuted V and Gaussian V) and the positive control's response curve.
+next to its chance levels (token-permuted, Gaussian and rotated V) and the positive control's response
+curve; the figures are :mod:`.kpca_figures`'.
 """
 
 from __future__ import annotations
 
-import math
-import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..io import write_json_atomic, write_text_atomic
 from ..kpca.analysis import CHANCE_MEASURES
-from ..kpca.chance import NULL_LABELS, chance_word, model_family, verdict_null
+from ..kpca.chance import chance_word, model_family, verdict_null
 from ..kpca.claims import PAPER_EIGENVALUES, THRESHOLDS, fmt, fmt_p
-from ..plotting import new_figure, panel_grid, save_figure
 from ..tables import markdown_table
+from .kpca_figures import kpca_figures, measure_label
 from .kpca_seeds import against_baseline, seed_groups, seed_section
 
 __all__ = ["write_report", "write_claims"]
-
-_VARIANT_STYLE = {
-    "values": ("tab:blue", "a_hat from the learned V (paper's test)"),
-    "random": ("tab:red", "random-orthogonal control QR(A + 0.1 noise)"),
-    "values_permuted": ("tab:purple", "a_hat from V with its tokens permuted (the null)"),
-    "eigenvectors": ("tab:green", "true eigenvectors (positive control)"),
-}
-_LABELS = {
-    "linear_cka": "linear CKA",
-    "kernel_cka": "kernel CKA",
-    "optimal_cosine": "optimal cosine",
-    "direct_cosine": "direct cosine",
-    "signfix_cosine": "sign-fixed cosine",
-    "relative_frobenius": "relative Frobenius error",
-}
-
-
-def _label(key: str) -> str:
-    for kind, what in NULL_LABELS.items():
-        if key.endswith(f"_null_{kind}"):
-            return f"{_label(key.removesuffix(f'_null_{kind}'))}: chance, {what}"
-    return _LABELS.get(key, key.replace("_", " "))
 
 
 def _fmts(*keys: str) -> dict[str, Any]:
@@ -55,209 +30,6 @@ def _fmts(*keys: str) -> dict[str, Any]:
 def _cell(text: Any) -> str:
     """Table-cell text: the norms ``||h||^2`` of the claims would otherwise split markdown cells."""
     return str(text).replace("|", "\\|")
-
-
-# ------------------------------------------------------------------------------------------- plots
-
-
-def _gamma_figs(res: dict[str, Any], out: Path) -> list[str]:
-    gamma = res.get("gamma") or {}
-    if not gamma:
-        return []
-    # Fig. 2 (left) shape: mean +- std over the principal axes, averaged over heads and layers
-    fig, axes = new_figure(1, 2, figsize=(12, 4.2))
-    for ax, (stat, label) in zip(
-        axes,
-        (
-            ("abs", r"$|\gamma_i - \gamma_j|$"),
-            ("rel", r"$|\gamma_i - \gamma_j| / \max(|\gamma_i|, |\gamma_j|)$"),
-        ),
-        strict=True,
-    ):
-        for variant, (color, vlabel) in _VARIANT_STYLE.items():
-            rows = [g[variant] for g in gamma.values() if variant in g]
-            if not rows:
-                continue
-            mean = np.nanmean([r[f"mean_{stat}"] for r in rows], 0)
-            std = np.nanmean([r[f"std_{stat}"] for r in rows], 0)
-            x = np.arange(1, len(mean) + 1)
-            lower = mean - std
-            if stat == "abs":  # log axis: the band's lower edge is clipped at a tenth of the mean
-                lower = np.maximum(lower, mean / 10)
-            ax.plot(x, mean, color=color, label=vlabel)
-            ax.fill_between(x, lower, mean + std, color=color, alpha=0.15)
-        if stat == "abs":
-            lam = np.nanmean([g["lambda"] for g in gamma.values()], 0)
-            ax.plot(np.arange(1, len(lam) + 1), lam, "k--", lw=1, label=r"eigenvalue $\lambda_d = \mu_d / N$")
-            ax.set_yscale("log")
-        ax.set_xlabel("index of the principal component axis")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"{res['model']['name']}: gamma test, mean over heads and layers (band: mean std)")
-    save_figure(fig, out / "gamma_differences.png", dpi=120)
-    # Fig. 5 shape: one panel per layer, relative differences
-    layers = sorted(gamma, key=int)
-    cols = min(4, len(layers))
-    rows_n = math.ceil(len(layers) / cols)
-    fig, axes = new_figure(rows_n, cols, figsize=(3.6 * cols, 2.8 * rows_n), squeeze=False)
-    for ax, li in zip(axes.flat, layers, strict=False):
-        for variant, (color, _) in _VARIANT_STYLE.items():
-            if variant not in gamma[li]:
-                continue
-            mean, std = np.array(gamma[li][variant]["mean_rel"]), np.array(gamma[li][variant]["std_rel"])
-            x = np.arange(1, len(mean) + 1)
-            ax.plot(x, mean, color=color, lw=1)
-            ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.12)
-        ax.set_title(f"layer {li}", fontsize=9)
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(layers) :]:
-        ax.axis("off")
-    fig.suptitle(
-        "relative gamma differences per layer (blue: values, purple: tokens permuted, red: random control, "
-        "green: eigenvectors)",
-        fontsize=10,
-    )
-    save_figure(fig, out / "gamma_differences_per_layer.png", dpi=110)
-    return ["gamma_differences.png", "gamma_differences_per_layer.png"]
-
-
-def _spectrum_fig(res: dict[str, Any], out: Path) -> list[str]:
-    spec = res.get("spectrum") or {}
-    if not spec:
-        return []
-    from matplotlib import colormaps
-
-    fig, ax = new_figure(figsize=(6.5, 4.2))
-    cmap = colormaps["viridis"]
-    n = len(spec)
-    for i, (li, vals) in enumerate(sorted(spec.items(), key=lambda kv: int(kv[0]))):
-        y = np.array(vals, dtype=float)
-        ax.plot(np.arange(1, len(y) + 1), y, color=cmap(i / max(n - 1, 1)), label=f"layer {li}")
-    ax.set_yscale("log")
-    ax.set_xlabel("rank d")
-    ax.set_ylabel(r"$|\mu_d|$, eigenvalue of $\tilde K_\varphi$ (mean over heads, inputs)")
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
-    save_figure(fig, out / "eigenvalue_spectrum.png", dpi=120)
-    return ["eigenvalue_spectrum.png"]
-
-
-def _alignment_fig(res: dict[str, Any], out: Path) -> list[str]:
-    rec = res.get("records") or {}
-    keys = [k for k in ("direct_cosine", "optimal_cosine", "linear_cka", "kernel_cka") if k in rec]
-    if not keys:
-        return []
-    fig, axes = panel_grid(len(keys), panel=(3.4, 3.2))
-    for ax, key in zip(axes, keys, strict=True):
-        x = np.asarray(rec[key], dtype=float)
-        x = x[np.isfinite(x)]
-        ax.hist(x, bins=40, color="tab:blue", alpha=0.8)
-        ax.axvline(float(np.mean(x)), color="k", ls="--", lw=1, label=f"mean {np.mean(x):.3f}")
-        for kind, color in (("perm", "tab:orange"), ("gauss", "tab:gray")):
-            z = np.asarray(rec.get(f"{key}_null_{kind}", []), dtype=float)
-            z = z[np.isfinite(z)]
-            if z.size:
-                ax.axvline(float(z.mean()), color=color, lw=1.5, label=f"{kind} null {z.mean():.3f}")
-        ax.set_title(_label(key), fontsize=10)
-        ax.set_xlabel("per (input, layer, head)")
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{res['model']['name']}: learned V vs KPCA-predicted V_hat, and chance", fontsize=10)
-    save_figure(fig, out / "alignment_histograms.png", dpi=120)
-    return ["alignment_histograms.png"]
-
-
-def _chance_fig(res: dict[str, Any], out: Path) -> list[str]:
-    """Per layer: each measure next to its two nulls."""
-    layers = res.get("layers") or []
-    keys = [k for k in CHANCE_MEASURES if layers and layers[0].get(f"{k}_null_perm") is not None]
-    if not keys:
-        return []
-    cols = min(3, len(keys))
-    rows_n = math.ceil(len(keys) / cols)
-    fig, axes = new_figure(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False)
-    x = [entry["layer"] for entry in layers]
-    for ax, key in zip(axes.flat, keys, strict=False):
-        ax.plot(x, [e.get(key) for e in layers], "o-", color="tab:blue", label="measured")
-        ax.plot(x, [e.get(f"{key}_null_perm") for e in layers], "s--", color="tab:orange",
-                label="null: tokens permuted")
-        ax.plot(x, [e.get(f"{key}_null_gauss") for e in layers], "^:", color="tab:gray",
-                label="null: Gaussian V")
-        ax.set_title(_label(key), fontsize=10)
-        ax.set_xlabel("layer")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"{res['model']['name']}: alignment of V with V_hat against chance (mean over heads)",
-                 fontsize=10)
-    save_figure(fig, out / "alignment_vs_chance.png", dpi=120)
-    return ["alignment_vs_chance.png"]
-
-
-def _control_fig(res: dict[str, Any], out: Path) -> list[str]:
-    """Response curves of the positive control, with the measured value and its permutation null."""
-    pc = res.get("positive_control") or {}
-    if not pc:
-        return []
-    snr = [math.inf if s == "inf" else float(s) for s in pc["snr"]]
-    finite = [s for s in snr if math.isfinite(s) and s > 0]
-    lo, hi = (min(finite), max(finite)) if finite else (0.01, 100.0)
-    # 0 and inf have no place on a log axis: draw them one decade beyond the finite ends
-    pos = [lo / 10 if s == 0 else hi * 10 if math.isinf(s) else s for s in snr]
-    keys = [k for k in CHANCE_MEASURES if k in pc.get("plain", {})]
-    s = res["summary"]
-    cols = min(3, len(keys))
-    rows_n = math.ceil(len(keys) / cols)
-    fig, axes = new_figure(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False)
-    for ax, key in zip(axes.flat, keys, strict=False):
-        ax.plot(pos, pc["plain"][key], "o-", color="tab:green", label="V = sqrt(snr) V_hat + noise")
-        if key in pc.get("rotated", {}):
-            ax.plot(pos, pc["rotated"][key], "s--", color="tab:purple", label="... V_hat rotated")
-        if s.get(key) is not None:
-            ax.axhline(s[key], color="tab:blue", lw=1.2, label="measured")
-        if s.get(f"{key}_null_perm") is not None:
-            ax.axhline(s[f"{key}_null_perm"], color="tab:orange", ls="--", lw=1, label="null: permuted")
-        ax.set_xscale("log")
-        ax.set_xticks([pos[0], *finite, pos[-1]] if finite else pos)
-        ax.set_xticklabels(["0"] + [f"{v:g}" for v in finite] + ["inf"], fontsize=7, rotation=45)
-        ax.set_title(_label(key), fontsize=10)
-        ax.set_xlabel("signal-to-noise ratio")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"{res['model']['name']}: positive control ({pc.get('units')} (input, layer, head) units)",
-                 fontsize=10)
-    save_figure(fig, out / "positive_control.png", dpi=120)
-    return ["positive_control.png"]
-
-
-def _norms_fig(res: dict[str, Any], out: Path) -> list[str]:
-    layers = res.get("layers") or []
-    if not layers:
-        return []
-    x = [entry["layer"] for entry in layers]
-    fig, axes = new_figure(1, 2, figsize=(11, 4))
-    for ax, prefix, title in (
-        (axes[0], "", "paper scaling (eq. 13)"),
-        (axes[1], "official_", "official code's variant"),
-    ):
-        ax.plot(x, [e.get(prefix + "phi_norm_sq") for e in layers], "o-", label=r"$\|\varphi(q)\|^2$")
-        ax.plot(x, [e.get(prefix + "h_norm_sq") for e in layers], "s-", label=r"$\|h\|^2$")
-        ax.set_yscale("log")
-        ax.set_xlabel("layer")
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(
-        f"{res['model']['name']}: the two terms of J_proj (mean over inputs, heads, tokens)", fontsize=10
-    )
-    save_figure(fig, out / "projection_norms.png", dpi=120)
-    return ["projection_norms.png"]
-
-
-# ------------------------------------------------------------------------------------------- tables
 
 
 def chance_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
@@ -272,7 +44,7 @@ def chance_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
         kind = verdict_null(key, ch)
         t = family.get(key, {})
         rows.append({
-            "measure": _label(key),
+            "measure": measure_label(key),
             "measured": s.get(key),
             "perm": s.get(f"{key}_null_perm"),
             "gauss": s.get(f"{key}_null_gauss"),
@@ -342,7 +114,7 @@ def _chance_section(res: dict[str, Any]) -> list[str]:
             tests = (e.get("chance") or {}).get(key, {})
             t = tests.get(verdict_null(key, tests), {})
             layer_rows.append({
-                "layer": e["layer"], "measure": _label(key), "measured": e.get(key),
+                "layer": e["layer"], "measure": measure_label(key), "measured": e.get(key),
                 "perm": e.get(f"{key}_null_perm"), "gauss": e.get(f"{key}_null_gauss"),
                 "rot": e.get(f"{key}_null_rot"), "d_z": t.get("d_z"),
                 "verdict": chance_word(t) if t else "n/a",
@@ -372,8 +144,8 @@ def _control_section(res: dict[str, Any]) -> list[str]:
         rows.append(row)
     cols: dict[str, str] = {"snr": "SNR"}
     for key in keys:
-        cols[key] = _label(key)
-        cols[key + "_rot"] = _label(key) + ", rotated"
+        cols[key] = measure_label(key)
+        cols[key + "_rot"] = measure_label(key) + ", rotated"
     return [
         "## Positive control: each measure's response to real alignment",
         "",
@@ -446,7 +218,8 @@ def _prefix_section(res: dict[str, Any]) -> list[str]:
         "chance levels (null perm: tokens permuted; null gauss: Gaussian V) shrink as the prefix grows, "
         "so compare each measure with its null in the same row:",
         "",
-        markdown_table(causal["by_prefix"], {"prefix": "prefix", **{k: _cell(_label(k)) for k in keys}},
+        markdown_table(causal["by_prefix"],
+                       {"prefix": "prefix", **{k: _cell(measure_label(k)) for k in keys}},
                        formats={"prefix": str, "units": str, "mean_tokens": "{:.0f}".format,
                                 **_fmts(*keys[2:])}),
         "",
@@ -457,11 +230,7 @@ def write_report(res: dict[str, Any], out_dir: str | Path) -> Path:
     """Write the PNG plots and ``report.md`` for one analysis result; returns the markdown path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():  # NaN-only ranks (sequences shorter than d_v) are expected
-        warnings.simplefilter("ignore", RuntimeWarning)
-        figs = _gamma_figs(res, out) + _spectrum_fig(res, out)
-        figs += _alignment_fig(res, out) + _chance_fig(res, out)
-        figs += _control_fig(res, out) + _norms_fig(res, out)
+    figs = kpca_figures(res, out)
     s = res["summary"]
     keys = (
         "optimal_cosine", "direct_cosine", "signfix_cosine", "linear_cka", "kernel_cka", "relative_frobenius",

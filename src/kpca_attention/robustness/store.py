@@ -8,13 +8,8 @@ equal, and the file is rewritten atomically after each new item, so a killed eva
 the item in progress. The ``robustness`` command keeps one store per checkpoint and studies one per
 (variant, seed); both evaluate through their task's suites (:mod:`kpca_attention.tasks`).
 
-Per-example correctness is a '0'/'1' string (:func:`encode_bits`) in every result a reader sees: exact and
-readable, so paired statistics (McNemar, bootstrap over images) can be computed later from the files. On
-disk each such string of 64 bits or more is packed, eight bits a byte in base64 (:func:`pack_bits`, about a
-sixth of the characters: the bits were most of a run's file, and a study's folder must stay small enough to
-commit), the file saying so with ``"bits": "packbits-base64"``; reading unpacks them (:func:`unpack_bits`)
-before anything else looks at the items, so results, hashes and references are those of the strings. A file
-without that entry (the format before) reads as it is; ``kpca-attention results seal`` rewrites it packed.
+The file's compact form on disk (correctness bits packed, key parts shared by several items written once)
+is :mod:`.store_format`'s: every reader sees the items whole.
 
 Integrity: every item carries ``"sha256"``, the SHA-256 of the canonical JSON of its key and result
 (:func:`item_hash`), and a file whose items all carry one is marked ``"sealed": true`` and lists the names
@@ -28,13 +23,6 @@ naming the file and the item. Deleting items on purpose (to compute them again) 
 A legacy file (no hashes, written before hashes existed) still loads, its summaries checked; new items
 written into it are hashed; ``kpca-attention results seal`` verifies it and adds the missing hashes.
 
-Shared key parts: a run's file keys each of its ~90 items by the same training settings, so the file holds
-each such part once: a key field whose value (an object or a list) is the same in several items is written
-once under ``"shared": {field: value}`` and each of those items' keys holds ``{"$shared": field}`` in its
-place (:func:`compact_items`). Reading puts the value back (:func:`expand_items`) before anything else
-looks at the items, so keys, hashes and references are those of the full keys: a file written before this
-format (every key whole) reads the same, and a changed shared part changes the hash of every item using it.
-
 Reuse without copies: a study that takes another study's results for a run (``Study.reuse``: the same model,
 training and suites) writes a *reference* (:func:`write_reference`) instead of a copy of the file:
 ``{"items": {}, "reuses": {"study": OTHER, "file": NAME, "sha256": {item: hash}}}``, the other file being
@@ -46,42 +34,37 @@ substitute. Items the study computes itself are stored in its own file beside th
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import math
 import os
 import re
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ..io import folder_lock, json_ready, write_json_atomic
 from .common import accuracy_of_hits, topk_hits
+from .store_format import (
+    ResultIntegrityError,
+    canonical_json,
+    compact_items,
+    decode_bits,
+    encode_bits,
+    expand_items,
+    file_data,
+    item_names,
+    pack_bits,
+    read_file,
+    unpack_bits,
+)
 
 __all__ = ["ResultStore", "ResultIntegrityError", "encode_bits", "decode_bits", "example_result",
            "example_hits", "join_hits", "normalise_key", "item_hash", "check_summary", "seal_store",
            "store_files", "write_reference", "compact_items", "expand_items", "pack_bits", "unpack_bits"]
-
-
-class ResultIntegrityError(ValueError):
-    """A result file or item that is damaged or was changed after it was written (names both)."""
-
-
-def encode_bits(correct: np.ndarray | Tensor | Iterable[bool]) -> str:
-    """A boolean vector as a '0'/'1' string."""
-    arr = np.asarray(correct.cpu() if isinstance(correct, Tensor) else list(correct), dtype=bool)
-    return arr.astype(np.uint8).tobytes().translate(bytes.maketrans(b"\x00\x01", b"01")).decode()
-
-
-def decode_bits(bits: str) -> np.ndarray:
-    """The boolean vector of :func:`encode_bits`."""
-    return np.frombuffer(bits.encode(), dtype=np.uint8) == ord("1")
 
 
 def example_result(logits: Tensor, labels: Tensor, ks: tuple[int, ...] = (1, 5)) -> dict[str, Any]:
@@ -126,15 +109,8 @@ def _as_read_back(value: Any) -> Any:
 def item_hash(key: Any, result: Any) -> str:
     """SHA-256 (hex) of the canonical JSON (sorted keys, no spaces) of ``{"key": key, "result": result}``
     as they read back from the file."""
-    text = _canonical({"key": _as_read_back(key), "result": _as_read_back(result)})
+    text = canonical_json({"key": _as_read_back(key), "result": _as_read_back(result)})
     return hashlib.sha256(text.encode("ascii")).hexdigest()
-
-
-def _canonical(value: Any) -> str:
-    """The canonical JSON text of ``value`` (sorted keys, no spaces, ASCII, no NaN): what item hashes are
-    taken of and what tells equal shared key parts apart."""
-    return json.dumps(json_ready(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False)
 
 
 def check_summary(result: Any) -> str | None:
@@ -161,174 +137,6 @@ def check_summary(result: Any) -> str | None:
     return None
 
 
-def _read_store(path: Path) -> dict[str, Any] | None:
-    """The JSON of a store file, None when there is none; a damaged file is an error (never an empty
-    store: its items would silently be recomputed or, in a report, left out)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ResultIntegrityError(f"{path}: cannot read the result file ({e})") from e
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ResultIntegrityError(f"{path}: the result file is not valid JSON ({e}); delete it to "
-                                   "recompute its items") from e
-    if not isinstance(data, dict) or not isinstance(data.get("items", {}), dict):
-        raise ResultIntegrityError(f"{path}: not a result file (expected {{\"items\": {{...}}}})")
-    shared = data.pop("shared", None)
-    data["items"] = expand_items(path, data.get("items", {}), shared)
-    encoding = data.pop("bits", None)
-    if encoding is not None:
-        if encoding != _BITS_ENCODING:
-            raise ResultIntegrityError(f"{path}: its bits are stored as {encoding!r}; this version reads "
-                                       f"{_BITS_ENCODING!r} (or strings of 0/1)")
-        data["items"] = {item: _unpacked_item(path, item, stored) for item, stored in data["items"].items()}
-    return data
-
-
-#: the marker of a packed bit string (:func:`pack_bits`), the file's name for the encoding, and the shortest
-#: string packed (a shorter one would not get shorter)
-_BITS = "$bits"
-_BITS_ENCODING = "packbits-base64"
-_PACK_MIN = 64
-
-
-def pack_bits(bits: str) -> dict[str, Any]:
-    """A '0'/'1' string as ``{"$bits": base64 of numpy.packbits (first bit the high bit of the first byte),
-    "length": number of bits}``."""
-    packed = np.packbits(decode_bits(bits)).tobytes()
-    return {_BITS: base64.b64encode(packed).decode("ascii"), "length": len(bits)}
-
-
-def unpack_bits(packed: Mapping[str, Any]) -> str:
-    """The '0'/'1' string of :func:`pack_bits`; a damaged one (bad base64, a length that does not fit the
-    bytes, padding bits set) is a ValueError."""
-    n = packed.get("length")
-    try:
-        raw = base64.b64decode(packed.get(_BITS), validate=True)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"its packed bits are not base64 ({e})") from e
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or len(raw) != (n + 7) // 8:
-        raise ValueError(f"its packed bits hold {len(raw)} bytes, which is not {n!r} bits")
-    arr = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))
-    if arr[n:].any():
-        raise ValueError("its packed bits have padding bits set")
-    return encode_bits(arr[:n])
-
-
-def _is_packed(value: Any) -> bool:
-    return isinstance(value, dict) and set(value) == {_BITS, "length"}
-
-
-def _holds_packed(value: Any) -> bool:
-    if isinstance(value, dict):
-        return _is_packed(value) or any(_holds_packed(v) for v in value.values())
-    return isinstance(value, list) and any(_holds_packed(v) for v in value)
-
-
-def _packed(value: Any, count: list[int]) -> Any:
-    """``value`` with each bit string of :data:`_PACK_MIN` bits or more, at any depth, packed; ``count[0]``
-    goes up by one for each string packed (so a writer knows whether it packed anything without a second
-    walk)."""
-    if isinstance(value, str):
-        if len(value) >= _PACK_MIN and not value.strip("01"):
-            count[0] += 1
-            return pack_bits(value)
-        return value
-    if isinstance(value, dict):
-        return {k: _packed(v, count) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_packed(v, count) for v in value]
-    return value
-
-
-def _unpacked(value: Any) -> Any:
-    if _is_packed(value):
-        return unpack_bits(value)
-    if isinstance(value, dict):
-        return {k: _unpacked(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_unpacked(v) for v in value]
-    return value
-
-
-def _unpacked_item(path: Path, item: str, stored: Any) -> Any:
-    if not isinstance(stored, dict) or "result" not in stored:
-        return stored  # damaged: _verify names it
-    try:
-        return {**stored, "result": _unpacked(stored["result"])}
-    except ValueError as e:
-        raise ResultIntegrityError(f"{path}: item {item!r} is damaged: {e}") from e
-
-
-#: the marker of a key field whose value is the file's ``"shared"`` entry of that name (module docstring)
-_SHARED = "$shared"
-
-
-def _is_marker(value: Any) -> bool:
-    return isinstance(value, dict) and len(value) == 1 and _SHARED in value
-
-
-def compact_items(items: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(items, shared)`` as a result file stores them: each key field whose value (an object or a list)
-    occurs in two or more items' keys is kept once in ``shared`` (its most frequent value) and replaced by
-    ``{"$shared": field}`` in those keys; the rest is unchanged. Keys that already hold such a marker (none
-    that the library writes) are left whole, so the file always reads back to ``items``."""
-    keys = {item: stored["key"] for item, stored in items.items()
-            if isinstance(stored, dict) and isinstance(stored.get("key"), dict)}
-    if any(_is_marker(v) for k in keys.values() for v in k.values()):
-        return dict(items), {}
-    # each key's object / list fields by their canonical text, computed once
-    texts = {item: {f: _canonical(v) for f, v in key.items() if isinstance(v, (dict, list)) and v}
-             for item, key in keys.items()}
-    counts = Counter((f, t) for by_field in texts.values() for f, t in by_field.items())
-    shared_text: dict[str, str] = {}
-    for (field, text), n in counts.most_common():
-        if n >= 2:
-            shared_text.setdefault(field, text)  # the most frequent value of each field
-    if not shared_text:
-        return dict(items), {}
-    shared: dict[str, Any] = {}
-    out = dict(items)
-    for item, key in keys.items():
-        new_key = {}
-        for f, v in key.items():
-            if f in shared_text and texts[item].get(f) == shared_text[f]:
-                shared[f] = v
-                v = {_SHARED: f}
-            new_key[f] = v
-        out[item] = {**items[item], "key": new_key}
-    return out, shared
-
-
-def expand_items(path: Path, items: Mapping[str, Any], shared: Any) -> dict[str, Any]:
-    """The items of a result file with every ``{"$shared": field}`` in their keys replaced by a copy of the
-    file's ``shared[field]`` (:func:`compact_items` undone; a file without ``shared`` is read as it is); a
-    marker without its shared value, or a damaged ``shared`` entry, is a :class:`ResultIntegrityError`."""
-    if shared is None:  # a file written whole (the format before, or keys that hold marker-like values)
-        return dict(items)
-    if not isinstance(shared, dict):
-        raise ResultIntegrityError(f"{path}: its \"shared\" entry is damaged (expected an object)")
-    out: dict[str, Any] = {}
-    for item, stored in items.items():
-        key = stored.get("key") if isinstance(stored, dict) else None
-        if isinstance(key, dict) and any(_is_marker(v) for v in key.values()):
-            whole = {}
-            for field, value in key.items():
-                if _is_marker(value):
-                    name = value[_SHARED]
-                    if not isinstance(name, str) or name not in shared:
-                        raise ResultIntegrityError(f"{path}: item {item!r} refers to shared part {name!r}, "
-                                                   "which the file does not hold")
-                    value = json.loads(json.dumps(shared[name]))  # a copy: items never share objects
-                whole[field] = value
-            stored = {**stored, "key": whole}
-        out[item] = stored
-    return out
-
-
 #: what to do with an item that fails its checks
 _RECOMPUTE = ("to compute it again, delete the item and record the deletion with "
               "`kpca-attention results seal FILE`")
@@ -340,12 +148,6 @@ def _is_sealed(data: Mapping[str, Any]) -> bool:
     return bool(data.get("sealed")) or "sealed_items" in data
 
 
-def _names(items: Mapping[str, Any], reuses: Any) -> list[str]:
-    """The sorted names of a file's own items and of those its reference takes (a sealed file lists them)."""
-    taken = reuses.get("sha256") if isinstance(reuses, dict) else None
-    return sorted(set(items) | (set(taken) if isinstance(taken, dict) else set()))
-
-
 def _check_names(path: Path, data: dict[str, Any]) -> None:
     """A sealed file lists the names of its items (``"sealed_items"``): an item removed or added by hand is
     an error naming it (files sealed before the list existed have none and are not checked)."""
@@ -355,7 +157,7 @@ def _check_names(path: Path, data: dict[str, Any]) -> None:
     if not (isinstance(listed, list) and all(isinstance(n, str) for n in listed)):
         raise ResultIntegrityError(f"{path}: its \"sealed_items\" entry is damaged (expected a list of "
                                    "names)")
-    held = _names(data.get("items", {}), data.get("reuses"))
+    held = item_names(data.get("items", {}), data.get("reuses"))
     if held != sorted(listed):
         gone, extra = sorted(set(listed) - set(held)), sorted(set(held) - set(listed))
         parts = (f"removed {gone[:4]}" if gone else "", f"added {extra[:4]}" if extra else "")
@@ -428,7 +230,7 @@ def seal_store(path: str | os.PathLike) -> tuple[int, int]:
     if not path.is_file():
         raise FileNotFoundError(f"no result file {path}")
     with folder_lock(path.parent):  # the lock a put takes: an item stored meanwhile is not lost
-        data = _read_store(path)
+        data = read_file(path)
         if data is None:
             raise FileNotFoundError(f"no result file {path}")
         _verify(path, data, require_hashes=_is_sealed(data))
@@ -440,34 +242,12 @@ def seal_store(path: str | os.PathLike) -> tuple[int, int]:
             if "sha256" not in stored:
                 stored["sha256"] = item_hash(stored["key"], stored["result"])
                 new += 1
-        write_json_atomic(path, _file_data(items, reuses, sealed=True), indent=None)
+        write_json_atomic(path, file_data(items, reuses, sealed=True), indent=None)
     return len(taken.keys() | items.keys()), new
 
 
 #: a study folder or a result file name in a reference (a plain name: no separators, no leading dot)
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-def _file_data(items: dict[str, Any], reuses: dict[str, Any] | None, *, sealed: bool) -> dict[str, Any]:
-    items, shared = compact_items(items)
-    data: dict[str, Any] = {"items": items}
-    if shared:
-        data["shared"] = shared
-    # bits packed (module docstring), unless a result holds what reads as a packed string: then all whole
-    results = [stored.get("result") for stored in items.values() if isinstance(stored, dict)]
-    if not any(_holds_packed(r) for r in results):
-        packed = [0]
-        data["items"] = {item: {**stored, "result": _packed(stored["result"], packed)}
-                         if isinstance(stored, dict) and "result" in stored else stored
-                         for item, stored in items.items()}
-        if packed[0]:
-            data["bits"] = _BITS_ENCODING
-    if reuses is not None:
-        data["reuses"] = reuses
-    if sealed:
-        data["sealed"] = True
-        data["sealed_items"] = _names(items, reuses)
-    return data
 
 
 def _referenced_path(path: Path, study: str, name: str) -> Path:
@@ -488,7 +268,7 @@ def _reused_items(path: Path, reuses: Any) -> dict[str, dict[str, Any]]:
         raise ResultIntegrityError(f"{path}: \"reuses\" names {study!r} / {name!r}; valid: the folder name "
                                    "of a study beside this one and a result file name (*.json), no paths")
     theirs = _referenced_path(path, study, name)
-    data = _read_store(theirs)
+    data = read_file(theirs)
     if data is None:
         raise ResultIntegrityError(f"{path} reuses the items of {theirs}, which is missing (a study's "
                                    "results refer to the files of the studies beside it: keep the results "
@@ -518,7 +298,7 @@ def write_reference(path: str | os.PathLike, theirs: str | os.PathLike) -> int:
     if theirs.resolve().parent.parent.parent != path.resolve().parent.parent.parent \
             or theirs.parent.name != "results":
         raise ValueError(f"{theirs} is not a result file of a study beside {path.parent.parent}")
-    data = _read_store(theirs)
+    data = read_file(theirs)
     if data is None:
         raise FileNotFoundError(f"no result file {theirs}")
     if "reuses" in data:
@@ -531,7 +311,7 @@ def write_reference(path: str | os.PathLike, theirs: str | os.PathLike) -> int:
     _reused_items(path, reuses)  # the reference resolves from where it is written
     path.parent.mkdir(parents=True, exist_ok=True)
     with folder_lock(path.parent):  # not between another writer's read and write of this file
-        write_json_atomic(path, _file_data({}, reuses, sealed=True), indent=None)
+        write_json_atomic(path, file_data({}, reuses, sealed=True), indent=None)
     return len(hashes)
 
 
@@ -543,7 +323,7 @@ class ResultStore:
         sealed file whose items differ from the names it was sealed with (``results seal`` records a
         deletion)."""
         self.path = Path(path)
-        data = _read_store(self.path) or {}
+        data = read_file(self.path) or {}
         self._sealed = _is_sealed(data) or not data.get("items")  # a new file is sealed
         _verify(self.path, data, require_hashes=self._sealed)
         if check_listed:
@@ -583,7 +363,7 @@ class ResultStore:
         mine = {"key": nkey, "result": result, "sha256": item_hash(nkey, result)}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with folder_lock(self.path.parent):
-            on_disk = _read_store(self.path)
+            on_disk = read_file(self.path)
             if on_disk is not None:
                 # verify what this store does not already hold as read (and verified): another writer's
                 # items, or an edit since - not the whole file again on every put
@@ -593,7 +373,7 @@ class ResultStore:
             self._own[item] = mine
             self._items = {**self._taken, **self._own}
             # a legacy file stays unsealed (its old items have no hash) until `results seal`
-            data = _file_data(self._own, self._reuses, sealed=self._sealed)
+            data = file_data(self._own, self._reuses, sealed=self._sealed)
             write_json_atomic(self.path, data, indent=None)
 
     def get_or_compute(self, item: str, key: Mapping[str, Any],
