@@ -236,7 +236,8 @@ def test_items_without_randomness_skip_the_per_item_seeding() -> None:
     assert torch.equal(a, b) and torch.equal(torch.get_rng_state(), state)  # seeded, global RNG untouched
 
 
-@pytest.mark.parametrize("size,native,hflip", [(28, 28, True), (28, 8, False), (32, 32, True)])
+@pytest.mark.parametrize("size,native,hflip", [(28, 28, 0.5), (28, 8, 0.0), (32, 32, 0.5), (28, 28, 0.2),
+                                               (28, 28, 1.0)])
 def test_crop_flip_draws_what_torchvision_draws(size, native, hflip) -> None:
     # The small images' training transform in one batched step: image i with seed s equals torchvision's
     # Resize / RandomCrop(padding) / RandomHorizontalFlip under torch.manual_seed(s), to the bit (so the
@@ -251,7 +252,8 @@ def test_crop_flip_draws_what_torchvision_draws(size, native, hflip) -> None:
     images = torch.rand(40, 1, native, native, generator=g)
     seeds = [int(torch.randint(0, 2**62, (), generator=g)) for _ in range(40)]
     steps = [v2.Resize((size, size), antialias=True)] if size != native else []
-    steps += [v2.RandomCrop(size, padding=max(1, size // 8))] + ([v2.RandomHorizontalFlip()] if hflip else [])
+    steps += [v2.RandomCrop(size, padding=max(1, size // 8))]
+    steps += [v2.RandomHorizontalFlip(hflip)] if hflip else []
     reference = v2.Compose(steps)
     expected, alone = [], []
     transform = CropFlip(size, native, train=True, hflip=hflip)
@@ -265,9 +267,10 @@ def test_crop_flip_draws_what_torchvision_draws(size, native, hflip) -> None:
     assert batch.shape == (40, 1, size, size) and torch.equal(batch, expected)
     assert torch.equal(torch.stack(alone), expected)
     assert not torch.equal(batch, transform.batch(images, [s + 1 for s in seeds]))  # the seeds decide
-    unflipped = CropFlip(size, native, train=True, hflip=False).batch(images, seeds)  # same crops, no flips
+    unflipped = CropFlip(size, native, train=True, hflip=0.0).batch(images, seeds)  # same crops, no flips
     flipped = sum(not torch.equal(b, u) for b, u in zip(batch, unflipped, strict=True))
-    assert 5 < flipped < 35 if hflip else flipped == 0
+    expected_flips = {0.0: flipped == 0, 0.2: 2 <= flipped <= 16, 0.5: 5 < flipped < 35, 1.0: flipped == 40}
+    assert expected_flips[hflip], flipped
     evaluation = CropFlip(size, native, train=False, hflip=hflip)
     assert not evaluation.random and transform.random
     with pytest.raises(ValueError, match="40 images but 3 seeds"):
@@ -286,7 +289,7 @@ def test_in_memory_batches_are_the_per_item_batches() -> None:
     g = torch.Generator().manual_seed(1)
     images = torch.randint(0, 256, (30, 1, 28, 28), dtype=torch.uint8, generator=g)
     labels = torch.randint(0, 10, (30,), generator=g)
-    ds = TensorImageDataset(images, labels, [str(i) for i in range(10)], CropFlip(28, 28, True, True))
+    ds = TensorImageDataset(images, labels, [str(i) for i in range(10)], CropFlip(28, 28, True, 0.5))
     nested = Subset(Subset(ds, list(range(5, 30))), [3, 0, 7, 24, 11])
     source, index_map = seeded_source(nested)
     assert source is ds and index_map.tolist() == [8, 5, 12, 29, 16]
@@ -317,7 +320,7 @@ def test_cuda_in_memory_batches_match_the_cpu_ones() -> None:
     g = torch.Generator().manual_seed(2)
     images = torch.randint(0, 256, (64, 1, 8, 8), dtype=torch.uint8, generator=g)
     ds = TensorImageDataset(images, torch.arange(64) % 10, [str(i) for i in range(10)],
-                            CropFlip(28, 8, True, True))
+                            CropFlip(28, 8, True, 0.5))
     idx, seeds = torch.tensor([3, 1, 60, 7]), [11, 12, 13, 2**61]
     x_cpu, y_cpu = ds.seeded_batch(idx, seeds)
     x_gpu, y_gpu = ds.seeded_batch(idx, seeds, "cuda")
@@ -343,3 +346,43 @@ def test_every_subset_is_the_one_seeded_draw() -> None:
     assert seeded_sample([5, 6, 7], 10, 0) == [5, 6, 7]  # n not smaller: all of them
     with pytest.raises(ValueError, match="cannot draw"):
         seeded_indices(3, 4, 0)
+
+
+@pytest.mark.parametrize("hflip", [0.0, 0.5, 1.0])
+def test_the_configs_flip_probability_reaches_the_small_images_transform(hflip) -> None:
+    """A review found TrainConfig.hflip recorded but never applied to Fashion-MNIST, CIFAR or the digits:
+    `--set hflip=0.0` still mirrored half the images. The task's builder now passes it on."""
+    from dataclasses import replace
+
+    from kpca_attention import tasks
+    from kpca_attention.train.config import get_preset
+
+    cfg = replace(get_preset("digits-cpu"), hflip=hflip)
+    train = tasks.get("vision").builder(cfg)("train", True, 64)
+    transform = train.dataset.transform if hasattr(train, "dataset") else train.transform
+    assert transform.hflip == hflip
+    x = torch.rand(16, 1, 8, 8)
+    flips = sum(not torch.equal(a, b) for a, b in zip(transform.batch(x, list(range(16))),
+                                                       _without_flip(transform).batch(x, list(range(16))),
+                                                       strict=True))
+    assert {0.0: flips == 0, 0.5: 0 < flips < 16, 1.0: flips == 16}[hflip], flips
+
+
+def _without_flip(transform):
+    from kpca_attention.data.images import CropFlip
+
+    return CropFlip(transform.size, transform.native, transform.train, 0.0)
+
+
+def test_deit_transform_options_are_refused_where_they_would_be_ignored() -> None:
+    from dataclasses import replace
+
+    from kpca_attention import tasks
+    from kpca_attention.train.config import get_preset
+
+    cfg = replace(get_preset("digits-cpu"), auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25)
+    build = tasks.get("vision").builder(cfg)
+    says = r"reprob=0.25: DeiT's transform options apply to imagenet and imagefolder only; digits'"
+    with pytest.raises(ValueError, match=r"auto_augment='rand-m9-mstd0.5-inc1', " + says):
+        build("train", True, 64)
+    assert len(build("test", False, None)) > 0  # evaluation builds no training transform: not refused

@@ -36,7 +36,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, Subset
 from torchvision.transforms import v2
 
-from ..checks import check_int
+from ..checks import check_int, check_real
 from ..models.normalize import IMAGENET_MEAN, IMAGENET_STD
 from .sampling import seeded_indices
 
@@ -87,6 +87,9 @@ _INFO: dict[str, ImageDatasetInfo] = {
     "cifar100": ImageDatasetInfo(100, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), None),
 }
 DATASETS: tuple[str, ...] = tuple(_INFO)
+#: each dataset's horizontal-flip probability when training is augmented and none is given (the digits are
+#: not mirror-symmetric); ``TrainConfig.hflip`` sets it
+DEFAULT_HFLIP: dict[str, float] = {"digits": 0.0}
 
 
 def _check_name(name: str) -> str:
@@ -262,8 +265,10 @@ class CropFlip:
     and Python). Without ``train`` only the resize is applied (no draws).
     """
 
-    def __init__(self, size: int, native: int, train: bool, hflip: bool) -> None:
-        self.size, self.native, self.train, self.hflip = int(size), int(native), bool(train), bool(hflip)
+    def __init__(self, size: int, native: int, train: bool, hflip: float) -> None:
+        if isinstance(hflip, bool) or not 0 <= hflip <= 1:
+            raise ValueError(f"hflip is a flip probability in [0, 1], got {hflip!r}")
+        self.size, self.native, self.train, self.hflip = int(size), int(native), bool(train), float(hflip)
         self.padding = max(1, self.size // 8)
         self.resize = v2.Resize((self.size, self.size), antialias=True) if self.size != self.native else None
 
@@ -273,10 +278,11 @@ class CropFlip:
         return self.train
 
     def _draw(self, n_top: int, n_left: int, gen: torch.Generator | None) -> tuple[int, int, bool]:
-        # RandomCrop.make_params draws top, then left; RandomHorizontalFlip then flips when rand < 0.5
+        # RandomCrop.make_params draws top, then left; RandomHorizontalFlip(p) then flips when rand < p (at
+        # p = 0 the flip is left out with its draw: the Compose without it, as the digits have always had)
         top = int(torch.randint(0, n_top, size=(), generator=gen))
         left = int(torch.randint(0, n_left, size=(), generator=gen))
-        flip = self.hflip and torch.rand(1, generator=gen).item() < 0.5
+        flip = self.hflip > 0 and torch.rand(1, generator=gen).item() < self.hflip
         return top, left, flip
 
     def _crop_flip(self, x: Tensor, draws: Sequence[tuple[int, int, bool]]) -> Tensor:
@@ -317,8 +323,9 @@ class CropFlip:
                 f"padding={self.padding})")
 
 
-def _small_transform(img_size: int, native: int, train: bool, hflip: bool) -> CropFlip | None:
-    """Resize (if needed); for training a padded random crop (+ horizontal flip where it is a symmetry)."""
+def _small_transform(img_size: int, native: int, train: bool, hflip: float) -> CropFlip | None:
+    """Resize (if needed); for training a padded random crop and a horizontal flip with probability
+    ``hflip``."""
     if img_size == native and not train:
         return None
     return CropFlip(img_size, native, train, hflip)
@@ -396,11 +403,11 @@ def _need_root(name: str, root: str | os.PathLike | None) -> Path:
     return path
 
 
-def _cifar(key: str, root: Path, split: str, img_size: int, train_tf: bool) -> Dataset:
+def _cifar(key: str, root: Path, split: str, img_size: int, train_tf: bool, hflip: float) -> Dataset:
     from torchvision import datasets
 
     info = _INFO[key]
-    tf_small = _small_transform(img_size, 32, train_tf, hflip=True)
+    tf_small = _small_transform(img_size, 32, train_tf, hflip)
     to_tensor = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
     transform = v2.Compose([to_tensor, tf_small]) if tf_small is not None else to_tensor
     folder = "cifar-10-batches-py" if key == "cifar10" else "cifar-100-python"
@@ -430,6 +437,7 @@ def build_image_dataset(
     *,
     subset: int | None = None,
     subset_seed: int | None = 0,
+    hflip: float | None = None,
     **kw: Any,
 ) -> Dataset:
     """A dataset of ``(image (C, H, W) float in [0, 1], label int)``.
@@ -440,8 +448,10 @@ def build_image_dataset(
         split: ``"train"``, ``"test"`` or ``"val"`` (see the module docstring for single-held-out sets).
         root: dataset folder; Fashion-MNIST defaults to ``$FASHION_MNIST_ROOT`` or the Debian package's.
         img_size: output size (square); default the dataset's native size (:func:`dataset_info`).
-        train_transform: augment for training (small images: padded random crop, flip where valid;
+        train_transform: augment for training (small images: padded random crop and a horizontal flip;
             ImageNet / folders: DeiT's transforms, see :func:`deit_transform`, ``kw`` goes there).
+        hflip: the flip's probability (None: the dataset's own, :data:`DEFAULT_HFLIP` - 0 for the digits,
+            which are not mirror-symmetric; 0.5 for the others).
         subset: keep only this many examples (for fast CPU runs): a random sample drawn with
             ``subset_seed`` (fixed: 0), or the first ``subset`` when ``subset_seed`` is None.
 
@@ -454,8 +464,10 @@ def build_image_dataset(
     check_int(img_size, "img_size", min=1, allow_none=True)
     check_int(subset, "subset", min=1, allow_none=True)
     check_int(subset_seed, "subset_seed", min=0, allow_none=True)
+    check_real(hflip, "hflip", min=0, max=1, allow_none=True)
     info = _INFO[key]
     size = info.img_size if img_size is None else int(img_size)
+    flip = DEFAULT_HFLIP.get(key, 0.5) if hflip is None else float(hflip)
     train = split == "train"
 
     ds: Dataset
@@ -463,27 +475,27 @@ def build_image_dataset(
         base = str(Path(root or os.environ.get("FASHION_MNIST_ROOT", FASHION_MNIST_ROOT)).expanduser())
         images, labels = _load_fashion_mnist(base, train)
         ds = TensorImageDataset(images, labels, FASHION_MNIST_CLASSES,
-                                _small_transform(size, 28, train_transform, hflip=True))
+                                _small_transform(size, 28, train_transform, flip))
     elif key == "digits":
         images, labels = _load_digits()
         # fixed split: a seeded permutation, first 80% train, rest test/val
         perm = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(0))
         n_train = int(0.8 * images.shape[0])
         idx = perm[:n_train] if train else perm[n_train:]
-        # digits are not mirror-symmetric: no flips
         ds = TensorImageDataset(images[idx], labels[idx], info.class_names or (),
-                                _small_transform(size, 8, train_transform, hflip=False))
+                                _small_transform(size, 8, train_transform, flip))
     elif key in ("imagenet", "imagefolder"):
         from torchvision import datasets
 
         path = _need_root(key, root)
         folder = _split_dir(path, split, key)
-        ds = datasets.ImageFolder(str(folder), transform=deit_transform(size, train_transform, **kw))
+        transform = deit_transform(size, train_transform, hflip=flip, **kw)
+        ds = datasets.ImageFolder(str(folder), transform=transform)
         if key == "imagenet" and len(ds.classes) != 1000:
             raise ValueError(f"imagenet: {folder} has {len(ds.classes)} class folders, expected 1000 "
                              "(use name='imagefolder' for other trees)")
     else:  # cifar10 / cifar100
-        ds = _cifar(key, _need_root(key, root), split, size, train_transform)
+        ds = _cifar(key, _need_root(key, root), split, size, train_transform, flip)
 
     if subset is not None:
         n = len(ds)

@@ -5,6 +5,7 @@ sections of :mod:`.report`."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,10 +18,20 @@ from ..base import Objective, StudySections, sum_over_loader
 from ..images import ImageTask, autocast
 from .suites import ImageSuites, evaluate_image_suites, fixed_subset
 
-__all__ = ["ImageClassification", "evaluate_vision", "FOLDER_DATASETS"]
+__all__ = ["ImageClassification", "evaluate_vision", "FOLDER_DATASETS", "DEIT_TRANSFORM_FIELDS",
+           "deit_options_set"]
 
 #: datasets whose training transform is DeiT's (timm create_transform); the recipe's options go there
 FOLDER_DATASETS = ("imagenet", "imagefolder")
+#: the config fields of DeiT's transform (:data:`FOLDER_DATASETS` only)
+DEIT_TRANSFORM_FIELDS = ("auto_augment", "color_jitter", "reprob", "remode", "recount", "train_interpolation")
+
+
+def deit_options_set(cfg: Any) -> list[str]:
+    """The DeiT transform fields of ``cfg`` set to other values than TrainConfig's defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    return [f"{name}={getattr(cfg, name)!r}" for name in DEIT_TRANSFORM_FIELDS
+            if getattr(cfg, name) != defaults[name]]
 
 
 @torch.no_grad()
@@ -81,13 +92,17 @@ class ImageClassification(ImageTask):
         colour jitter / random erasing; small datasets their own light one."""
         from ...data.images import build_image_dataset
 
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {"hflip": cfg.hflip}
         if cfg.dataset in FOLDER_DATASETS:
-            kw = dict(auto_augment=cfg.auto_augment, color_jitter=cfg.color_jitter, re_prob=cfg.reprob,
-                      re_mode=cfg.remode, re_count=cfg.recount, hflip=cfg.hflip,
-                      interpolation=cfg.train_interpolation)
+            kw.update(auto_augment=cfg.auto_augment, color_jitter=cfg.color_jitter, re_prob=cfg.reprob,
+                      re_mode=cfg.remode, re_count=cfg.recount, interpolation=cfg.train_interpolation)
 
         def build(split: str, augment: bool, subset: int | None) -> Any:
+            unused = deit_options_set(cfg) if augment and cfg.dataset not in FOLDER_DATASETS else []
+            if unused:  # never silently recorded as if applied
+                raise ValueError(f"{', '.join(unused)}: DeiT's transform options apply to "
+                                 f"{' and '.join(FOLDER_DATASETS)} only; {cfg.dataset}'s training transform "
+                                 "is a padded random crop and a flip (hflip) - leave them at their defaults")
             extra = kw if split == "train" else {}  # the recipe's transform options (train split)
             return build_image_dataset(cfg.dataset, split, root=cfg.data_root, img_size=cfg.img_size,
                                        train_transform=augment, subset=subset, **extra)
