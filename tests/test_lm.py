@@ -58,7 +58,7 @@ def test_config_errors():
 @pytest.mark.parametrize("name", ["rpc_symlm", "symlm", "lm"])
 def test_causal(name):
     """Changing tokens at positions >= t leaves the outputs at positions < t unchanged."""
-    m = tiny(name, rpc_layers="all")
+    m = tiny(name, **({"rpc_layers": "all"} if name == "rpc_symlm" else {}))
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, 13, (3, 8), generator=g)
     for t in (1, 4, 7):
@@ -142,3 +142,24 @@ def test_perplexity_short_text_adaptive_and_errors():
         perplexity(m, ids[:1], context=4)
     with pytest.raises(ValueError, match="stride"):
         perplexity(m, ids, context=4, stride=5)
+
+
+@pytest.mark.parametrize(("name", "kw"), [("symlm", {"rpc_iters": 8}), ("lm", {"rpc_layers": "all"}),
+                                          ("rpc_symlm", {"attn_kwargs": {"lam": 9.0}}),
+                                          ("rpc_symlm", {"attn_layers": "all"}),
+                                          ("neutreno_lm", {"rpc_iters": 8})])
+def test_an_lm_refuses_the_options_it_does_not_use(name, kw) -> None:
+    """A review trained symlm with rpc_iters=8 and rpc_symlm with attn_kwargs={"lam": 9}: both ran without
+    those settings (no RPC layer; lam 4) while the config recorded them."""
+    with pytest.raises(TypeError, match=rf"{name} does not use {next(iter(kw))}: rpc_\* options apply to "
+                                        "rpc_symlm"):
+        create_lm(name, 100, preset="small", **kw)
+    with pytest.raises(ValueError, match=rf"{name} does not use"):  # the command line's path: one line
+        create_model(name, vocab_size=100, preset="small", **kw)
+
+
+def test_an_lm_keeps_the_options_it_uses() -> None:
+    assert create_lm("rpc_symlm", 100, preset="small", rpc_iters=2).cfg.rpc_iters == 2
+    assert create_lm("lm", 100, preset="small", attn_dropout=0.1).cfg.attn_dropout == 0.1
+    neutreno = create_lm("neutreno_lm", 100, preset="small", attn_kwargs={"lam": 0.3})
+    assert neutreno.cfg.attn_kwargs == {"lam": 0.3}

@@ -82,7 +82,12 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
     if name in LM_MODELS or name in FAMILY_LM_MODELS:
         if "vocab_size" not in kwargs:
             raise TypeError(f"{name}: vocab_size= is required for a language model")
-        return create_lm(name, **kwargs)
+        try:
+            return create_lm(name, **kwargs)
+        except TypeError as e:  # a keyword this LM does not take (model_kwargs.X): one line, not a trace
+            if not str(e).startswith((f"{name} does not use", "unknown LMConfig field")):
+                raise
+            raise ValueError(str(e)) from e
     if name in VISION_MODELS or name in FAMILY_VISION_MODELS or timm.is_model(name):
         try:
             return timm.create_model(name, **kwargs)

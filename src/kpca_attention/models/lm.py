@@ -250,6 +250,12 @@ def create_lm(name: str, vocab_size: int, preset: str = "paper", **overrides: An
     bad = sorted(set(overrides) - fields)
     if bad:
         raise TypeError(f"unknown LMConfig field(s) {bad}; valid: {', '.join(sorted(fields))}")
+    unused = sorted(k for k in overrides
+                    if (k.startswith("rpc_") and name != "rpc_symlm")
+                    or (k.startswith("attn_") and k != "attn_dropout" and name not in FAMILY_LM_MODELS))
+    if unused:  # never recorded as if they had been applied
+        raise TypeError(f"{name} does not use {', '.join(unused)}: rpc_* options apply to rpc_symlm, "
+                        f"attn_kwargs / attn_layers to the family's LMs ({', '.join(FAMILY_LM_MODELS)})")
     cfg = LMConfig(vocab_size=vocab_size, **{**LM_PRESETS[preset], **overrides})
     if name in FAMILY_LM_MODELS:
         mechanism, symmetric = FAMILY_LM_MODELS[name]
