@@ -126,3 +126,84 @@ def test_check_parameters_table() -> None:
     assert check_count(10, "--n", 10, "the images") == 10
     with pytest.raises(ValueError, match=r"--n must be an integer in \[1, 10\] \(the images\); got 11"):
         check_count(11, "--n", 10, "the images")
+
+
+# --- the third fuzz review (/work/notes/review/fuzz3.md): silent acceptances and late failures -------------
+
+@pytest.mark.parametrize(("name", "says"), [("eva02_tiny_patch14_224", "its forward takes rope"),
+                                            ("beit_base_patch16_224", "q_bias")])
+def test_replace_attention_refuses_layers_whose_parts_it_would_drop_before_changing_anything(name, says):
+    """It swapped RPC into EVA / BEiT, dropped their q/v biases and position tables, and the first forward
+    failed with a TypeError on a model already changed; now a ValueError before anything is replaced."""
+    model = timm.create_model(name, num_classes=3, pretrained=False, img_size=28, patch_size=14)
+    before = type(model.blocks[0].attn)
+    with pytest.raises(ValueError, match=rf"block 0: cannot replace .*{says}"):
+        replace_attention(model, RPCAttention, "first")
+    assert type(model.blocks[0].attn) is before
+
+
+@pytest.mark.parametrize("spec", [1.5, 1.0, None, ["0"], [0.0], True])
+def test_block_specs_of_the_wrong_kind_are_one_value_error(spec) -> None:
+    from kpca_attention.attention import resolve_blocks
+
+    with pytest.raises(ValueError, match=r"valid: 'all', 'first', 'last', 'none', an index"):
+        resolve_blocks(spec, 4)
+
+
+def test_pap_hooks_must_name_a_state_and_masks_no_plus_infinity() -> None:
+    k, v = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    for name in ("L.4", "l.3", "L3", "Mu"):  # never called: the intervention would silently not happen
+        with pytest.raises(ValueError, match=r"pap: hooks \[.*\] name no state of 4 iterations; valid: mu"):
+            pap(k, v, hooks={name: lambda t: t * 0})
+    assert torch.equal(pap(k, v, hooks={"L.3": lambda t: t * 0}), torch.zeros_like(v))
+    mask = torch.zeros(1, 1, 5, 5)
+    mask[..., 0] = float("inf")  # gave an all-zero output
+    with pytest.raises(ValueError, match=r"additive attn_mask contains \+inf"):
+        pap(k, v, attn_mask=mask)
+
+
+def test_a_model_that_would_see_no_patch_is_refused_when_built() -> None:
+    with pytest.raises(ValueError, match="img_size 2 is smaller than the patch size 4: the model would see"):
+        timm.create_model("symvit_mini_patch4_28", img_size=2)
+
+
+def test_train_configs_refuse_a_schedule_above_its_peak_and_name_timms_choices() -> None:
+    from kpca_attention.train.config import get_preset
+
+    with pytest.raises(ValueError, match="min_lr 0.5 is above lr 0.002"):
+        get_preset("digits-cpu", min_lr=0.5)
+    with pytest.raises(ValueError, match="warmup_lr 0.01 is above lr 0.002"):
+        get_preset("digits-cpu", warmup_lr=0.01)
+    with pytest.raises(ValueError, match=r"opt 'bogus' is not an optimizer of timm's registry; valid: "):
+        get_preset("digits-cpu", opt="bogus")
+    with pytest.raises(ValueError, match=r"sched.*cosine"):
+        get_preset("digits-cpu", sched="bogus")
+    assert get_preset("digits-cpu", opt="lookahead_adamw").opt == "lookahead_adamw"
+
+
+@pytest.mark.parametrize(("kw", "says"), [({"attn_kwargs": [1]}, "attn_kwargs must be a dict"),
+                                          ({"attn_kwargs": {"applied": False}}, "may not set 'applied'")])
+def test_family_models_check_their_attn_kwargs(kw, says) -> None:
+    with pytest.raises(ValueError, match=says):
+        timm.create_model("neutreno_vit_mini_patch4_28", **kw)
+    with pytest.raises(ValueError, match=says):
+        create_lm("neutreno_lm", 100, preset="small", **kw)
+
+
+@pytest.mark.parametrize(("kw", "says"), [({"vocab_size": "10"}, "vocab_size must be an integer"),
+                                          ({"vocab_size": 10.5}, "vocab_size must be an integer"),
+                                          ({"vocab_size": 10, "n_layer": 2.5}, "n_layer must be an integer")])
+def test_lm_sizes_must_be_integers(kw, says) -> None:
+    with pytest.raises(ValueError, match=says):
+        create_lm("lm", preset="small", **kw)
+
+
+def test_a_run_folder_without_a_checkpoint_is_not_called_a_hugging_face_folder(tmp_path) -> None:
+    from kpca_attention.train.hf import is_hf_folder
+
+    run = tmp_path / "crashed"  # training stopped before its first checkpoint
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    assert is_hf_folder(run)  # a config.json alone may be either
+    (run / ".lock").write_text("")
+    assert not is_hf_folder(run)

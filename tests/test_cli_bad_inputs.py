@@ -405,3 +405,17 @@ def test_train_refuses_a_folder_that_is_not_a_run(hf_folder, tmp_path) -> None:
     (killed / "config.json").write_text(get_preset("digits-cpu", output_dir=str(killed)).to_json())
     ok = CliRunner().invoke(app, [*args[:-1], str(killed)])
     assert ok.exit_code == 0, ok.output
+
+
+def test_robustness_refuses_n_where_it_would_be_ignored(run, tmp_path) -> None:
+    """With --suite attacks alone the clean accuracy is measured on the attacked images: --n was dropped
+    in silence (and never range-checked)."""
+    res = _invoke(["robustness", run, "-o", tmp_path / "r", "--suite", "attacks", "--n", 100000,
+                   "--attack-n", 4, "--method", "fgsm", "--eps", "1/255"])
+    _one_line_error(res, "--n counts the clean and corrupted images; with --suite attacks and no corruptions")
+
+
+def test_a_diverging_run_is_one_line(tmp_path) -> None:
+    res = _invoke(["train", "--preset", "digits-cpu", "--max-steps", 12, "--lr", "1e30", "-o", tmp_path / "t",
+                   "--no-progress"])
+    _one_line_error(res, "loss is nan at step")

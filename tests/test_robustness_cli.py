@@ -90,7 +90,7 @@ def test_corruptions_and_attacks_side_by_side_and_resumed(runs, tmp_path, monkey
     assert json.loads((out / "summary.json").read_text()) == summary
     assert ResultStore(out / "results" / "symvit.json").items() == items
     # a changed parameter (another seed) is recomputed, not silently reused
-    study = robustness_study([str(r) for r in runs], ("attacks",), n=24, methods=("fgsm",), eps=(2 / 255,),
+    study = robustness_study([str(r) for r in runs], ("attacks",), methods=("fgsm",), eps=(2 / 255,),
                              attack_n=8, seed=1)
     with pytest.raises(AssertionError, match="recomputed"):
         run_study(study, out, runs=out, progress=False, checks=False)

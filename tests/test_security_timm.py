@@ -44,14 +44,34 @@ def test_pretrained_timm_name_fails_at_once_without_the_network(no_network) -> N
     assert "\n" not in msg and f"{NAME}@" in msg and "--no-pretrained" in msg
 
 
-def test_hub_offline_is_set_by_the_package(no_network) -> None:
-    import huggingface_hub.constants as c
+def test_hub_offline_is_set_by_the_package_while_it_loads(no_network, monkeypatch) -> None:
+    """Offline while a model is built; the caller's settings come back after it, failed or not (a review
+    found load_model left the whole notebook process offline)."""
+    import os
 
+    import huggingface_hub.constants as c
+    import timm
+
+    from kpca_attention.train import load_model
+
+    seen = []
+    real = timm.create_model
+
+    def spy(*a, **k):
+        seen.append((c.HF_HUB_OFFLINE, os.environ.get("HF_HUB_OFFLINE")))
+        return real(*a, **k)
+
+    monkeypatch.setattr(timm, "create_model", spy)
     c.HF_HUB_OFFLINE = False
     try:
+        resolve_model(NAME, pretrained=False)
+        assert seen == [(True, "1")]
+        assert c.HF_HUB_OFFLINE is False and "HF_HUB_OFFLINE" not in os.environ
         with pytest.raises(ValueError):
             resolve_model(NAME)
-        assert c.HF_HUB_OFFLINE is True
+        with pytest.raises(FileNotFoundError):
+            load_model("nothere")
+        assert c.HF_HUB_OFFLINE is False and "HF_HUB_OFFLINE" not in os.environ
     finally:
         c.HF_HUB_OFFLINE = False
 

@@ -327,7 +327,7 @@ def test_untrained_copy_of_a_run_is_its_initial_weights_and_runs_of_one_recipe_s
     from kpca_attention.train.resolve import resolve_model, run_identity, untrained_copy
 
     lr = 1e-6
-    cfg = tiny(tmp_path, seed=3, max_steps=1, epochs=1, lr=lr, warmup_epochs=0.0)
+    cfg = tiny(tmp_path, seed=3, max_steps=1, epochs=1, lr=lr, warmup_epochs=0.0, min_lr=0.0)
     result = train(cfg)
     loaded = resolve_model(str(result.run_dir), pretrained=False)
     stepped = loaded.model.state_dict()
@@ -346,9 +346,10 @@ def test_untrained_copy_of_a_run_is_its_initial_weights_and_runs_of_one_recipe_s
         far += int((other[name] - w0).abs().max() > 100 * lr)
     assert moved > 0 and far > 0  # training took a step; another seed starts elsewhere
     ident = run_identity(cfg)
-    other_seed = tiny(tmp_path, "b", seed=9, max_steps=1, epochs=1, lr=lr, warmup_epochs=0.0)
+    other_seed = tiny(tmp_path, "b", seed=9, max_steps=1, epochs=1, lr=lr, warmup_epochs=0.0, min_lr=0.0)
     assert ident == {**run_identity(other_seed), "train_seed": 3}
-    assert run_identity(tiny(tmp_path, seed=3, max_steps=1, epochs=1, lr=2 * lr))["recipe"] != ident["recipe"]
+    other_lr = tiny(tmp_path, seed=3, max_steps=1, epochs=1, lr=2 * lr, warmup_epochs=0.0, min_lr=0.0)
+    assert run_identity(other_lr)["recipe"] != ident["recipe"]
 
 
 def test_resuming_a_finished_run_changes_none_of_its_files_and_counts_stay_integers(tmp_path, capsys):

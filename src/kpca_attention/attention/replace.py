@@ -5,6 +5,7 @@ and :func:`resolve_blocks`."""
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -74,7 +75,12 @@ def resolve_blocks(spec: str | int | Iterable[int], depth: int) -> list[int]:
             raise ValueError(
                 f"unknown block spec {spec!r}; valid: 'all', 'first', 'last', 'none', or indices like '0,3'"
             ) from None
+    valid = "valid: 'all', 'first', 'last', 'none', an index, or a list of indices like [0, 3] or '0,3'"
+    if isinstance(spec, bool) or not isinstance(spec, (int, list, tuple, range)):
+        raise ValueError(f"unknown block spec {spec!r}; {valid}")
     idx = [spec] if isinstance(spec, int) else list(spec)
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in idx):
+        raise ValueError(f"block indices must be integers, got {idx!r}; {valid}")
     bad = [i for i in idx if not -depth <= i < depth]
     if bad:
         raise ValueError(f"block indices {bad} out of range for a model with {depth} blocks")
@@ -113,6 +119,17 @@ def _timm_layout(old: nn.Module, where: str) -> tuple[nn.Linear, nn.Linear]:
                             f"{n_parts * dim}")
         elif dim % heads:
             problems.append(f"num_heads {heads} does not divide dim {dim}")
+    if not problems and not isinstance(old, HeadsAttention):  # what the swap would drop, or cannot give
+        own = [n for n, _ in (*old.named_parameters(recurse=False), *old.named_buffers(recurse=False))]
+        if own:
+            problems.append(f"its own parameters or buffers {', '.join(own)} (biases or position tables the "
+                            "new layer would drop)")
+        named = [p for p in inspect.signature(old.forward).parameters.values()
+                 if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)][1:]  # after the input
+        extra = [p.name for p in named if p.name not in ("attn_mask", "is_causal")]
+        if extra:
+            problems.append(f"its forward takes {', '.join(extra)} (position information the new layer "
+                            "cannot take)")
     if problems:
         raise ValueError(f"{where}: cannot replace {type(old).__name__}: {'; '.join(problems)}. "
                          f"replace_attention needs {_LAYOUT}")

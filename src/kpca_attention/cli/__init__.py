@@ -137,7 +137,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from ..train.rundir import RunDirBusy
 
     return (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-            PermissionError, CheckpointError, RunDirBusy)
+            PermissionError, CheckpointError, RunDirBusy,
+            FloatingPointError)  # a diverging run: "loss is nan at step 2; lower the lr or check the data"
 
 
 USER_ERRORS = _user_errors()

@@ -246,6 +246,9 @@ def robustness_study(
         raise ValueError(f"{paths[0]}: wordswap needs a language-model checkpoint, got task={task.name!r}")
     if "wordswap" in suites and image:
         raise ValueError("wordswap (language models) and the image suites cannot run on the same models")
+    if image and n is not None and "attacks" in suites and "corruptions" not in suites:
+        raise ValueError("--n counts the clean and corrupted images; with --suite attacks and no corruptions "
+                         "the clean accuracy is measured on the attacked images: set --attack-n instead")
     if image:  # the image counts are bounded by the split the models are evaluated on, before any work
         sizes: dict[tuple[str, str | None], int] = {}
         for cfg in configs.values():
@@ -254,8 +257,7 @@ def robustness_study(
                 data = task.test_set(cfg) if split == "test" else task.builder(cfg)(split, False, None)
                 sizes[where] = len(data)
             what = f"the images of the {split} split of {cfg.dataset}"
-            if "corruptions" in suites:
-                check_count(n, "--n", sizes[where], what, allow_none=True)
+            check_count(n, "--n", sizes[where], what, allow_none=True)
             if "attacks" in suites and attack_n is not None:
                 check_count(attack_n, "--attack-n", sizes[where], what)
         if attack_n is None:  # the default: 500 images, or all of a smaller split

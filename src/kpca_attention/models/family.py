@@ -49,6 +49,7 @@ from .segmenter import SEGMENTER_SIZES, Segmenter, create_registered_segmenter
 from .vit import ARCHS, create_vit, vit_cfg
 
 __all__ = [
+    "check_attn_kwargs",
     "StatefulVisionTransformer",
     "FAMILY_SIZES",
     "FAMILY_MECHANISMS",
@@ -168,6 +169,17 @@ def _mark_applied(model: VisionTransformer, blocks: list[int], name: str) -> Vis
     return model
 
 
+def check_attn_kwargs(attn_kwargs: Any, model: str) -> None:
+    """``attn_kwargs`` must be a dict of the layer's options; ``applied`` is not one of them here (the model
+    sets it from ``attn_layers``)."""
+    if attn_kwargs is not None and not isinstance(attn_kwargs, dict):
+        raise ValueError(f"{model}: attn_kwargs must be a dict of the attention layer's options, got "
+                         f"{attn_kwargs!r}")
+    if attn_kwargs and "applied" in attn_kwargs:
+        raise ValueError(f"{model}: attn_kwargs may not set 'applied': the blocks the mechanism runs in are "
+                         "attn_layers (e.g. attn_layers='first')")
+
+
 def build_family_vit(
     name: str,
     variant: str,
@@ -179,6 +191,7 @@ def build_family_vit(
 ) -> VisionTransformer:
     """The ViT ``variant`` (``<name>_[sym]vit_<size>``) with mechanism ``name`` in ``attn_layers``."""
     mech = get_mechanism(name)
+    check_attn_kwargs(attn_kwargs, variant)
     layer = mech.layer_class("vision", symmetric, **(attn_kwargs or {}))
     size = variant.rsplit("_vit_", 1)[-1] if "_vit_" in variant else variant.rsplit("_symvit_", 1)[-1]
     depth = kwargs.get("depth", ARCHS[size]["arch"]["depth"])

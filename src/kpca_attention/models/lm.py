@@ -45,7 +45,7 @@ from ..attention import (
 from ..checks import check_int
 from ..modules import eval_mode
 from ..pap import RPC_OFFICIAL
-from .family import FAMILY_MECHANISMS
+from .family import FAMILY_MECHANISMS, check_attn_kwargs
 from .vit import check_rpc_options
 
 __all__ = ["LMConfig", "CausalLM", "LM_MODELS", "FAMILY_LM_MODELS", "LM_PRESETS", "create_lm", "perplexity",
@@ -95,14 +95,12 @@ class LMConfig:
     attn_layers: Any = None
 
     def __post_init__(self) -> None:
-        if self.vocab_size < 2:
-            raise ValueError(f"LMConfig: vocab_size must be >= 2, got {self.vocab_size}")
+        check_int(self.vocab_size, "LMConfig: vocab_size", min=2)
+        for name in ("n_layer", "n_head", "d_model", "d_ff", "context"):
+            check_int(getattr(self, name), f"LMConfig: {name}", min=1)
         if self.d_model % self.n_head:
             raise ValueError(f"LMConfig: d_model ({self.d_model}) must be divisible by n_head "
                              f"({self.n_head})")
-        for name in ("n_layer", "n_head", "d_model", "d_ff", "context"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"LMConfig: {name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attn_dropout < 1.0:
             raise ValueError("LMConfig: dropout and attn_dropout must be in [0, 1)")
         if self.adaptive_softmax_cutoffs is not None:
@@ -256,6 +254,9 @@ def create_lm(name: str, vocab_size: int, preset: str = "paper", **overrides: An
     if unused:  # never recorded as if they had been applied
         raise TypeError(f"{name} does not use {', '.join(unused)}: rpc_* options apply to rpc_symlm, "
                         f"attn_kwargs / attn_layers to the family's LMs ({', '.join(FAMILY_LM_MODELS)})")
+    check_int(vocab_size, "vocab_size", min=2)
+    if name in FAMILY_LM_MODELS:
+        check_attn_kwargs(overrides.get("attn_kwargs"), name)
     cfg = LMConfig(vocab_size=vocab_size, **{**LM_PRESETS[preset], **overrides})
     if name in FAMILY_LM_MODELS:
         mechanism, symmetric = FAMILY_LM_MODELS[name]

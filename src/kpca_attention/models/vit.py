@@ -181,6 +181,11 @@ def _create(
     arch = dict(ARCHS[_size_of(variant)]["arch"])
     arch.update(kwargs)
     out_indices = arch.pop("out_indices", 3)
+    size, patch = arch.get("img_size"), arch.get("patch_size")
+    sizes = size if isinstance(size, (tuple, list)) else (size, size)
+    if isinstance(patch, int) and all(isinstance(s, int) for s in sizes) and min(sizes) < patch:
+        raise ValueError(f"{variant}: img_size {size} is smaller than the patch size {patch}: the model "
+                         "would see no patch")
 
     def make(**model_kwargs: Any) -> VisionTransformer:
         model = model_cls(**model_kwargs)

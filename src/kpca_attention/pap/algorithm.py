@@ -231,6 +231,12 @@ def pap(
         mu_t = torch.as_tensor(mu, dtype=torch.promote_types(k.dtype, torch.float32), device=k.device)
         if check and (not torch.isfinite(mu_t).all() or (mu_t <= 0).any()):
             raise ValueError("pap: mu must be finite and > 0")
+    if hooks:
+        states = {"mu", "tau", *(f"{s}.{t}" for s in ("L", "W", "S_density") for t in range(n_iter))}
+        unknown = sorted(str(name) for name in hooks if name not in states)
+        if unknown:  # a hook that would never run: an intervention silently not made
+            raise ValueError(f"pap: hooks {unknown} name no state of {n_iter} iterations; valid: mu, tau, "
+                             f"L.t, W.t, S_density.t for t = 0..{n_iter - 1}")
     obs = Observer(hooks, return_info) if hooks or return_info else None
     if obs is not None:
         mu_t = obs.emit("mu", mu_t)

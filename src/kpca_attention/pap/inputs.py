@@ -186,6 +186,9 @@ def normalise_mask(attn_mask: Tensor | None, k: Tensor, check: bool) -> Tensor |
         raise ValueError(f"pap: attn_mask must be bool or {k.dtype}, got {attn_mask.dtype}")
     if check and attn_mask.dtype != torch.bool and torch.isnan(attn_mask).any():
         raise ValueError("pap: additive attn_mask contains NaN")
+    if check and attn_mask.dtype != torch.bool and (attn_mask == float("inf")).any():
+        raise ValueError("pap: additive attn_mask contains +inf (a hidden key is -inf; +inf makes the "
+                         "softmax undefined)")
     return attn_mask
 
 

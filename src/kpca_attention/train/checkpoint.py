@@ -60,7 +60,7 @@ from ..models.sizing import meta_model
 from ..modules import model_device
 from ..tasks import get as get_task
 from .config import TrainConfig
-from .hf import force_offline
+from .hf import offline
 from .rundir import LATEST_FILE, CheckpointError, entry_in, read_config
 
 __all__ = [
@@ -468,6 +468,7 @@ def load_checkpoint(path: str | Path) -> tuple[Path, TrainConfig, dict[str, Any]
     return ckpt, config, state, marker
 
 
+@offline()  # a run's weights are its own: nothing reaches the network while the model is built
 def load_model(
     path: str | Path, device: str | torch.device = "cpu", *, ema: bool = False, verify: bool = True,
     override_settings: bool = False,
@@ -485,7 +486,6 @@ def load_model(
         taking images (B, C, H, W) in [0, 1]; for LMs the language model, with the training
         vocabulary as ``model.vocab`` (a :class:`kpca_attention.data.text.Vocab`).
     """
-    force_offline()  # a run's weights are its own: nothing reaches the network while the model is built
     ckpt = resolve_checkpoint(path)
     if verify:
         verify_checkpoint(ckpt)

@@ -69,6 +69,20 @@ def _model_kwargs(v: Any, n: str) -> Any:
     return v
 
 
+#: timm's learning-rate schedules (``timm.scheduler.create_scheduler_v2``'s names)
+SCHEDULERS = ("constant", "cosine", "multistep", "plateau", "poly", "rsqrt", "step", "tanh")
+
+
+def _check_optimizer(name: str) -> None:
+    """``opt`` must be a name of timm's optimizer registry (optionally ``lookahead_<name>``)."""
+    import timm.optim
+
+    valid = timm.optim.list_optimizers()
+    if name.lower().removeprefix("lookahead_") not in valid:
+        raise ValueError(f"opt {name!r} is not an optimizer of timm's registry; valid: {', '.join(valid)} "
+                         "(or lookahead_<name>)")
+
+
 def _betas(v: Any, n: str) -> Any:
     if v is None:
         return v
@@ -97,7 +111,7 @@ FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "lr_base": _POSITIVE, "lr_base_size": Int(min=1), "weight_decay": _NONNEGATIVE,
     "opt_eps": Real(min=0, min_open=True, allow_none=True), "opt_betas": _betas,
     "clip_grad": Real(min=0, min_open=True, allow_none=True),
-    "sched": Text(), "warmup_epochs": _NONNEGATIVE, "warmup_steps": Int(min=0, allow_none=True),
+    "sched": Choice(SCHEDULERS), "warmup_epochs": _NONNEGATIVE, "warmup_steps": Int(min=0, allow_none=True),
     "warmup_lr": _NONNEGATIVE, "min_lr": _NONNEGATIVE, "decay_rate": _POSITIVE, "sched_on_steps": Bool(),
     "drop_path": _FRACTION, "smoothing": _FRACTION, "mixup": _NONNEGATIVE, "cutmix": _NONNEGATIVE,
     "mixup_prob": _PROBABILITY, "mixup_switch_prob": _PROBABILITY,
@@ -203,6 +217,12 @@ class TrainConfig:
         for f in dataclasses.fields(self):
             FIELD_CHECKS[f.name](getattr(self, f.name), f.name)
         get_task(self.task).check_config(self)
+        _check_optimizer(self.opt)
+        warms = bool(self.warmup_steps) if self.warmup_steps is not None else self.warmup_epochs > 0
+        for name in ("min_lr", "warmup_lr") if warms else ("min_lr",):  # the schedule would pass its peak
+            if self.lr is not None and getattr(self, name) > self.lr:
+                raise ValueError(f"{name} {getattr(self, name)} is above lr {self.lr}: the schedule goes "
+                                 f"from {name} up to lr and back down; set {name} <= lr")
         if self.opt_betas is not None:
             self.opt_betas = tuple(float(b) for b in self.opt_betas)  # JSON gives a list
 

@@ -2,9 +2,10 @@
 
 Guarantees, whatever the environment and whatever reaches stdin:
 
-* offline: :func:`force_offline` sets ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` and
+* offline: while a model is loaded (:func:`offline`, around :func:`load_hf_folder`, ``load_model`` and the
+  timm loader; the caller's settings come back after it) ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` and
   ``huggingface_hub``'s own switch (read at import time, so setting the variable alone is too late
-  once the library is loaded); every ``from_pretrained`` passes ``local_files_only=True``. Nothing is
+  once the library is loaded) are set; every ``from_pretrained`` passes ``local_files_only=True``. Nothing is
   downloaded at run time: a hub name loads only from the local cache.
 * no code from the folder runs: a folder whose ``config.json`` or ``tokenizer_config.json`` has an
   ``auto_map`` (custom Python classes) is refused before transformers sees it, and every
@@ -15,10 +16,12 @@ Guarantees, whatever the environment and whatever reaches stdin:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle  # only for the exception type: nothing is unpickled
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,7 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", 
 
 
 #: files that make a folder a run or checkpoint of this project (train/checkpoint.py, train/rundir.py)
-PROJECT_MARKERS = ("COMPLETE", "checkpoints", "latest.json", "state.pt")
+PROJECT_MARKERS = ("COMPLETE", "checkpoints", "latest.json", "state.pt", ".lock", "epochs.csv", "steps.csv")
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -48,6 +51,26 @@ def force_offline() -> None:
     import huggingface_hub.constants as hub_constants
 
     hub_constants.HF_HUB_OFFLINE = True
+
+
+@contextlib.contextmanager
+def offline() -> Iterator[None]:
+    """:func:`force_offline` for the ``with`` block only: the caller's settings come back after it (a
+    notebook that loads a run can still download what it asks for afterwards)."""
+    import huggingface_hub.constants as hub_constants
+
+    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    constant = hub_constants.HF_HUB_OFFLINE
+    force_offline()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        hub_constants.HF_HUB_OFFLINE = constant
 
 
 def custom_code_of(folder: Path) -> list[str]:
@@ -93,11 +116,11 @@ def _check_tokenizer(tok: Any, model: Any, name: str) -> None:
                          f"({size} rows): the tokenizer belongs to another model")
 
 
+@offline()
 def load_hf_folder(src: str | Path, name: str) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a local Hugging Face folder or of a hub name in the local cache: offline,
     without the folder's code, with eager attention (the KPCA capture reads q/k/v). Errors are
     ``ValueError`` with one line naming ``name``."""
-    force_offline()
     local = Path(src).expanduser()
     if local.exists():
         if not local.is_dir():

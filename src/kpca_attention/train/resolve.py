@@ -37,7 +37,7 @@ from ..tasks import Task
 from ..tasks import get as get_task
 from ..tasks import of_model as task_of_model
 from .data import seeded_rngs
-from .hf import is_hf_folder
+from .hf import is_hf_folder, offline
 from .rundir import trajectory_settings
 
 __all__ = ["LoadedModel", "resolve_model", "untrained_copy", "run_identity", "MINILM_NAMES", "minilm_path",
@@ -197,15 +197,13 @@ def check_weights_file(weights: str) -> Path:
     return f
 
 
+@offline()  # timm resolves pretrained weights through the hub: never over the network
 def _load_timm(name: str, pretrained: bool, weights: str | None = None, *,
                override_settings: bool = False) -> LoadedModel:
     import timm
 
     from ..models import list_models  # noqa: F401  (importing models registers them in timm)
     from .checkpoint import CheckpointError, check_settings
-    from .hf import force_offline
-
-    force_offline()  # timm resolves pretrained weights through the hub: never over the network
     if weights is not None:
         f = check_weights_file(weights)
         model = timm.create_model(name, pretrained=False)
