@@ -5,6 +5,8 @@ is one ``TypeError`` that says what is expected."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import timm
@@ -207,3 +209,65 @@ def test_a_run_folder_without_a_checkpoint_is_not_called_a_hugging_face_folder(t
     assert is_hf_folder(run)  # a config.json alone may be either
     (run / ".lock").write_text("")
     assert not is_hf_folder(run)
+
+
+def test_settings_given_twice_or_too_large_and_misspelt_cache_names_are_said(tmp_path) -> None:
+    import warnings
+
+    from kpca_attention.attention import run_with_cache
+    from kpca_attention.train.config import apply_overrides, get_preset
+
+    cfg = get_preset("digits-cpu")
+    with pytest.raises(ValueError, match="seed set twice: give each key once"):
+        apply_overrides(cfg, ["seed=1", "seed=2"])
+    with pytest.raises(ValueError, match=r"train_subset 100000 is more than the training images of digits "
+                                         r"less the 200 of its validation split \(1237\)"):
+        get_task("vision").datasets(get_preset("digits-cpu", train_subset=100000))
+    with pytest.raises(ValueError, match=r"eval_subset 300 is more than the images of the validation split"):
+        get_task("vision").datasets(get_preset("digits-cpu", eval_subset=300))
+    model = timm.create_model("rpc_symvit_mini_patch4_28", num_classes=3, depth=1).eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, cache = run_with_cache(model, torch.rand(1, 1, 28, 28),
+                                  names_filter=["blocks.0.attn.hook_mu", "blocks.0.attn.hook_muu"])
+    assert list(cache) == ["blocks.0.attn.hook_mu"]
+    assert any("['blocks.0.attn.hook_muu'] name no hook point" in str(w.message) for w in caught)
+
+
+def test_a_pickled_training_state_is_refused_without_torchs_advice_to_unpickle(tmp_path, monkeypatch) -> None:
+    import argparse
+
+    from run_fixtures import untrained_run
+
+    from kpca_attention.train import CheckpointError
+    from kpca_attention.train import checkpoint as ckpt_mod
+
+    run = untrained_run(tmp_path / "r")
+    torch.save({"progress": argparse.Namespace(epoch=0)}, ckpt_mod.resolve_checkpoint(run) / "state.pt")
+    monkeypatch.setattr(ckpt_mod, "verify_checkpoint", lambda c: {})  # as if its hash had been rewritten
+    with pytest.raises(CheckpointError, match="refused, never unpickled") as e:
+        ckpt_mod.load_checkpoint(run)
+    assert "weights_only" not in str(e.value)  # torch's advice to unpickle it, for a file it just refused
+
+
+@pytest.mark.parametrize("name", sorted(mechanisms()))
+def test_every_layer_names_attn_mask_when_it_cannot_use_it(name) -> None:
+    """Wrong-shaped or integer masks were raw SDPA RuntimeErrors (or an expand / finfo error) that never
+    named attn_mask; a (B, N) key-padding mask is for RPC alone."""
+    mech = get_mechanism(name)
+    cls = mech.layer_class("vision", not mech.asymmetric_ok)
+    opts = {"num_tokens": 5} if "num_tokens" in getattr(mech.cls, "parameter_constraints", {}) else {}
+    layer = cls(16, num_heads=2, **opts)
+    x = torch.randn(2, 5, 16)
+    with pytest.warns(UserWarning) if mech.stateful else contextlib.nullcontext():
+        layer(x, attn_mask=torch.ones(5, 5, dtype=torch.bool))  # broadcasts: fine
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(4, 4\) does not broadcast to \(B, H, N, N\)"):
+        layer(x, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attn_mask must be bool"):
+        layer(x, attn_mask=torch.zeros(5, 5, dtype=torch.long))
+    padding = torch.ones(2, 5, dtype=torch.bool)
+    if name == "rpc":
+        layer(x, attn_mask=padding)
+    else:
+        with pytest.raises(ValueError, match=r"attn_mask of shape \(2, 5\) does not broadcast"):
+            layer(x, attn_mask=padding)

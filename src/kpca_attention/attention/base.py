@@ -151,6 +151,8 @@ class HeadsAttention(nn.Module):
                 f"{type(self).__name__}: x must be (B, N, {self.attn_dim}), got {tuple(x.shape)}"
             )
         b, n, _ = x.shape
+        if attn_mask is not None and not is_proxy(attn_mask):
+            self.check_mask(attn_mask, b, n)
         out = self.hook_z(self.attend(self.split_heads(x), attn_mask, is_causal))  # (B, H, N, D)
         out = self.norm(out.transpose(1, 2).reshape(b, n, self.attn_dim))
         return self.proj_drop(self.proj(out))
@@ -158,6 +160,28 @@ class HeadsAttention(nn.Module):
     @property
     def dropout_p(self) -> float:
         return self.attn_drop.p if self.training else 0.0
+
+    #: whether the layer also takes a boolean key-padding mask (B, N) (True: keep the key)
+    key_padding_masks: ClassVar[bool] = False
+
+    def check_mask(self, mask: Tensor, b: int, n: int) -> None:
+        """A ValueError naming ``attn_mask`` when it is not a bool or float mask broadcastable to
+        (B, H, N, N) (or, where the layer takes one, a boolean (B, N) key-padding mask)."""
+        name = type(self).__name__
+        if mask.dtype != torch.bool and not mask.is_floating_point():
+            raise ValueError(f"{name}: attn_mask must be bool (True: attend) or float (added to the logits), "
+                             f"got {mask.dtype}")
+        if self.key_padding_masks and mask.dtype == torch.bool and tuple(mask.shape) == (b, n):
+            return
+        want = (b, self.num_heads, n, n)
+        try:
+            fits = mask.dim() <= 4 and torch.broadcast_shapes(tuple(mask.shape), want) == torch.Size(want)
+        except RuntimeError:
+            fits = False
+        if not fits:
+            padding = ", or a boolean key-padding mask (B, N)" if self.key_padding_masks else ""
+            raise ValueError(f"{name}: attn_mask of shape {tuple(mask.shape)} does not broadcast to "
+                             f"(B, H, N, N) = {want}{padding}")
 
 
 class QueryOptionalAttention(HeadsAttention):

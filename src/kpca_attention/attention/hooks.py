@@ -89,6 +89,11 @@ def run_with_cache(
         for name, module in points:
             if wanted(name):
                 handles.append(module.register_forward_hook(store(name)))
+        if isinstance(names_filter, (list, tuple, set, frozenset)) and handles:
+            missing = sorted(set(names_filter) - {name for name, _ in points})
+            if missing:  # a misspelt name would be missing from the cache with no word
+                warnings.warn(f"run_with_cache: {missing} name no hook point of the model (e.g. "
+                              f"{points[0][0]}); the cache holds the others", stacklevel=2)
         if not handles:  # an empty cache would pass for "nothing happened" instead of "nothing to read"
             warnings.warn(
                 f"run_with_cache: names_filter matched none of the model's {len(points)} hook points (e.g. "

@@ -44,6 +44,7 @@ class RPCAttention(HeadsAttention):
     output to rounding). See :func:`kpca_attention.pap.pap`'s ``hooks``.
     """
 
+    key_padding_masks = True  # pap takes a boolean (B, N) key-padding mask
     parameter_constraints = {
         **HeadsAttention.parameter_constraints,
         "n_iter": PapOption(), "lam": PapOption(), "threshold": PapOption(), "mu_dim": PapOption(),

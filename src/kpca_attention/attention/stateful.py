@@ -80,6 +80,8 @@ class StatefulAttention(HeadsAttention):
             raise ValueError(
                 f"{type(self).__name__}: x must be (B, N, {self.attn_dim}), got {tuple(x.shape)}"
             )
+        if attn_mask is not None and not is_proxy(attn_mask):  # before any warning: a wrong mask is an error
+            self.check_mask(attn_mask, x.shape[0], x.shape[1])
         if state is None and self.applied and not is_proxy(x):
             warnings.warn(
                 f"{type(self).__name__} ran without the cross-layer state, so it computed what a first "

@@ -30,6 +30,13 @@ def autocast(device: torch.device, amp: bool) -> Any:
 Builder = Callable[[str, bool, "int | None"], Dataset]
 
 
+def _check_subset(subset: int | None, available: int, name: str, what: str) -> None:
+    """A subset larger than what it samples would silently be all of it, recorded as asked."""
+    if subset is not None and subset > available:
+        raise ValueError(f"{name} {subset} is more than {what} ({available}); give at most {available}, or "
+                         "none for all")
+
+
 class ImageTask(Task):
     """The part of an image task that does not depend on what is predicted (see the subclasses)."""
 
@@ -64,6 +71,9 @@ class ImageTask(Task):
             return Splits(build("train", cfg.augment, cfg.train_subset), held, info)
         full = build("train", cfg.augment, None)
         train_idx, val_idx = validation_split(len(full), cfg.val_size, cfg.val_seed)  # type: ignore[arg-type]
+        _check_subset(cfg.train_subset, len(train_idx), "train_subset",
+                      f"the training images of {cfg.dataset} less the {cfg.val_size} of its validation split")
+        _check_subset(cfg.eval_subset, len(val_idx), "eval_subset", "the images of the validation split")
         train = Subset(full, seeded_sample(train_idx, cfg.train_subset))
         held = None
         if with_eval:

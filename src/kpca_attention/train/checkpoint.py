@@ -464,7 +464,12 @@ def load_checkpoint(path: str | Path) -> tuple[Path, TrainConfig, dict[str, Any]
     try:
         state = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"cannot read training state {f}: {e}") from e
+        text = str(e)
+        if "weights_only" in text:  # torch advises weights_only=False: never, for a file it just refused
+            raise CheckpointError(f"training state {f} holds pickled objects, not only tensors and plain "
+                                  "values: refused, never unpickled (a checkpoint of this package holds "
+                                  "none; the file was changed or written by other code)") from e
+        raise CheckpointError(f"cannot read training state {f}: {text.splitlines()[0] if text else e}") from e
     return ckpt, config, state, marker
 
 

@@ -352,6 +352,9 @@ def apply_overrides(cfg: TrainConfig, items: list[str] | dict[str, Any]) -> Trai
     epochs=abc``: ``"epochs must be an integer >= 1; got 'abc'"``); unknown keys are an error. Values
     of ``model_kwargs.NAME`` keys are checked by the model when it is built."""
     pairs = list(items.items()) if isinstance(items, dict) else [parse_override(s) for s in items]
+    keys = [k for k, _ in pairs]
+    if twice := sorted({k for k in keys if keys.count(k) > 1 and isinstance(k, str)}):
+        raise ValueError(f"{', '.join(twice)} set twice: give each key once")
     data = cfg.to_dict()
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     for key, value in pairs:
