@@ -127,3 +127,15 @@ def test_check_fits_counts_tied_parameters_once() -> None:
     check_fits(model, "m", bytes_per_parameter=4, what="weights", available=400)
     with pytest.raises(ValueError, match="m has 100 parameters: weights need"):
         check_fits(model, "m", bytes_per_parameter=4, what="weights", available=399)
+
+
+def test_load_weights_refuses_names_or_shapes_before_loading_anything(tmp_path) -> None:
+    from kpca_attention.train.checkpoint import MODEL_FILE, load_weights
+
+    run = untrained_run(tmp_path / "run")
+    narrower = get_task("vision").build_model(get_preset("digits-cpu", model_kwargs={"embed_dim": 32}))
+    before = {k: v.clone() for k, v in narrower.state_dict().items()}
+    shapes = r"other shapes: .*\[64\] in the file, \[32\] in the model"
+    with pytest.raises(CheckpointError, match=r"do not match the model: .*" + shapes):
+        load_weights(narrower, resolve_checkpoint(run) / MODEL_FILE)
+    assert all(torch.equal(v, narrower.state_dict()[k]) for k, v in before.items())

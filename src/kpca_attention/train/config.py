@@ -221,8 +221,9 @@ class TrainConfig:
         warms = bool(self.warmup_steps) if self.warmup_steps is not None else self.warmup_epochs > 0
         for name in ("min_lr", "warmup_lr") if warms else ("min_lr",):  # the schedule would pass its peak
             if self.lr is not None and getattr(self, name) > self.lr:
-                raise ValueError(f"{name} {getattr(self, name)} is above lr {self.lr}: the schedule goes "
-                                 f"from {name} up to lr and back down; set {name} <= lr")
+                raise ValueError(f"{name} {getattr(self, name)} is above lr {self.lr}: the schedule (a "
+                                 "warm-up from warmup_lr to lr, a decay to min_lr) would rise past lr; set "
+                                 f"{name} <= lr")
         if self.opt_betas is not None:
             self.opt_betas = tuple(float(b) for b in self.opt_betas)  # JSON gives a list
 
