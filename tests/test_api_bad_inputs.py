@@ -271,3 +271,17 @@ def test_every_layer_names_attn_mask_when_it_cannot_use_it(name) -> None:
     else:
         with pytest.raises(ValueError, match=r"attn_mask of shape \(2, 5\) does not broadcast"):
             layer(x, attn_mask=padding)
+
+
+def test_pap_names_its_argument_for_arrays_odd_masks_and_mu_shapes() -> None:
+    from kpca_attention.pap import pap_mu
+
+    k, v = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
+    with pytest.raises(TypeError, match="pap: k, v \\(and q\\) must be torch Tensors, got ndarray"):
+        pap(k.numpy(), v.numpy())
+    with pytest.raises(ValueError, match=r"pap: mu of shape \(3,\) does not broadcast to \(B, H, N, 1\)"):
+        pap(k, v, mu=torch.ones(3))
+    with pytest.raises(ValueError, match=r"pap_mu: k must be a tensor of shape \(B, H, N, D\), got \(2, 5"):
+        pap_mu(torch.randn(2, 5, 4))
+    keep = torch.tensor([True, True, True, False, True])  # one mask row for every query (an IndexError)
+    assert torch.equal(pap(k, v, attn_mask=keep), pap(k, v, attn_mask=keep.view(1, 1, 1, 5)))

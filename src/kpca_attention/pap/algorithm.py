@@ -129,6 +129,9 @@ def pap_mu(
         ``(B, H, N, 1)``; float32 for half-precision keys (else k's dtype). A zero ``||K||_1``
         is floored at ``n_i * eps`` (see the module docstring).
     """
+    if not isinstance(k, Tensor) or k.dim() != 4:
+        raise ValueError(f"pap_mu: k must be a tensor of shape (B, H, N, D), got "
+                         f"{tuple(k.shape) if isinstance(k, Tensor) else type(k).__name__}")
     b, h, n, d = k.shape
     if mu_dim is None:
         mu_dim = h * d
@@ -216,6 +219,10 @@ def pap(
         raise ValueError(f"pap: sparse and dual must be bool, got sparse={sparse!r}, dual={dual!r}")
     if validate not in (None, True, False):
         raise ValueError(f"pap: validate must be None, True or False, got {validate!r}")
+    if not all(isinstance(t, Tensor) for t in (k, v, *(() if q is None else (q,)))):
+        got = ", ".join(type(t).__name__ for t in (k, v, q) if t is not None)
+        raise TypeError(f"pap: k, v (and q) must be torch Tensors, got {got} (torch.as_tensor converts "
+                        "an array)")
     check = checks_values(validate, k.device)
     validate_inputs(k, v, q, check)
     attn_mask = normalise_mask(attn_mask, k, check)
@@ -229,6 +236,14 @@ def pap(
         ):
             raise ValueError(f"pap: mu must be finite and > 0, got {mu!r}")
         mu_t = torch.as_tensor(mu, dtype=torch.promote_types(k.dtype, torch.float32), device=k.device)
+        per_query = (*k.shape[:3], 1)
+        try:
+            fits = mu_t.dim() <= 4 and torch.broadcast_shapes(tuple(mu_t.shape), per_query) == per_query
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"pap: mu of shape {tuple(mu_t.shape)} does not broadcast to (B, H, N, 1) = "
+                             f"{per_query}")
         if check and (not torch.isfinite(mu_t).all() or (mu_t <= 0).any()):
             raise ValueError("pap: mu must be finite and > 0")
     if hooks:

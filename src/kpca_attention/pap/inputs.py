@@ -189,7 +189,7 @@ def normalise_mask(attn_mask: Tensor | None, k: Tensor, check: bool) -> Tensor |
     if check and attn_mask.dtype != torch.bool and (attn_mask == float("inf")).any():
         raise ValueError("pap: additive attn_mask contains +inf (a hidden key is -inf; +inf makes the "
                          "softmax undefined)")
-    return attn_mask
+    return attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))  # (.., N) -> 4-D
 
 
 
