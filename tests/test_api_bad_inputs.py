@@ -285,3 +285,14 @@ def test_pap_names_its_argument_for_arrays_odd_masks_and_mu_shapes() -> None:
         pap_mu(torch.randn(2, 5, 4))
     keep = torch.tensor([True, True, True, False, True])  # one mask row for every query (an IndexError)
     assert torch.equal(pap(k, v, attn_mask=keep), pap(k, v, attn_mask=keep.view(1, 1, 1, 5)))
+
+
+def test_a_label_with_a_pipe_or_a_line_break_stays_one_table_cell() -> None:
+    from kpca_attention.tables import markdown_table
+
+    table = markdown_table([{"variant": "mine|v2", "note": "two\nlines", "kept": "max\\|K\\|"}],
+                           {"variant": "variant | label", "note": "note", "kept": "kept"})
+    header, _, row = table.splitlines()
+    assert header == "| variant \\| label | note | kept |"
+    assert row == "| mine\\|v2 | two lines | max\\|K\\| |"  # an escaped pipe is left as it is
+    assert len(row.replace("\\|", "").split("|")) == 5

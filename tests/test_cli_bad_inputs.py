@@ -419,3 +419,14 @@ def test_a_diverging_run_is_one_line(tmp_path) -> None:
     res = _invoke(["train", "--preset", "digits-cpu", "--max-steps", 12, "--lr", "1e30", "-o", tmp_path / "t",
                    "--no-progress"])
     _one_line_error(res, "loss is nan at step")
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["--suite", "attacks", "--method", "fgsm", "--eps", "1/255", "--steps", 5, "--attack-n", 4],
+     "--steps sets the iterations of pgd, sld, cw; --method fgsm runs none of them"),
+    (["--suite", "ood"], "--suite ood needs at least one of --imagenet-a"),
+])
+def test_robustness_refuses_options_that_would_run_nothing(run, tmp_path, extra, says) -> None:
+    res = _invoke(["robustness", run, "-o", tmp_path / "r", *extra])
+    _one_line_error(res, says)
+    assert not (tmp_path / "r" / "results").exists()

@@ -139,3 +139,15 @@ def test_load_weights_refuses_names_or_shapes_before_loading_anything(tmp_path) 
     with pytest.raises(CheckpointError, match=r"do not match the model: .*" + shapes):
         load_weights(narrower, resolve_checkpoint(run) / MODEL_FILE)
     assert all(torch.equal(v, narrower.state_dict()[k]) for k, v in before.items())
+
+
+@pytest.mark.parametrize(("device", "says"), [("tpu", "device must be one of auto, cpu, cuda"),
+                                              ("cuda:7", "CUDA device")])
+def test_load_model_checks_the_device_before_building_anything(tmp_path, monkeypatch, device, says) -> None:
+    if device.startswith("cuda") and torch.cuda.device_count() > 7:
+        pytest.skip("a machine with eight GPUs has cuda:7")
+    run = untrained_run(tmp_path / "run")
+    devices = _spy_builds(monkeypatch, get_task("vision"))
+    with pytest.raises(ValueError, match=says):
+        load_model(run, device=device)
+    assert devices == []

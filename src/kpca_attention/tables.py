@@ -4,6 +4,7 @@ study report, the KPCA and PAP-trace reports all write through these)."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -47,6 +48,12 @@ def _cell(v: Any) -> str:
     return f"{float(v):.2f}"
 
 
+def _table_text(text: str) -> str:
+    """A cell's text that stays one cell: a pipe not yet escaped is escaped (a label such as ``a|b`` split
+    the row), a line break becomes a space."""
+    return re.sub(r"(?<!\\)\|", r"\\|", str(text)).replace("\r", " ").replace("\n", " ")
+
+
 def markdown_table(
     rows: Sequence[Mapping[str, Any]],
     columns: Sequence[str] | Mapping[str, str],
@@ -68,7 +75,7 @@ def markdown_table(
     keys = list(headers)
     if align_right is None:
         align_right = [k for k in keys if rows and all(isinstance(r.get(k), (int, float)) for r in rows)]
-    lines = ["| " + " | ".join(headers[k] for k in keys) + " |",
+    lines = ["| " + " | ".join(_table_text(headers[k]) for k in keys) + " |",
              "|" + "|".join("---:" if k in align_right else "---" for k in keys) + "|"]
     for r in rows:
         cells = []
@@ -81,5 +88,5 @@ def markdown_table(
                 cells.append(_cell(v))
             else:
                 cells.append("-" if v is None else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(_table_text(c) for c in cells) + " |")
     return "\n".join(lines)

@@ -60,6 +60,7 @@ from ..models.sizing import meta_model
 from ..modules import model_device
 from ..tasks import get as get_task
 from .config import TrainConfig
+from .distributed import resolve_device
 from .hf import offline
 from .rundir import LATEST_FILE, CheckpointError, entry_in, read_config
 
@@ -477,6 +478,8 @@ def load_model(
 
     Args:
         path: a run directory (its latest checkpoint is used) or one checkpoint directory.
+        device: where the model goes: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (checked before anything is
+            read or built).
         ema: load the EMA weights instead of the raw ones (runs trained with ``model_ema``).
         verify: check sizes and hashes against the ``COMPLETE`` marker first.
         override_settings: load weights recorded with other attention settings than the model built
@@ -486,6 +489,7 @@ def load_model(
         taking images (B, C, H, W) in [0, 1]; for LMs the language model, with the training
         vocabulary as ``model.vocab`` (a :class:`kpca_attention.data.text.Vocab`).
     """
+    device = resolve_device(device)  # an unknown device, or CUDA without a GPU: before anything is built
     ckpt = resolve_checkpoint(path)
     if verify:
         verify_checkpoint(ckpt)
