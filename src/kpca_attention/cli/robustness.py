@@ -123,9 +123,6 @@ def robustness_cmd(
             raise ValueError(f"--steps sets the iterations of {', '.join(stepped)}; --method {method} runs none "
                              "of them")
         attack_options = {m: {"steps": steps} for m in stepped}
-    if "ood" in suites and not any((imagenet_a, imagenet_r, imagenet_o, imagenet_val)):
-        raise ValueError("--suite ood needs at least one of --imagenet-a, --imagenet-r, --imagenet-o, "
-                         "--imagenet-val (the OOD image folders; nothing is downloaded)")
 
     def opt_str(p: Path | None) -> str | None:
         return None if p is None else str(p)
