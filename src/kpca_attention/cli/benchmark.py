@@ -90,4 +90,3 @@ def leaderboard_cmd(
         changed = update_results_doc(page, results)
     typer.echo(f"wrote {len(paths)} files: {markdown} and {out}/"
                + (f"; {page}: generated tables updated" if changed else ""))
-

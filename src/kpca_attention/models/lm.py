@@ -254,7 +254,6 @@ def create_lm(name: str, vocab_size: int, preset: str = "paper", **overrides: An
     if unused:  # never recorded as if they had been applied
         raise TypeError(f"{name} does not use {', '.join(unused)}: rpc_* options apply to rpc_symlm, "
                         f"attn_kwargs / attn_layers to the family's LMs ({', '.join(FAMILY_LM_MODELS)})")
-    check_int(vocab_size, "vocab_size", min=2)
     if name in FAMILY_LM_MODELS:
         check_attn_kwargs(overrides.get("attn_kwargs"), name)
     cfg = LMConfig(vocab_size=vocab_size, **{**LM_PRESETS[preset], **overrides})

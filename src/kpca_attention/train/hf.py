@@ -25,7 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["force_offline", "load_hf_folder", "TOKENIZER_FILES", "custom_code_of", "is_hf_folder",
+from .rundir import CHECKPOINTS, LATEST_FILE, LOCK_FILE, METRIC_FILES
+
+__all__ = ["force_offline", "offline", "load_hf_folder", "TOKENIZER_FILES", "custom_code_of", "is_hf_folder",
            "PROJECT_MARKERS"]
 
 #: files of which a local folder must hold at least one for its tokenizer to load
@@ -34,7 +36,8 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", 
 
 
 #: files that make a folder a run or checkpoint of this project (train/checkpoint.py, train/rundir.py)
-PROJECT_MARKERS = ("COMPLETE", "checkpoints", "latest.json", "state.pt", ".lock", "epochs.csv", "steps.csv")
+PROJECT_MARKERS = ("COMPLETE", "state.pt", CHECKPOINTS, LATEST_FILE, LOCK_FILE,
+                   *(f for f in METRIC_FILES if f != "config.json"))
 
 
 def is_hf_folder(path: Path) -> bool:
