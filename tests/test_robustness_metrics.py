@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -76,6 +77,10 @@ def test_accuracy_table():
     assert lines[0] == "| corruption | SymViT | RPC |"
     assert lines[2] == "| fog | 50.00 | 52.50 |" and lines[3] == "| snow | 40.00 | - |"
     assert lines[-1] == "| **mean** | 45.00 | 52.50 |"
+    # a model or corruption name holding a pipe stays one cell (every row has the header's cell count)
+    odd = M.accuracy_table({"RPC|lam4": {"fog|v2": 50.0}, "Sym\nViT": {"fog|v2": 40.0}}).splitlines()
+    assert odd[0] == "| corruption | RPC\\|lam4 | Sym ViT |" and odd[2] == "| fog\\|v2 | 50.00 | 40.00 |"
+    assert {len(re.findall(r"(?<!\\)\|", line)) for line in odd} == {4}
 
 
 def test_imagenet_a_r_indices():

@@ -70,3 +70,5 @@ def test_attack_raises_perplexity_of_a_fitted_model():
     header = "| model | valid ppl | test ppl | valid ppl (attacked) | test ppl (attacked) |"
     assert table.splitlines()[0] == header
     assert f"{res['attacked']:.2f}" in table
+    # a model name holding a pipe stays one cell
+    assert perplexity_table({"lm|rpc": {"test": res}}).splitlines()[2].startswith("| lm\\|rpc | ")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["markdown_table", "fmt_num", "fmt_pm", "fmt_p"]
+__all__ = ["markdown_table", "table_row", "fmt_num", "fmt_pm", "fmt_p"]
 
 
 def fmt_num(x: Any, digits: int = 3) -> str:
@@ -54,6 +54,12 @@ def _table_text(text: str) -> str:
     return re.sub(r"(?<!\\)\|", r"\\|", str(text)).replace("\r", " ").replace("\n", " ")
 
 
+def table_row(cells: Sequence[Any]) -> str:
+    """One row of a markdown table, ``| a | b |``, each cell kept one cell (:func:`_table_text`): the row
+    writer of every table written by hand (a header row, a row of formatted cells)."""
+    return "| " + " | ".join(_table_text(c) for c in cells) + " |"
+
+
 def markdown_table(
     rows: Sequence[Mapping[str, Any]],
     columns: Sequence[str] | Mapping[str, str],
@@ -75,7 +81,7 @@ def markdown_table(
     keys = list(headers)
     if align_right is None:
         align_right = [k for k in keys if rows and all(isinstance(r.get(k), (int, float)) for r in rows)]
-    lines = ["| " + " | ".join(_table_text(headers[k]) for k in keys) + " |",
+    lines = [table_row([headers[k] for k in keys]),
              "|" + "|".join("---:" if k in align_right else "---" for k in keys) + "|"]
     for r in rows:
         cells = []
@@ -88,5 +94,5 @@ def markdown_table(
                 cells.append(_cell(v))
             else:
                 cells.append("-" if v is None else str(v))
-        lines.append("| " + " | ".join(_table_text(c) for c in cells) + " |")
+        lines.append(table_row(cells))
     return "\n".join(lines)

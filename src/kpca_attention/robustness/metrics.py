@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from ..checks import check_int, check_real
+from ..tables import table_row
 from .common import collect_logits
 from .corruptions import COMMON_CORRUPTIONS, SEVERITIES
 from .store import encode_bits
@@ -150,15 +151,15 @@ def accuracy_table(
         raise ValueError("no models to tabulate")
     rows = list(corruptions) if corruptions is not None else list(
         dict.fromkeys(c for m in models for c in accuracies[m]))
-    lines = ["| corruption | " + " | ".join(models) + " |", "|---|" + "---:|" * len(models)]
+    lines = [table_row(["corruption", *models]), "|---|" + "---:|" * len(models)]
     for c in rows:
         cells = [f"{accuracies[m][c]:.{digits}f}" if c in accuracies[m] else "-" for m in models]
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+        lines.append(table_row([c, *cells]))
     means = []
     for m in models:
         vals = [accuracies[m][c] for c in rows if c in accuracies[m]]
         means.append(f"{np.mean(vals):.{digits}f}" if vals else "-")
-    lines.append("| **mean** | " + " | ".join(means) + " |")
+    lines.append(table_row(["**mean**", *means]))
     return "\n".join(lines)
 
 

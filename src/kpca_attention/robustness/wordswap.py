@@ -26,6 +26,7 @@ import numpy as np
 from torch import nn
 
 from ..checks import check_int, check_real
+from ..tables import table_row
 
 _CANDIDATE = re.compile(r"(?=.*[A-Za-z])[A-Za-z0-9'-]+")
 
@@ -132,9 +133,9 @@ def perplexity_table(results: Mapping[str, Mapping[str, Mapping[str, float]]], d
     perplexity per split. ``results[model][split]`` = :func:`wordswap_perplexity` output."""
     splits = list(dict.fromkeys(s for r in results.values() for s in r))
     head = [f"{s} ppl" for s in splits] + [f"{s} ppl (attacked)" for s in splits]
-    lines = ["| model | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+    lines = [table_row(["model", *head]), "|---|" + "---:|" * len(head)]
     for model, per_split in results.items():
         cells = [f"{per_split[s]['clean']:.{digits}f}" if s in per_split else "-" for s in splits]
         cells += [f"{per_split[s]['attacked']:.{digits}f}" if s in per_split else "-" for s in splits]
-        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+        lines.append(table_row([model, *cells]))
     return "\n".join(lines)

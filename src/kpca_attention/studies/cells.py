@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..report.verdicts import interim_note, verdict_cell
+from ..tables import table_row
 from .zoo import ATTENTION_MECHANISMS, LM_MECHANISMS
 
 __all__ = ["Grid", "GRIDS", "cells_markdown", "BEGIN", "END"]
@@ -105,16 +106,16 @@ def _grid_markdown(grid: Grid, summary: dict[str, Any], labels: dict[str, str]) 
     lines = [f"**`{grid.study}`**: variant - comparator over the paired seeds ({unit}), 95 % t interval, "
              f"verdict (Holm over the study's {size} seed-level tests; margins declared in the study "
              f"definition: {(shared or 'none') if shared is not None else 'named in each row'}).", ""]
-    lines += ["| variant - comparator (paired seeds) | " + " | ".join(titles.values()) + " |",
+    lines += [table_row(["variant - comparator (paired seeds)", *titles.values()]),
               "|---|" + "---|" * len(titles)]
     for variant, comparator, cells in rows:
         n = max(c["n"] for c in cells.values() if c is not None)
         own = _margins(cells, titles)
         said = f"; margins {own}" if shared is None and own else ""
         row = f"{labels.get(variant, variant)} - {labels.get(comparator, comparator)} ({n}{said})"
-        lines.append("| " + " | ".join([row, *(_cell_text(c) for c in cells.values())]) + " |")
+        lines.append(table_row([row, *(_cell_text(c) for c in cells.values())]))
     lines += ["", f"Mean and SD over each row's own seeds{', %' if percent else ''}:", "",
-              "| row (seeds) | " + " | ".join(titles.values()) + " |", "|---|" + "---|" * len(titles)]
+              table_row(["row (seeds)", *titles.values()]), "|---|" + "---|" * len(titles)]
     per_seed = summary.get("metrics") or {}
     scale, digits = (100.0, 1) if percent else (1.0, 2)
     shown = dict.fromkeys([base] + [s for variant, comparator, _ in rows for s in (variant, comparator)])
@@ -127,7 +128,7 @@ def _grid_markdown(grid: Grid, summary: dict[str, Any], labels: dict[str, str]) 
             values = [scale * v[m] for v in seeds.values() if v.get(m) is not None]
             sd = f" +- {statistics.stdev(values):.{digits}f}" if len(values) > 1 else ""
             out.append(f"{statistics.fmean(values):.{digits}f}{sd}" if values else "-")
-        lines.append("| " + " | ".join([f"{labels.get(slug, slug)} ({len(seeds)})", *out]) + " |")
+        lines.append(table_row([f"{labels.get(slug, slug)} ({len(seeds)})", *out]))
     return lines
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..report.verdicts import decided_word, interim_note, verdict_cell
+from ..tables import table_row
 from .rpc_seeds import SEED_CAP
 
 __all__ = ["Claim", "CLAIMS", "headline_markdown", "headline_plot", "update_results_doc",
@@ -197,8 +198,8 @@ def headline_markdown(results: str | os.PathLike = "results") -> str:
     results = Path(results)
     head = ["claim", "source, published effect", "study, paired seeds",
             "variant - comparator (95 % t interval)", "margin", "verdict"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(_row(c, cell, meta)) + " |" for c, cell, meta, _ in _claim_cells(results)]
+    lines = [table_row(head), "|" + "---|" * len(head)]
+    lines += [table_row(_row(c, cell, meta)) for c, cell, meta, _ in _claim_cells(results)]
     return "\n".join(lines) + "\n"
 
 

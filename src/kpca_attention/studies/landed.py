@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..report.study import load_study_results, machine_counts, reused_runs
+from ..tables import table_row
 
 __all__ = ["LANDED_STUDIES", "landed_markdown", "seed_ranges", "BEGIN", "END"]
 
@@ -87,8 +88,8 @@ def landed_markdown(results: str | os.PathLike = "results", studies: Sequence[st
     results = Path(results)
     head = ["study", "row", "seeds finished (count)", "seeds planned",
             "trained on (torch's CPU kernels: runs)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [table_row(head), "|" + "---|" * len(head)]
     for name in studies:
         if (results / name / "settings.json").is_file():
-            lines += ["| " + " | ".join(row) + " |" for row in _rows(results / name)]
+            lines += [table_row(row) for row in _rows(results / name)]
     return "\n".join(lines) + "\n"
