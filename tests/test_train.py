@@ -144,6 +144,13 @@ def test_resume_refuses_other_epochs(tmp_path):
 
 # --- schedule, callbacks, evaluation ----------------------------------------------------------
 
+def test_warm_up_longer_than_the_schedule_is_named():
+    cfg = get_preset("fmnist-cpu", epochs=2, warmup_steps=30)
+    assert cfg.warmup_length(10) == 3.0 and cfg.warmup_note(15) is None  # 2 epochs of warm-up: it ends
+    assert "warmup_steps 30 (3 epochs at 10 updates an epoch) outlasts epochs 2" in cfg.warmup_note(10)
+    assert get_preset("fmnist-cpu", epochs=2, warmup_epochs=2.0).warmup_note(10) is None
+
+
 def test_scheduler_is_stepped_warmup_then_cosine(tmp_path):
     cfg = tiny(tmp_path, epochs=3, lr=1e-3, warmup_epochs=1.0, warmup_lr=1e-5, min_lr=1e-5)
     train(cfg)
@@ -222,7 +229,8 @@ def test_deit_recipe_runs_on_an_image_folder(tmp_path):
                      model="symvit_mini_patch4_32", model_kwargs={"depth": 1, "embed_dim": 48},
                      batch_size=8, epochs=2, num_workers=0, output_dir=str(tmp_path / "run"), progress=False,
                      log_every_steps=1, model_ema_decay=0.9)
-    res = train(cfg)
+    with pytest.warns(UserWarning, match=r"warmup_epochs 5 outlasts epochs 2: .* about 40% of the way"):
+        res = train(cfg)  # the recipe shortened for a test: said, not refused
     rows = read_csv(tmp_path / "run" / "epochs.csv")
     assert [r["epoch"] for r in rows] == [0, 1] and all(math.isfinite(r["ema_eval_top1"]) for r in rows)
     # per-epoch schedule: lr constant within an epoch, warm-up from 1e-6 (5 warm-up epochs)

@@ -234,6 +234,26 @@ class TrainConfig:
             return self.lr
         return self.lr_base * self.batch_size * world_size / self.lr_base_size
 
+    def warmup_length(self, updates_per_epoch: int) -> float:
+        """The warm-up in epochs (``warmup_steps`` converted at ``updates_per_epoch``, else
+        ``warmup_epochs``)."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps / updates_per_epoch
+        return self.warmup_epochs
+
+    def warmup_note(self, updates_per_epoch: int) -> str | None:
+        """A warning when the warm-up outlasts the schedule (the learning rate never reaches its peak),
+        else None. Not refused: a recipe shortened for a smoke test (``--set epochs=1``) does this."""
+        warm = self.warmup_length(updates_per_epoch)
+        if warm <= self.epochs:
+            return None
+        what = f"warmup_epochs {self.warmup_epochs:g}"
+        if self.warmup_steps is not None:
+            what = (f"warmup_steps {self.warmup_steps} ({warm:.3g} epochs at {updates_per_epoch} updates "
+                    "an epoch)")
+        return (f"{what} outlasts epochs {self.epochs}: the learning rate ends in the warm-up at about "
+                f"{self.epochs / warm:.0%} of the way from warmup_lr to lr and never decays")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -174,9 +175,10 @@ class _Trainer:
             opt_kw["betas"] = tuple(cfg.opt_betas)
         optimizer = timm.optim.create_optimizer_v2(model, opt=cfg.opt, lr=lr, weight_decay=cfg.weight_decay,
                                                    **opt_kw)
-        warmup_epochs = cfg.warmup_epochs
-        if cfg.warmup_steps is not None:
-            warmup_epochs = cfg.warmup_steps / updates_per_epoch
+        warmup_epochs = cfg.warmup_length(updates_per_epoch)
+        note = cfg.warmup_note(updates_per_epoch)
+        if note and dist.is_main:
+            warnings.warn(note, stacklevel=2)
         on_steps = cfg.sched_on_steps or cfg.warmup_steps is not None
         scheduler, _ = timm.scheduler.create_scheduler_v2(
             optimizer, sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=warmup_epochs,
