@@ -169,6 +169,19 @@ def test_train_refuses_a_model_of_another_task(preset, model, says, tmp_path) ->
     assert "task" in line and model in line
 
 
+@pytest.mark.parametrize(("preset", "sets", "says"), [
+    ("digits-cpu", ["context=64"], "context=64: task 'vision' does not use it"),
+    ("bible-cpu", ["drop_path=0.1", "hflip=0.0"], "drop_path=0.1, hflip=0.0: task 'lm' does not use them"),
+    ("fmnist-seg-cpu", ["mixup_mode=pair"], "mixup_mode='pair': task 'segmentation' does not use it"),
+])
+def test_train_refuses_settings_only_another_task_reads(preset, sets, says, tmp_path) -> None:
+    argv = ["train", "--preset", preset, "-o", tmp_path / "t", "--epochs", 1]
+    for item in sets:
+        argv += ["--set", item]
+    _one_line_error(_invoke(argv), says)
+    assert not (tmp_path / "t").exists()
+
+
 @pytest.mark.parametrize(("key", "says"), [("act_layer", "valid: celu, elu, gelu"),
                                            ("norm_layer", "valid: batchnorm")])
 def test_train_names_timms_layer_names_for_an_unknown_one(key, says, tmp_path) -> None:

@@ -17,6 +17,7 @@ line in :data:`TASKS` (docs/architecture.md: "Add a task").
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +27,8 @@ from .language import CausalLanguageModelling
 from .segmentation import SemanticSegmentation
 
 __all__ = ["Task", "Splits", "Objective", "StudySections", "TASKS", "get", "names", "register",
-           "for_settings", "of_model", "of_model_name", "validation_split", "seeded_sample", "has_pap_layers"]
+           "for_settings", "of_model", "of_model_name", "validation_split", "seeded_sample", "has_pap_layers",
+           "unused_settings"]
 
 #: name -> task, in the order they are listed
 TASKS: dict[str, Task] = {}
@@ -56,6 +58,21 @@ def get(name: str) -> Task:
         return TASKS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown task {name!r}; valid: {', '.join(TASKS)}") from None
+
+
+def unused_settings(cfg: Any) -> list[str]:
+    """``"field=value"`` for each field of the config ``cfg`` (a dataclass) that another registered task
+    reads (:attr:`Task.config_fields`), ``cfg``'s own task does not, and that differs from its default
+    (``--set context=64`` on an image classifier): what a fresh run refuses."""
+    own = get(cfg.task).config_fields
+    elsewhere = set().union(*(t.config_fields for t in TASKS.values())) - own
+    out = []
+    for f in dataclasses.fields(cfg):
+        if f.name in elsewhere:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            if getattr(cfg, f.name) != default:
+                out.append(f"{f.name}={getattr(cfg, f.name)!r}")
+    return out
 
 
 def for_settings(settings: Mapping[str, Any]) -> Task:

@@ -133,6 +133,11 @@ class Task(ABC):
     suites_type: ClassVar[type]
     #: RobustBench's threat models (Linf, L2, corruptions) apply: an image classifier on [0, 1] inputs
     robustbench: ClassVar[bool] = False
+    #: the ``TrainConfig`` fields this task reads among those only some tasks read (``context`` for a
+    #: language model, ``hflip`` for images); every field no task lists is read by every task. A fresh run
+    #: that changes a field other tasks list and its own does not is refused
+    #: (:func:`kpca_attention.tasks.unused_settings`), rather than recorded as if it applied
+    config_fields: ClassVar[frozenset[str]] = frozenset()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -22,6 +22,7 @@ from ..io import write_text_atomic
 from ..models.sizing import check_fits, memory_bytes, meta_model
 from ..modules import eval_mode
 from ..tasks import get as get_task
+from ..tasks import unused_settings
 from . import checkpoint as ckpt_mod
 from .config import TrainConfig
 from .data import build_loaders, preserved_rngs
@@ -149,6 +150,12 @@ class _Trainer:
         if self.resume_from is not None:
             ckpt_dir, saved_cfg, state, marker = ckpt_mod.load_checkpoint(self.resume_from)
             _check_resume_config(saved_cfg, cfg, ckpt_dir)
+        else:  # a run made before the check continues as it was trained
+            unused = unused_settings(cfg)
+            if unused:
+                raise ValueError(f"{', '.join(unused)}: task {cfg.task!r} does not use "
+                                 f"{'it' if len(unused) == 1 else 'them'} (another task's settings); leave "
+                                 f"{'it' if len(unused) == 1 else 'them'} at the default")
 
         # data first (the LM's vocabulary sizes its model); building loaders draws no global random numbers
         task = self.task

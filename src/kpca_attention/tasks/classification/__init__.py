@@ -73,6 +73,8 @@ class ImageClassification(ImageTask):
     title = "image classification"
     held_out_metrics = ("top1", "top5", "loss")
     suites_type = ImageSuites
+    config_fields = frozenset({"img_size", "hflip", "drop_path", "smoothing", "mixup", "cutmix", "mixup_prob",
+                               "mixup_switch_prob", "mixup_mode", *DEIT_TRANSFORM_FIELDS})
 
     def owns_name(self, name: str) -> bool:
         """Any image model timm can build (this package's ViTs and FAN are registered there): the task of

@@ -71,6 +71,7 @@ class CausalLanguageModelling(Task):
     held_out_metrics = ("loss", "ppl")
     takes_tokens = True
     suites_type = LMSuites
+    config_fields = frozenset({"context", "vocab"})
 
     def owns(self, model: nn.Module) -> bool:
         from ...models.lm import CausalLM

@@ -68,6 +68,7 @@ class SemanticSegmentation(ImageTask):
     held_out_metrics = ("miou", "mean_accuracy", "pixel_accuracy", "loss")
     dense = True
     suites_type = SegmentationSuites
+    config_fields = frozenset({"img_size", "hflip", "drop_path", "smoothing"})
 
     def owns(self, model: nn.Module) -> bool:
         from ...models.segmenter import Segmenter
