@@ -109,6 +109,20 @@ def test_compact_nll_codec_is_the_f16_codec_losslessly_and_smaller() -> None:
     assert decode_nll(encode_nll(np.zeros(0))).size == 0
 
 
+def test_a_variants_model_kwargs_update_the_presets() -> None:
+    """They replaced them: a variant without kwargs on the bible-cpu preset trained the 16-layer paper LM
+    instead of the preset's small one, silently."""
+    from kpca_attention.studies import Study, Variant
+
+    study = Study(name="mine", title="t", preset="bible-cpu", seeds=(0,), baseline="a", suites=LMSuites(),
+                  variants=(Variant("a", "A", "symlm"), Variant("b", "B", "symlm", kwargs={"n_layer": 1}),
+                            Variant("c", "C", "symlm", kwargs={"preset": "paper"})),
+                  recipe={"model_kwargs": {"d_ff": 32}})
+    kw = {v.slug: study.train_config(v, 0, "x").model_kwargs for v in study.variants}
+    assert kw == {"a": {"preset": "small", "d_ff": 32}, "b": {"preset": "small", "d_ff": 32, "n_layer": 1},
+                  "c": {"preset": "paper", "d_ff": 32}}
+
+
 def test_suites_validate() -> None:
     assert LMSuites().to_dict()["kind"] == "lm"
     for bad, match in (({"tokens": 1}, "tokens"), ({"splits": ("train",)}, "splits"),

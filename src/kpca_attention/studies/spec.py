@@ -47,7 +47,9 @@ class Variant:
 
     ``slug`` names its files (``<slug>-s<seed>``; ``<slug>`` for a source), ``label`` its rows in tables,
     ``what`` says in words what it is; ``seeds`` restricts it to some of the study's seeds (``None``: all
-    of them); ``recipe`` overrides training settings for this variant only."""
+    of them); ``recipe`` overrides training settings for this variant only. ``kwargs`` update the
+    ``model_kwargs`` of the preset and of the recipes (the ``bible-cpu`` preset's ``{"preset": "small"}``
+    stays unless a variant sets ``preset``)."""
 
     slug: str
     label: str
@@ -270,8 +272,11 @@ class Study:
 
     def train_config(self, variant: Variant, seed: int, run_dir: str) -> TrainConfig:
         """The training config of one run."""
+        recipes = (get_preset(self.preset).to_dict(), dict(self.recipe), dict(variant.recipe))
+        model_kwargs = {k: v for r in recipes for k, v in (r.get("model_kwargs") or {}).items()}
         opts = {**dict(self.recipe), **dict(variant.recipe), "model": variant.model,
-                "model_kwargs": dict(variant.kwargs), "seed": seed, "output_dir": str(run_dir)}
+                "model_kwargs": {**model_kwargs, **dict(variant.kwargs)}, "seed": seed,
+                "output_dir": str(run_dir)}
         return get_preset(self.preset, **opts)
 
     def replace(self, **changes: Any) -> Study:
