@@ -159,12 +159,13 @@ def test_demo_and_ablate_counts_are_bounded_by_the_dataset(command, option, tmp_
 
 # --- one line, not a traceback ---------------------------------------------------------------------
 
-@pytest.mark.parametrize(("preset", "model", "says"), [
-    ("digits-cpu", "symlm", "causal language modelling"),
-    ("bible-cpu", "symvit_mini_patch4_28", "image classification"),
+@pytest.mark.parametrize(("preset", "model", "sets", "says"), [
+    ("digits-cpu", "symlm", [], "is a causal language modelling model (task 'lm') but preset 'digits-cpu'"),
+    ("bible-cpu", "symvit_mini_patch4_28", [], "is an image classification model"),
+    ("bible-cpu", "symlm", ["--set", "task=vision"], "but the config trains image classification"),
 ])
-def test_train_refuses_a_model_of_another_task(preset, model, says, tmp_path) -> None:
-    res = _invoke(["train", "--preset", preset, "--model", model, "-o", tmp_path / "t", "--epochs", 1])
+def test_train_refuses_a_model_of_another_task(preset, model, sets, says, tmp_path) -> None:
+    res = _invoke(["train", "--preset", preset, "--model", model, "-o", tmp_path / "t", "--epochs", 1, *sets])
     line = _one_line_error(res, says)
     assert "task" in line and model in line
 

@@ -47,7 +47,7 @@ def pap_trace_cmd(
     from ..kpca.run import resolve_inputs
 
     loaded = load_for_analysis(model, pretrained=False)
-    if loaded.takes_text and not loaded.project_lm:
+    if loaded.takes_text and not loaded.project_tokens:
         raise ValueError(f"{model} is a text model without RPC layers of this project")
     inputs = resolve_inputs(loaded, texts=texts, images=images, dataset=dataset, split=split,
                             data_root=data_root, max_samples=max_samples)

@@ -239,14 +239,21 @@ def robustness_study(
     if any(t is not task for t in tasks_.values()):
         raise ValueError("the models are of different tasks: "
                          + ", ".join(f"{p} ({t.name})" for p, t in tasks_.items()))
-    if not task.takes_tokens and task.suites_type is not ImageSuites:
+    # this command runs two tasks' suites (an image classifier's, a language model's); any other task's run
+    # in a study, whose engine asks the task
+    text = task.suites_type is LMSuites
+    if not text and task.suites_type is not ImageSuites:
+        from ..studies import STUDIES
+
+        where = (f"its study (kpca-attention study {task.name}) or a study of your own" if task.name in STUDIES
+                 else "a study of your own")
         raise ValueError(f"{paths[0]}: robustness evaluates image classifiers and language models, not a "
-                         f"{task.title} model (task={task.name!r}); its robustness suites run in its study "
-                         f"(kpca-attention study {task.name}) or in a study of your own (docs/{task.name}.md)")
-    if image and task.takes_tokens:
+                         f"{task.title} model (task={task.name!r}); its suites run in {where} "
+                         "(docs/architecture.md, 'Add a study')")
+    if image and text:
         raise ValueError(f"{paths[0]}: the {', '.join(image)} suite(s) need image classifiers, got a "
                          f"{task.title} model (task={task.name!r}); language models take --suite wordswap")
-    if "wordswap" in suites and not task.takes_tokens:
+    if "wordswap" in suites and not text:
         raise ValueError(f"{paths[0]}: wordswap needs a language-model checkpoint, got task={task.name!r}")
     if "wordswap" in suites and image:
         raise ValueError("wordswap (language models) and the image suites cannot run on the same models")
@@ -266,7 +273,7 @@ def robustness_study(
                 check_count(attack_n, "--attack-n", sizes[where], what)
         if attack_n is None:  # the default: 500 images, or all of a smaller split
             attack_n = min(DEFAULT_ATTACK_N, *sizes.values())
-    if task.takes_tokens:
+    if text:
         evaluated: Any = LMSuites(tokens=max_tokens, splits=tuple(lm_splits), swap_rate=rate, swap_seed=seed,
                                   batch_size=batch_size, stride=stride)
     else:

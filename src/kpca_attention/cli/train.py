@@ -39,10 +39,14 @@ def _check_model_task(cfg: Any, preset: str) -> None:
         raise ValueError(f"unknown model {cfg.model!r}: neither this package's (kpca_attention.models."
                          "list_models()) nor timm's" + (f"; close names: {', '.join(close)}" if close else ""))
     if owner is not None and owner is not task:
-        article = "an" if task.title[0] in "aeiou" else "a"
-        raise ValueError(f"model {cfg.model!r} is a {owner.title} model (task {owner.name!r}) but preset "
-                         f"{preset!r} trains {task.title} (task {task.name!r}): give {article} {task.title} "
-                         f"model with --model, or a preset of task {owner.name!r}")
+        def a(title: str) -> str:
+            return f"{'an' if title[0] in 'aeiou' else 'a'} {title}"
+
+        from_preset = cfg.task == PRESETS.get(preset, {}).get("task")  # not changed with --set task=
+        trains = f"preset {preset!r} trains" if from_preset else "the config trains"
+        raise ValueError(f"model {cfg.model!r} is {a(owner.title)} model (task {owner.name!r}) but {trains} "
+                         f"{task.title} (task {task.name!r}): give {a(task.title)} model with --model, or a "
+                         f"preset of task {owner.name!r}")
 
 
 def _saved_config(output_dir: str) -> Any:

@@ -123,13 +123,9 @@ def resolve_inputs(
             raise ValueError(f"{loaded.name} is a text model: give --texts FILE (one text per line)")
         if texts is not None:
             return ModelInputs(texts=read_texts(texts, max_samples), description=f"texts from {texts}")
-        if loaded.project_lm:
-            from ..tasks.language import corpus_windows
-
-            cfg = loaded.config
+        if loaded.project_tokens:  # the task's held-out windows
             vocab = getattr(loaded.model, "vocab", None)
-            windows = corpus_windows(cfg, max_samples, split="valid", vocab=vocab)
-            desc = f"{cfg.dataset} (valid split, first {len(windows)} windows of {cfg.context} tokens)"
+            windows, desc = loaded.task.sample_tokens(loaded.config, max_samples, vocab)
             return ModelInputs(tokens=windows, description=desc)
         if bible_fallback:
             return ModelInputs(texts=bible_texts(max_samples),
@@ -235,11 +231,11 @@ def analyze_model(
     cap = QKVCapture(model)
     analyzer = Analyzer(cap.sites, config)
     causal = bool(loaded.info.get("causal")) or any(s.extra.get("causal") for s in cap.sites)
-    project_lm = loaded.project_lm
+    project_tokens = loaded.project_tokens
     if loaded.takes_text:
-        if project_lm:
+        if project_tokens:
             if not texts and tokens is None:
-                raise ValueError("a language model needs texts or token windows")
+                raise ValueError("a token model of this project needs texts or token windows")
             batches: list[Any] = _lm_batches(loaded, texts, tokens, batch_size)
         else:
             if not texts:
@@ -253,9 +249,9 @@ def analyze_model(
             raise ValueError("an image model needs images (S, C, H, W) in [0, 1]")
         batches = list(images.split(batch_size))
     if causal:  # bounded by the positions a sequence has, before any work
-        positions = max((b.shape[1] for b in batches), default=0) if project_lm else max_length
+        positions = max((b.shape[1] for b in batches), default=0) if project_tokens else max_length
         check_count(prefixes, "prefixes", max(positions, 1),
-                    f"the positions of the longest {'sequence' if project_lm else 'text (--max-length)'}")
+                    f"the positions of the longest {'sequence' if project_tokens else 'text (--max-length)'}")
     n = sum(len(b) for b in batches)
     prefix_of: list[int] = []  # causal: the prefix index of each analysed sequence
     seen = 0  # inputs analysed so far
@@ -265,7 +261,7 @@ def analyze_model(
         for batch in batches:
             cap.clear()
             tf = time.perf_counter()
-            if project_lm:
+            if project_tokens:
                 model(batch.to(device))
                 mask = torch.ones(batch.shape, dtype=torch.bool)
             elif loaded.takes_text:

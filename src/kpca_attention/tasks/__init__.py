@@ -34,8 +34,17 @@ __all__ = ["Task", "Splits", "Objective", "StudySections", "TASKS", "get", "name
 TASKS: dict[str, Task] = {}
 
 
+#: the class attributes a task must set (the rest have defaults in :class:`Task`)
+REQUIRED_ATTRIBUTES = ("name", "title", "unit", "throughput_key", "held_out_metrics", "suites_type")
+
+
 def register(task: Task) -> Task:
-    """Add ``task`` under its :attr:`~Task.name` (an error when the name is taken)."""
+    """Add ``task`` under its :attr:`~Task.name` (an error when the name is taken, or when the task lacks
+    one of :data:`REQUIRED_ATTRIBUTES`: it would fail only where the attribute is first read)."""
+    missing = [a for a in REQUIRED_ATTRIBUTES if not hasattr(task, a)]
+    if missing:
+        raise ValueError(f"{type(task).__name__} does not set {', '.join(missing)} (class attributes every "
+                         "task sets: tasks/base.py)")
     if task.name in TASKS:
         raise ValueError(f"a task named {task.name!r} is registered already ({TASKS[task.name]!r})")
     TASKS[task.name] = task

@@ -125,8 +125,11 @@ class Task(ABC):
     throughput_key: ClassVar[str]
     #: the held-out metrics of :meth:`evaluate` logged each epoch (as ``eval_<key>``)
     held_out_metrics: ClassVar[tuple[str, ...]]
-    #: the models take token ids (else images in [0, 1])
+    #: the models take token ids in their own vocabulary (``model.vocab``; else images in [0, 1])
     takes_tokens: ClassVar[bool] = False
+    #: the models attend causally (a prefix of a sequence sees only itself: the KPCA analysis reads them
+    #: per prefix)
+    causal: ClassVar[bool] = False
     #: the models predict per pixel (their encoder is not separated from the decoder)
     dense: ClassVar[bool] = False
     #: the suites class of this task's studies
@@ -177,6 +180,13 @@ class Task(ABC):
     @abstractmethod
     def test_set(self, cfg: Any) -> Any:
         """The test data the suites evaluate at the end (a dataset, or a corpus)."""
+
+    def sample_tokens(self, cfg: Any, n: int, vocab: Any) -> tuple[Tensor, str]:
+        """A token task's default inputs for the KPCA analysis and the PAP trace of a trained model: ``n``
+        held-out token windows ``(n, length)`` of ``cfg``'s data in the model's ``vocab``, and a description
+        of them. Image tasks are analysed on their test images instead."""
+        raise ValueError(f"task {self.name!r} names no default token inputs for its models: give --texts "
+                         "FILE (one text per line)")
 
     # --- the model --------------------------------------------------------------------------------
     @abstractmethod

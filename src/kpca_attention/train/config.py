@@ -132,7 +132,7 @@ class TrainConfig:
     """Everything a training run depends on. ``None`` means "derived" (see the field comments)."""
 
     # --- what to train ---------------------------------------------------------------------
-    task: str = "vision"  # a registered task (kpca_attention.tasks): "vision" | "segmentation" | "lm"
+    task: str = "vision"  # a registered task (kpca_attention.tasks.names())
     model: str = "symvit_mini_patch4_28"
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"rpc_iters": 4, "rpc_lambda": 4}
     dataset: str = "fashion-mnist"

@@ -79,8 +79,8 @@ class LoadedModel:
         return self.task is None or self.task.takes_tokens
 
     @property
-    def project_lm(self) -> bool:
-        """A language model of this project (token ids in its own ``model.vocab``)."""
+    def project_tokens(self) -> bool:
+        """A token model of this project (token ids in its own ``model.vocab``: a task that takes tokens)."""
         return self.task is not None and self.task.takes_tokens
 
 
@@ -137,9 +137,9 @@ def _load_project(path: Path, name: str, device: str, override_settings: bool = 
 
     model, config = load_model(path, device=device, override_settings=override_settings)
     task = get_task(config.task)
-    if task.takes_tokens:  # a causal LM
+    if task.takes_tokens:  # token ids in model.vocab (a causal LM)
         return LoadedModel(name=name, model=model.eval(), task=task, config=config,
-                           info={**run_identity(config), "task": task.name, "causal": True})
+                           info={**run_identity(config), "task": task.name, "causal": task.causal})
     size, crop, _ = image_meta(model)
     norm = None
     from ..models.normalize import NormalizedModel

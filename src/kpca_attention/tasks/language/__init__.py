@@ -70,6 +70,7 @@ class CausalLanguageModelling(Task):
     throughput_key = "tokens_per_s"
     held_out_metrics = ("loss", "ppl")
     takes_tokens = True
+    causal = True
     suites_type = LMSuites
     config_fields = frozenset({"context", "vocab"})
 
@@ -103,6 +104,11 @@ class CausalLanguageModelling(Task):
     def test_set(self, cfg: Any) -> Any:
         """The corpus (its ``test`` and ``valid`` splits are scored by the suites)."""
         return corpus(cfg.dataset, cfg.data_root)
+
+    def sample_tokens(self, cfg: Any, n: int, vocab: Any) -> tuple[torch.Tensor, str]:
+        """The first ``n`` windows of ``cfg.context`` tokens of the corpus's valid split."""
+        windows = corpus_windows(cfg, n, split="valid", vocab=vocab)
+        return windows, f"{cfg.dataset} (valid split, first {len(windows)} windows of {cfg.context} tokens)"
 
     def build_model(self, cfg: Any, info: Mapping[str, Any] | None = None) -> nn.Module:
         """The LM of ``cfg`` (``model_kwargs``: ``preset`` of ``LM_PRESETS`` plus ``LMConfig`` fields), with
