@@ -17,7 +17,8 @@ from kpca_attention.cli.robustness import robustness_study
 from kpca_attention.robustness.store import ResultStore
 from kpca_attention.studies.engine import run_study
 from kpca_attention.studies.sources import LoadedSource
-from kpca_attention.tasks.classification.suites import same_images, structure_items
+from kpca_attention.tasks.classification.suites import same_images
+from kpca_attention.tasks.images import structure_items
 from kpca_attention.train.checkpoint import save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("single_thread_module")

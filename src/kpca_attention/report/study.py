@@ -35,7 +35,6 @@ from ..robustness.store import ResultStore
 from ..tables import fmt_num, fmt_pm, markdown_table
 from ..tasks import for_settings as task_of_settings
 from ..tasks.base import StudySections
-from ..tasks.classification.suites import structure_items
 from .board import leaderboard_lines
 from .verdict_sections import NOISE_NOTE, verdict_lines
 
@@ -70,20 +69,21 @@ def read_settings(out: str | os.PathLike) -> dict[str, Any]:
 
 def load_runs(out: str | os.PathLike, settings: Mapping[str, Any],
               keep: Callable[[dict[str, Any]], dict[str, Any] | None], *,
+              structure: Callable[[Mapping[str, Any]], dict[str, Any]] = dict,
               unsealed: list[Path] | None = None) -> Runs:
     """``{slug: {seed: results}}`` of every ``results/<slug>-s<seed>.json`` of the settings' variants
     (``results/<slug>.json`` as seed 0 for an existing model, ``source``): the items of the run its ``run``
     item describes (:meth:`~kpca_attention.robustness.store.ResultStore.run_items`), structured by
-    :func:`~kpca_attention.tasks.classification.suites.structure_items`; ``keep(results)`` filters what a
-    report reads, or drops the run (returns ``None``). The legacy files read (not sealed: an edit of their
-    items cannot be detected) are appended to ``unsealed``."""
+    ``structure`` (the task's: :meth:`~kpca_attention.tasks.StudySections.structure`); ``keep(results)``
+    filters what a report reads, or drops the run (returns ``None``). The legacy files read (not sealed: an
+    edit of their items cannot be detected) are appended to ``unsealed``."""
     res: Runs = {}
     for v in settings["variants"]:
         for f, seed in result_files(out, v):
             store = _store_of(f, v, None if v.get("source") else seed)
             if unsealed is not None and not store.sealed:
                 unsealed.append(f)
-            r = keep(structure_items(store.run_items()))
+            r = keep(structure(store.run_items()))
             if r is not None:
                 res.setdefault(v["slug"], {})[seed] = r
     return res
@@ -141,7 +141,8 @@ def _sections(out: str | os.PathLike) -> tuple[StudySections, Runs]:
     and the runs they report."""
     settings = read_settings(out)
     sec = task_of_settings(settings).sections(settings)
-    return sec, sec.select(load_runs(out, sec.settings, sec.keep, unsealed=sec.unsealed))
+    return sec, sec.select(load_runs(out, sec.settings, sec.keep, structure=sec.structure,
+                                     unsealed=sec.unsealed))
 
 
 def reused_runs(out: str | os.PathLike) -> dict[str, list[str]]:

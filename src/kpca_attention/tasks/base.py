@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,7 +37,15 @@ from ..modules import eval_mode
 from ..plotting import bar_style
 
 __all__ = ["Task", "Splits", "Objective", "StudySections", "SeedMetric", "validation_split", "seeded_sample",
-           "has_pap_layers", "all_reduce_sum", "sum_over_loader"]
+           "has_pap_layers", "all_reduce_sum", "sum_over_loader", "autocast"]
+
+
+def autocast(device: torch.device, amp: bool) -> Any:
+    """Mixed precision when ``amp``: float16 autocast on CUDA, bfloat16 elsewhere (the CPU); else nothing.
+    Training (``train/loop.py``) and every task's evaluation run under this one."""
+    if not amp:
+        return nullcontext()
+    return torch.autocast(device.type, dtype=torch.float16 if device.type == "cuda" else torch.bfloat16)
 
 
 def all_reduce_sum(t: Tensor) -> Tensor:
@@ -333,6 +342,11 @@ class StudySections(ABC):
         self.unsealed: list[Any] = []
 
     # --- reading ------------------------------------------------------------------------------------
+    def structure(self, items: Mapping[str, Any]) -> dict[str, Any]:
+        """One run's flat ``{item name: result}`` in the shape :meth:`keep` and :meth:`metrics` read
+        (default: as stored; the image tasks nest ``corruptions/<name>/<severity>`` and the like)."""
+        return dict(items)
+
     def keep(self, r: dict[str, Any]) -> dict[str, Any] | None:
         """One run's structured items as the report reads them, or None to leave the run out (default:
         runs with a training summary and a ``clean`` item)."""

@@ -5,11 +5,9 @@ test images a suite draws (:func:`fixed_subset`) and the common-corruption suite
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
@@ -17,13 +15,7 @@ from ..checks import check_count, check_int
 from ..data.sampling import seeded_indices
 from .base import Splits, Task, seeded_sample, validation_split
 
-__all__ = ["ImageTask", "autocast", "Corruptions", "fixed_subset"]
-
-
-def autocast(device: torch.device, amp: bool) -> Any:
-    """bfloat16 autocast on the CPU, float16 on CUDA, when ``amp``; else nothing."""
-    return torch.autocast(device.type, dtype=torch.bfloat16 if device.type == "cpu" else torch.float16) \
-        if amp else nullcontext()
+__all__ = ["ImageTask", "Corruptions", "fixed_subset", "structure_items"]
 
 
 #: ``build(split, augment, subset) -> Dataset``: one split of an image dataset of a run
@@ -154,3 +146,28 @@ def fixed_subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
     if n > len(dataset):  # type: ignore[arg-type]
         raise ValueError(f"asked for {n} examples of a dataset of {len(dataset)}")  # type: ignore[arg-type]
     return Subset(dataset, seeded_indices(len(dataset), n, seed))  # type: ignore[arg-type]
+
+
+def structure_items(items: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat ``{item name: result}`` of a :class:`ResultStore` in the shape
+    :func:`~.classification.suites.evaluate_image_suites` returns (``clean``, ``corruptions``, ``attacks``,
+    ...); other items (``run``, ``trace``) are passed through under their own names. Both image tasks'
+    suites name their items this way (:meth:`~.base.StudySections.structure` of their report sections)."""
+    out: dict[str, Any] = {}
+    for name, r in items.items():
+        parts = name.split("/")
+        if name == "corruptions/clean":
+            out["clean_corrupt_subset"] = r
+        elif name == "attacks/clean":
+            out["clean_attack_subset"] = r
+        elif name == "autoattack/clean":
+            out["clean_autoattack_subset"] = r
+        elif parts[0] == "ood" and len(parts) == 2:
+            out.setdefault("ood", {})[parts[1]] = r
+        elif parts[0] in ("corruptions", "attacks", "autoattack") and len(parts) == 3:
+            out.setdefault(parts[0], {}).setdefault(parts[1], {})[parts[2]] = r
+        elif parts[0] == "autoattack" and len(parts) == 4:
+            continue  # a chunk of an AutoAttack item (``.../images-0-250``): kept to resume, joined above
+        else:
+            out[name] = r
+    return out

@@ -7,7 +7,6 @@ import random
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from ..models.sizing import check_fits, memory_bytes, meta_model
 from ..modules import eval_mode
 from ..tasks import get as get_task
 from ..tasks import unused_settings
+from ..tasks.base import autocast
 from . import checkpoint as ckpt_mod
 from .config import TrainConfig
 from .data import build_loaders, preserved_rngs
@@ -194,10 +194,7 @@ class _Trainer:
         )
         amp = cfg.amp if cfg.amp is not None else dev.type == "cuda"
         scaler = torch.amp.GradScaler(dev.type, enabled=amp and dev.type == "cuda")
-        amp_dtype = torch.float16 if dev.type == "cuda" else torch.bfloat16
 
-        def autocast() -> Any:
-            return torch.autocast(dev.type, dtype=amp_dtype) if amp else nullcontext()
         ema = None
         if cfg.model_ema:
             from timm.utils import ModelEmaV3
@@ -293,7 +290,7 @@ class _Trainer:
                 n_local = task.count(y)  # images / tokens
                 if objective.mix is not None:
                     x, y = objective.mix(x, y)
-                with autocast():
+                with autocast(dev, amp):
                     loss = objective.loss(step_net, x, y)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"loss is {loss.item()} at step {progress['global_step']} "

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..base import Objective, StudySections, sum_over_loader
-from ..images import ImageTask, autocast
+from ..base import Objective, StudySections, autocast, sum_over_loader
+from ..images import ImageTask
 from .suites import ImageSuites, evaluate_image_suites, fixed_subset
 
 __all__ = ["ImageClassification", "evaluate_vision", "FOLDER_DATASETS", "DEIT_TRANSFORM_FIELDS",

@@ -18,6 +18,7 @@ from ...robustness.store import decode_bits
 from ...stats import paired_summary
 from ...tables import fmt_p, fmt_pm, markdown_table
 from ..base import SeedMetric, StudySections, bar_plot
+from ..images import structure_items
 from .masking import attack_checks_section, attack_gap_plot
 from .suites import attack_name, attack_title, eps_label, eps_text
 
@@ -129,6 +130,9 @@ class ClassificationSections(StudySections):
         self.ex: dict[str, dict[int, dict[str, np.ndarray]]] = {}
 
     # --- reading ------------------------------------------------------------------------------------
+    def structure(self, items: Mapping[str, Any]) -> dict[str, Any]:
+        return structure_items(items)
+
     def keep(self, r: dict[str, Any]) -> dict[str, Any] | None:
         """Only the corrupted views and attacks the settings ask for (a store may hold items of an earlier
         evaluation)."""

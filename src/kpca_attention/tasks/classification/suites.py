@@ -42,7 +42,7 @@ from ...robustness.store import ResultStore, example_hits, example_result, join_
 from ..images import Corruptions, fixed_subset
 
 __all__ = ["Corruptions", "Attack", "attack_title", "OODSets", "same_images", "AutoAttackSuite",
-           "ImageSuites", "fixed_subset", "evaluate_image_suites", "eps_label", "eps_text", "structure_items",
+           "ImageSuites", "fixed_subset", "evaluate_image_suites", "eps_label", "eps_text",
            "evaluate_autoattack", "evaluate_ood", "attack_key"]  # Corruptions, fixed_subset: from ..images
 
 
@@ -224,30 +224,6 @@ def _clean(model: nn.Module, data: Dataset, batch_size: int) -> dict[str, Any]:
 
     logits, labels = collect_logits(model, data, batch_size=batch_size, progress=False)
     return example_result(logits, labels)
-
-
-def structure_items(items: Mapping[str, Any]) -> dict[str, Any]:
-    """The flat ``{item name: result}`` of a :class:`ResultStore` in the shape
-    :func:`evaluate_image_suites` returns (``clean``, ``corruptions``, ``attacks``, ...); other items
-    (``run``, ``trace``) are passed through under their own names."""
-    out: dict[str, Any] = {}
-    for name, r in items.items():
-        parts = name.split("/")
-        if name == "corruptions/clean":
-            out["clean_corrupt_subset"] = r
-        elif name == "attacks/clean":
-            out["clean_attack_subset"] = r
-        elif name == "autoattack/clean":
-            out["clean_autoattack_subset"] = r
-        elif parts[0] == "ood" and len(parts) == 2:
-            out.setdefault("ood", {})[parts[1]] = r
-        elif parts[0] in ("corruptions", "attacks", "autoattack") and len(parts) == 3:
-            out.setdefault(parts[0], {}).setdefault(parts[1], {})[parts[2]] = r
-        elif parts[0] == "autoattack" and len(parts) == 4:
-            continue  # a chunk of an AutoAttack item (``.../images-0-250``): kept to resume, joined above
-        else:
-            out[name] = r
-    return out
 
 
 def evaluate_image_suites(

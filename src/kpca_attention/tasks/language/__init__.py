@@ -20,8 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ...checks import check_count
-from ..base import Objective, Splits, StudySections, Task, sum_over_loader
-from ..images import autocast
+from ..base import Objective, Splits, StudySections, Task, autocast, sum_over_loader
 from .data import TokenWindows, build_vocab, corpus, corpus_windows
 from .suites import LMSuites
 

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..base import Objective, StudySections, all_reduce_sum, sum_over_loader
-from ..images import ImageTask, autocast, fixed_subset
+from ..base import Objective, StudySections, all_reduce_sum, autocast, sum_over_loader
+from ..images import ImageTask, fixed_subset
 from .suites import SegmentationSuites, evaluate_segmentation_suites
 
 __all__ = ["SemanticSegmentation", "evaluate_segmentation"]

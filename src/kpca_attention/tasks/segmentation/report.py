@@ -25,6 +25,7 @@ from ...plotting import new_figure, panel_grid, row_starts, save_figure, series_
 from ...stats import N_BOOT, seed_test
 from ...tables import fmt_p, fmt_pm, markdown_table
 from ..base import StudySections, bar_plot
+from ..images import structure_items
 from .suites import counts_of_item
 
 __all__ = ["SegmentationSections", "segmentation_run_counts", "run_segmentation_metrics",
@@ -187,6 +188,9 @@ class SegmentationSections(StudySections):
         self.want = {(c, str(s)) for c in corr.get("names", []) for s in corr.get("severities", [])}
         self.counts: dict[str, dict[int, dict[str, Any]]] = {}
         self.has_corr = False
+
+    def structure(self, items: Mapping[str, Any]) -> dict[str, Any]:
+        return structure_items(items)
 
     def keep(self, r: dict[str, Any]) -> dict[str, Any] | None:
         """Only the corrupted views the settings ask for (a store may hold items of an earlier evaluation)."""

@@ -14,7 +14,7 @@ clean result of the corrupted images is read from the clean item, and every mode
 same images: per-image results pair up across models and seeds.
 
 Items (names as in the image suites, so
-:func:`~kpca_attention.tasks.classification.suites.structure_items` reads them)::
+:func:`~kpca_attention.tasks.images.structure_items` reads them)::
 
     clean                          first `clean` images
     corruptions/<name>/<severity>  first `corruptions.n` images, corrupted
