@@ -167,6 +167,14 @@ def test_pap_hooks_must_name_a_state_and_masks_no_plus_infinity() -> None:
 def test_a_model_that_would_see_no_patch_is_refused_when_built() -> None:
     with pytest.raises(ValueError, match="img_size 2 is smaller than the patch size 4: the model would see"):
         timm.create_model("symvit_mini_patch4_28", img_size=2)
+    # a size the patches do not tile: timm's patch embedding silently dropped the last rows and columns
+    says = ("img_size 30 is not a multiple of the patch size 4: the last 2 pixel rows or columns would never "
+            "be seen")
+    with pytest.raises(ValueError, match=says + "; use 28 or 32"):
+        timm.create_model("twicing_symvit_mini_patch4_28", img_size=30)
+    padded = timm.create_model("symvit_mini_patch4_28", img_size=30, dynamic_img_pad=True,
+                               dynamic_img_size=True)
+    assert padded(torch.rand(2, 1, 30, 30)).shape == (2, 10)  # timm pads to 32: every pixel is seen
 
 
 def test_train_configs_refuse_a_schedule_above_its_peak_and_name_timms_choices() -> None:

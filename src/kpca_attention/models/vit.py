@@ -183,9 +183,17 @@ def _create(
     out_indices = arch.pop("out_indices", 3)
     size, patch = arch.get("img_size"), arch.get("patch_size")
     sizes = size if isinstance(size, (tuple, list)) else (size, size)
-    if isinstance(patch, int) and all(isinstance(s, int) for s in sizes) and min(sizes) < patch:
-        raise ValueError(f"{variant}: img_size {size} is smaller than the patch size {patch}: the model "
-                         "would see no patch")
+    if isinstance(patch, int) and all(isinstance(s, int) for s in sizes):
+        if min(sizes) < patch:
+            raise ValueError(f"{variant}: img_size {size} is smaller than the patch size {patch}: the model "
+                             "would see no patch")
+        cut = [s % patch for s in sizes]
+        if any(cut) and not arch.get("dynamic_img_pad"):  # timm's patch embedding drops the remainder
+            fits = " or ".join(map(str, sorted({s - s % patch for s in sizes} | {s - s % patch + patch
+                                                                                  for s in sizes})))
+            raise ValueError(f"{variant}: img_size {size} is not a multiple of the patch size {patch}: the "
+                             f"last {max(cut)} pixel rows or columns would never be seen; use {fits} (or "
+                             "dynamic_img_pad=True with dynamic_img_size=True: timm pads the images)")
 
     def make(**model_kwargs: Any) -> VisionTransformer:
         model = model_cls(**model_kwargs)
