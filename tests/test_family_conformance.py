@@ -15,6 +15,7 @@ from family_checks import assert_no_leak_from_the_future, causal_lm
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import get_mechanism, run_with_cache
+from kpca_attention.attention.registry import mechanisms
 from kpca_attention.models import FAMILY_LM_MODELS, family
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -95,3 +96,22 @@ def test_every_family_lm_leaks_nothing_from_the_future(name: str) -> None:
     lm = causal_lm(name, n_layer=2)
     assert_no_leak_from_the_future(lm, n=12, t=5)
     assert_no_leak_from_the_future(lm, n=12, t=5, shift=True)
+
+
+@pytest.mark.filterwarnings("ignore:.*ran without the cross-layer state")
+@pytest.mark.parametrize("mech", [m for m in mechanisms() if m != "rvt"])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_a_mask_with_is_causal_applies_both_in_every_layer(mech: str, kind: str) -> None:
+    """SDPA refuses the pair; seven of nine layers passed it on (a raw SDPA error), RPC and RKDE combined
+    them. Every registered layer now attends as with the combined mask (RVT's needs a square patch grid:
+    its masks are checked in its own tests)."""
+    torch.manual_seed(0)
+    layer = get_mechanism(mech).cls(16, num_heads=2).eval()
+    x = torch.randn(2, 6, 16)
+    keep = torch.ones(6, 6, dtype=torch.bool)
+    keep[:, 4] = False  # no query sees key 4
+    both = keep & torch.ones(6, 6, dtype=torch.bool).tril()
+    if kind == "float":
+        keep, both = (torch.zeros(6, 6).masked_fill(~m, float("-inf")) for m in (keep, both))
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, attn_mask=keep, is_causal=True), layer(x, attn_mask=both))

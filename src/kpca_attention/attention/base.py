@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from ..checks import Bool, Int
 from ..pap import check_options
+from ..pap.inputs import merge_masks
 from .hooks import HookPoint
 
 __all__ = ["HeadsAttention", "QueryOptionalAttention", "PapOption", "is_proxy", "fresh_or_inplace_add"]
@@ -144,8 +145,12 @@ class HeadsAttention(nn.Module):
     def attend(self, qkv: dict[str, Tensor], attn_mask: Tensor | None, is_causal: bool) -> Tensor:
         raise NotImplementedError
 
-    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-        """``x (B, N, C)`` -> ``(B, N, C)``; ``attn_mask`` an SDPA mask broadcastable to (B, H, N, N)."""
+    def check_inputs(self, x: Tensor, attn_mask: Tensor | None,
+                     is_causal: bool) -> tuple[Tensor | None, bool]:
+        """A ValueError for an ``x`` that is not ``(B, N, C)`` or a mask :meth:`check_mask` refuses; the
+        ``(attn_mask, is_causal)`` to attend with: a mask given with ``is_causal`` is combined with the
+        causal mask (both apply; SDPA itself refuses the pair), except a (B, N) key-padding mask (the
+        layer's own)."""
         if not is_proxy(x) and (x.dim() != 3 or x.shape[-1] != self.attn_dim):
             raise ValueError(
                 f"{type(self).__name__}: x must be (B, N, {self.attn_dim}), got {tuple(x.shape)}"
@@ -153,6 +158,15 @@ class HeadsAttention(nn.Module):
         b, n, _ = x.shape
         if attn_mask is not None and not is_proxy(attn_mask):
             self.check_mask(attn_mask, b, n)
+            if is_causal and not self.is_key_padding(attn_mask, b, n):
+                return merge_masks(attn_mask, is_causal, n, attn_mask.device)
+        return attn_mask, is_causal
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """``x (B, N, C)`` -> ``(B, N, C)``; ``attn_mask`` an SDPA mask broadcastable to (B, H, N, N) (with
+        ``is_causal``: both apply)."""
+        attn_mask, is_causal = self.check_inputs(x, attn_mask, is_causal)
+        b, n, _ = x.shape
         out = self.hook_z(self.attend(self.split_heads(x), attn_mask, is_causal))  # (B, H, N, D)
         out = self.norm(out.transpose(1, 2).reshape(b, n, self.attn_dim))
         return self.proj_drop(self.proj(out))
@@ -164,6 +178,10 @@ class HeadsAttention(nn.Module):
     #: whether the layer also takes a boolean key-padding mask (B, N) (True: keep the key)
     key_padding_masks: ClassVar[bool] = False
 
+    def is_key_padding(self, mask: Tensor, b: int, n: int) -> bool:
+        """Whether ``mask`` is read as a boolean key-padding mask (B, N) (layers that take one)."""
+        return self.key_padding_masks and mask.dtype == torch.bool and tuple(mask.shape) == (b, n)
+
     def check_mask(self, mask: Tensor, b: int, n: int) -> None:
         """A ValueError naming ``attn_mask`` when it is not a bool or float mask broadcastable to
         (B, H, N, N) (or, where the layer takes one, a boolean (B, N) key-padding mask)."""
@@ -171,7 +189,7 @@ class HeadsAttention(nn.Module):
         if mask.dtype != torch.bool and not mask.is_floating_point():
             raise ValueError(f"{name}: attn_mask must be bool (True: attend) or float (added to the logits), "
                              f"got {mask.dtype}")
-        if self.key_padding_masks and mask.dtype == torch.bool and tuple(mask.shape) == (b, n):
+        if self.is_key_padding(mask, b, n):
             return
         want = (b, self.num_heads, n, n)
         try:

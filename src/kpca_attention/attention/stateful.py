@@ -76,12 +76,7 @@ class StatefulAttention(HeadsAttention):
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
                 state: State | None = None) -> Tensor | tuple[Tensor, State]:
         """``x (B, N, C)`` -> ``(B, N, C)``, or ``(out, new_state)`` when ``state`` is given."""
-        if not is_proxy(x) and (x.dim() != 3 or x.shape[-1] != self.attn_dim):
-            raise ValueError(
-                f"{type(self).__name__}: x must be (B, N, {self.attn_dim}), got {tuple(x.shape)}"
-            )
-        if attn_mask is not None and not is_proxy(attn_mask):  # before any warning: a wrong mask is an error
-            self.check_mask(attn_mask, x.shape[0], x.shape[1])
+        attn_mask, is_causal = self.check_inputs(x, attn_mask, is_causal)  # before any warning: errors
         if state is None and self.applied and not is_proxy(x):
             warnings.warn(
                 f"{type(self).__name__} ran without the cross-layer state, so it computed what a first "
