@@ -286,3 +286,26 @@ def test_the_rotated_null_keeps_the_rows_and_calibrates_the_optimal_cosine():
     got = alignment(v, v_hat, optimal=False)["linear_cka"]
     torch.testing.assert_close(null_alignment(v, v_hat, draws=2, kinds=("rot",), generator=gen,
                                               optimal=False)["linear_cka_null_rot"], got)
+
+
+# --- found by mutation testing (/work/notes/review/mutation.md): each fails on its mutant ---------------
+
+
+def test_the_unadjusted_chance_word_is_two_sided_at_alpha() -> None:
+    from kpca_attention.kpca.chance import chance_word
+
+    assert chance_word({"n": 10, "p_above": 0.03, "p_below": 0.98}) == "not distinguished from chance"
+    assert chance_word({"n": 10, "p_above": 0.02, "p_below": 0.99}) == "above chance"
+
+
+def test_the_share_of_change_interval_is_95_percent() -> None:
+    from scipy import stats
+
+    from kpca_attention.kpca.chance import share_of_change
+
+    rng = np.random.default_rng(2)
+    j = rng.normal(0, 1, 400)
+    h = -0.5 * j + rng.normal(0, 1, 400)  # share 0.5, homoscedastic: OLS's interval is the bootstrap's
+    res = share_of_change(j, h, clusters=np.arange(400), n_boot=4000)  # one unit per cluster
+    half = 1.96 * stats.linregress(j, -h).stderr
+    assert (res["ci"][1] - res["ci"][0]) / 2 == pytest.approx(half, rel=0.07)

@@ -405,3 +405,14 @@ def test_eigenpairs_at_the_rounding_floor_give_zero_columns():
     an.add([{"q": big[None], "k": big[None], "v": torch.randn(1, 4, 65, 16, generator=gen)}])
     rec = an.result()["records"]
     assert rec["floor_columns"] == (~ok).sum(-1).double().tolist()
+
+
+# --- found by mutation testing (/work/notes/review/mutation.md): each fails on its mutant ---------------
+
+
+def test_relative_frobenius_is_relative_to_the_learned_values() -> None:
+    from kpca_attention.kpca.alignment import alignment
+
+    v = torch.randn(2, 10, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    out = alignment(v, 3 * v, optimal=False)  # ||v - 3v|| / ||v|| = 2 (over ||3v||: 2/3)
+    torch.testing.assert_close(out["relative_frobenius"], torch.full((2,), 2.0, dtype=torch.float64))

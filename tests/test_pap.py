@@ -715,3 +715,27 @@ def test_ablation_switches_must_be_bool() -> None:
     k, v = kv()
     with pytest.raises(ValueError, match="sparse and dual must be bool"):
         pap(k, v, sparse="no")  # type: ignore[arg-type]
+
+
+# --- found by mutation testing (/work/notes/review/mutation.md): each fails on its mutant ---------------
+
+
+def test_the_mu_of_all_zero_keys_is_floored_per_entry() -> None:
+    from kpca_attention.pap.algorithm import pap_mu
+
+    mu = pap_mu(torch.zeros(1, 1, 8, 4, dtype=torch.float64))
+    assert mu.item() == pytest.approx(8 * 4 / (4 * 8 * torch.finfo(torch.float64).eps))
+
+
+def test_update_backward_without_the_x_gradient_is_the_formula_at_dx_0() -> None:
+    """``g_x`` None (no gradient reached X'): dL = dC - 2 dZ, dR = dZ (the docstring's formulas at dX' = 0);
+    autograd materialises a zero dX' in UpdateStep, so only a direct call reaches this branch."""
+    from kpca_attention.pap.updates import update_backward
+
+    g = torch.Generator().manual_seed(0)
+    g_c, g_z = (torch.randn(2, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    g_l, g_r = update_backward(g_c.clone(), None, g_z.clone())
+    torch.testing.assert_close(g_l, g_c - 2 * g_z)
+    torch.testing.assert_close(g_r, g_z)
+    zero_l, zero_r = update_backward(g_c.clone(), torch.zeros_like(g_c), g_z.clone())
+    torch.testing.assert_close((g_l, g_r), (zero_l, zero_r))

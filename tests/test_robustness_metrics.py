@@ -148,3 +148,13 @@ def test_ood_aupr_and_msp():
     assert M.msp_anomaly_score(logits, [1, 2])[0] == pytest.approx(-0.5)
     with pytest.raises(FileNotFoundError, match="ImageNet-O"):
         M.imagenet_o_aupr(nn.Linear(1, 1), "/nonexistent/o", "/nonexistent/val")
+
+
+# --- found by mutation testing (/work/notes/review/mutation.md): each fails on its mutant ---------------
+
+
+def test_imagenet_a_r_o_images_are_resized_to_size_over_0875(tmp_path) -> None:
+    (tmp_path / "n01498041").mkdir()
+    Image.new("RGB", (300, 200)).save(tmp_path / "n01498041" / "a.png")
+    ds = M._image_folder(tmp_path, 224)
+    assert ds[0][0].shape == (3, 224, 224) and ds.transform.transforms[0].size == 256  # 224 / 0.875

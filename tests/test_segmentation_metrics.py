@@ -107,3 +107,13 @@ def test_clear_errors():
         segmentation_metrics(zeros, zeros, 3, ignore_index=1)
     with pytest.raises(ValueError, match="logits"):
         SegmentationAccumulator(3).update(torch.zeros(1, 4, 2, 2), torch.zeros(1, 2, 2, dtype=torch.long))
+
+
+# --- found by mutation testing (/work/notes/review/mutation.md): each fails on its mutant ---------------
+
+
+def test_class_areas_union_is_prediction_plus_label_minus_intersection() -> None:
+    from kpca_attention.segmentation.metrics import class_areas
+
+    a = class_areas(torch.tensor([[3, 1], [2, 4]]))
+    assert a["union"].tolist() == [3 + 1 + 2, 4 + 2 + 1]

@@ -175,3 +175,48 @@ def test_a_file_with_no_long_bit_string_names_no_encoding(tmp_path) -> None:
     data = json.loads(f.read_text())
     assert data["bits"] == "packbits-base64" and data["items"]["long"]["result"]["correct"]["length"] == 64
     assert ResultStore(f).items()["long"] == long
+
+
+# --- found by mutation testing (/work/notes/review/mutation.md): each fails on its mutant ---------------
+
+
+def test_summaries_that_disagree_with_their_bits_or_nll_are_damage() -> None:
+    import math
+
+    from kpca_attention.robustness.store import check_summary
+
+    assert check_summary({"correct": "0101", "n": 3, "top1": 0.5}) is not None  # n below its bits
+    assert check_summary({"nll_mean": 4.0, "ppl": math.exp(4.0) * 1.001}) is not None  # 0.1 % off
+
+
+def test_extra_packed_bytes_are_damage() -> None:
+    import base64
+
+    from kpca_attention.robustness.store_format import unpack_bits
+
+    with pytest.raises(ValueError):
+        unpack_bits({"$bits": base64.b64encode(b"\x80\x00").decode(), "length": 8})
+
+
+def test_removing_the_sealed_mark_does_not_make_a_file_legacy(tmp_path) -> None:
+    from kpca_attention.robustness.store import ResultIntegrityError, ResultStore
+
+    f = tmp_path / "r.json"
+    ResultStore(f).put("a", {"x": 1}, {"loss": 0.5})
+    data = json.loads(f.read_text())
+    del data["sealed"]
+    data["items"]["a"] = {"key": {"x": 1}, "result": {"loss": 0.1}}  # replaced by hand, no hash
+    f.write_text(json.dumps(data))
+    with pytest.raises(ResultIntegrityError, match="no hash"):
+        ResultStore(f)
+
+
+def test_a_linked_result_file_is_refused(tmp_path) -> None:
+    from kpca_attention.robustness.store import ResultIntegrityError, ResultStore, store_files
+
+    real = tmp_path / "elsewhere.json"
+    ResultStore(real).put("a", {}, {"loss": 0.5})
+    (tmp_path / "study" / "results").mkdir(parents=True)
+    (tmp_path / "study" / "results" / "r.json").symlink_to(real)
+    with pytest.raises(ResultIntegrityError, match="not a regular file"):
+        store_files(tmp_path / "study")

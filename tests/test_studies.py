@@ -820,3 +820,38 @@ def test_the_report_says_when_runs_trained_with_different_thread_counts() -> Non
     line = _machines_line(mixed, ["a", "b"])
     assert line.startswith("Trained on one kind of machine: Some CPU (4 runs).")
     assert "**Torch threads differ between runs**: 1 (2 runs), 2 (1 run)" in line
+
+
+# --- found by mutation testing (/work/notes/review/mutation.md): each fails on its mutant ---------------
+
+
+def test_paired_summary_is_variant_minus_baseline_in_points() -> None:
+    from kpca_attention.stats import paired_summary
+
+    a = {0: np.array([1, 1, 1, 0] * 25, float), 1: np.array([1, 1, 0, 0] * 25, float)}
+    b = {0: np.array([0, 0, 1, 0] * 25, float), 1: np.zeros(100)}
+    ps = paired_summary(a, b, 0)
+    assert ps["diffs"] == pytest.approx([50.0, 50.0])  # by hand: 75 - 25, 50 - 0
+    assert ps["seed_mean"] == pytest.approx(50.0)
+    assert 30 < ps["boot_ci"][0] <= 50 <= ps["boot_ci"][1] < 70  # points, around +50
+
+
+def test_the_bootstrap_interval_is_95_percent_and_draws_every_example() -> None:
+    from kpca_attention.stats import bootstrap_diff_ci
+
+    a = np.random.default_rng(1).normal(0, 1, 400)
+    lo, hi = bootstrap_diff_ci(a, np.zeros(400), 0, n_boot=20000)
+    half = 1.96 * a.std(ddof=0) / math.sqrt(400)  # normal theory; a 90 % interval is 0.84 of it
+    assert (hi - lo) / 2 == pytest.approx(half, rel=0.05)
+    assert (lo + hi) / 2 == pytest.approx(a.mean(), abs=0.1 * half)
+    only_last = np.zeros(50)
+    only_last[-1] = 1.0  # drawn at least twice in ~26 % of the resamples: the upper 2.5 % point is > 0
+    lo, hi = bootstrap_diff_ci(only_last, np.zeros(50), 0)
+    assert lo == 0.0 and hi > 0.0
+
+
+def test_a_small_real_spread_is_not_rounding_and_d_z_is_mean_over_sd() -> None:
+    from kpca_attention.stats import seed_test, spread
+
+    assert spread([1.0, 1.0 + 1e-6, 1.0]) == pytest.approx(np.std([1.0, 1.0 + 1e-6, 1.0], ddof=1))
+    assert seed_test([1.0, 2.0, 3.0])["d_z"] == pytest.approx(2.0)

@@ -364,3 +364,29 @@ def test_training_time_is_in_seconds_when_every_run_took_less_than_a_minute(stud
                                        "epochs": []})
     report = write_study_report(study_dir, plots=False).read_text()
     assert "| train s |" in report and "| 3.0 ± 0.0 |" in report
+
+
+# --- found by mutation testing (/work/notes/review/mutation.md): each fails on its mutant ---------------
+
+
+def test_every_declared_zoo_margin_is_its_sources_difference() -> None:
+    """The margins recomputed by hand from the numbers docs/verdicts.md quotes (robust_transformer's logs:
+    clean / FGSM 1/255 / PGD 1/255 / FGSM 4/255 / PGD 4/255; the RPC paper's Tables 1-3, 9-10), against
+    studies/margins.py, where they are typed once."""
+    from kpca_attention.studies.margins import ZOO_MARGINS, language_margins, segmentation_margins
+
+    deit = (71.83, 54.62, 43.84, 30.51, 8.50)
+    logs = {"kde": (72.68, 55.26, 43.38, 31.60, 8.63), "rkde": (72.58, 55.83, 44.15, 32.64, 9.35)}
+    for slug, row in logs.items():
+        want = dict(zip(("clean", "fgsm@1", "pgd@1", "fgsm@4", "pgd@4"),
+                        (round(abs(m - d), 2) for m, d in zip(row, deit, strict=True)), strict=True))
+        assert {k: m.value for k, m in ZOO_MARGINS[slug].items()} == pytest.approx(want), slug
+    fan, rpc_fan = (77.89, 32.01, 2.92), (77.98, 35.12, 6.25)  # clean / FGSM / PGD, Tables 9-10
+    want = {k: round(r - f, 2) for k, f, r in zip(("clean", "fgsm@8", "pgd@8"), fan, rpc_fan, strict=True)}
+    assert {k: m.value for k, m in ZOO_MARGINS["rpc_fan"].items()} == pytest.approx(want)
+    assert {m.against for m in ZOO_MARGINS["rpc_fan"].values()} == {"fan"}
+    lm = language_margins()  # Table 3, word swap: valid 42.90 - 41.83, test 44.32 - 43.16
+    assert (lm["wordswap/valid"].value, lm["wordswap/test"].value) == pytest.approx((1.07, 1.16))
+    seg = segmentation_margins()  # each source names its own metric
+    assert seg["clean:miou"].source.startswith("paper Table 6, ADE20K mIoU:")
+    assert seg["clean:miou"].source != seg["corrupted:miou"].source

@@ -545,3 +545,38 @@ def test_a_family_with_no_test_says_so_instead_of_a_family_of_0() -> None:
     assert fam.size == 0 and fam.statement.startswith("no seed-level test: every comparison has fewer than 2")
     fam.add(("corrupted", "rpc"), [0.3, 0.5])
     assert fam.statement.startswith("Holm (1979) step-down over a family of 1 two-sided paired t test over")
+
+
+# --- found by mutation testing (/work/notes/review/mutation.md): each fails on its mutant ---------------
+
+
+def test_tost_power_at_the_margin_with_no_spread_is_zero() -> None:
+    from kpca_attention.report.stats import tost, tost_power
+
+    assert not tost([0.5, 0.5, 0.5], 0.5).equivalent  # what tost says at the margin
+    assert tost_power(5, 0.0, 0.5, true_diff=0.5) == 0.0  # so its power there is 0
+    from kpca_attention.report.stats import seeds_to_exclude
+
+    assert seeds_to_exclude(0.0, 0.5, test="one-sided", true_diff=0.5) is None
+
+
+def test_a_verdicts_plan_numbers_are_holms_first_step_and_tost() -> None:
+    """The MDE is at alpha / family size (the docstring's and the "MDE 80 %" column's); seeds_needed is the
+    TOST number. Inputs where the alternatives differ (the earlier test had a family of one)."""
+    from kpca_attention.report.stats import mde_paired, seeds_to_exclude
+    from kpca_attention.stats import seed_test
+
+    d = [0.3, -0.2, 0.5, 0.1, 0.0, 0.4]
+    v = verdict(d, 0.8, min(1.0, 3 * seed_test(d)["p"]), family_size=117)
+    sd = float(np.std(d, ddof=1))
+    assert v.mde == pytest.approx(mde_paired(sd, 6, 0.05 / 117))
+    assert mde_paired(sd, 6, 0.05 / 117) != pytest.approx(mde_paired(sd, 6, 0.05))
+    d = [1.0, -1.0, 0.5, -0.5, 1.5, -1.5]
+    sd = float(np.std(d, ddof=1))
+    assert verdict(d, 1.0, seed_test(d)["p"]).seeds_needed == seeds_to_exclude(sd, 1.0)
+    assert seeds_to_exclude(sd, 1.0) != seeds_to_exclude(sd, 1.0, test="one-sided")
+
+
+def test_an_interval_wholly_outside_the_margin_says_so() -> None:
+    v = verdict([2.0, 2.2, 1.9, 2.1], 0.5, 1.0)
+    assert v.word == INCONCLUSIVE and "wholly outside" in v.reason
