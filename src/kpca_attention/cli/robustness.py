@@ -245,10 +245,10 @@ def robustness_study(
     if not text and task.suites_type is not ImageSuites:
         from ..studies import STUDIES
 
-        where = (f"its study (kpca-attention study {task.name}) or a study of your own" if task.name in STUDIES
+        in_study = (f"its study (kpca-attention study {task.name}) or a study of your own" if task.name in STUDIES
                  else "a study of your own")
         raise ValueError(f"{paths[0]}: robustness evaluates image classifiers and language models, not a "
-                         f"{task.title} model (task={task.name!r}); its suites run in {where} "
+                         f"{task.title} model (task={task.name!r}); its suites run in {in_study} "
                          "(docs/architecture.md, 'Add a study')")
     if image and text:
         raise ValueError(f"{paths[0]}: the {', '.join(image)} suite(s) need image classifiers, got a "
