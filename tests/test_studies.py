@@ -218,6 +218,7 @@ def test_rpc_depth12_runs_end_to_end(tmp_path) -> None:
     assert "trace" in res["rpc12_official"][0] and "trace" not in res["symvit12"][0]
 
 
+@pytest.mark.filterwarnings("ignore:.*outlasts epochs")  # a recipe shortened for the test
 def test_vision_large_runs_end_to_end(tmp_path) -> None:
     # likewise the GPU study at DeiT-Tiny width and depth, with its augmentation: RPC-SymViT's run
     study = _toy(get_study("vision-large"), seeds=(0,))

@@ -196,6 +196,7 @@ def test_load_model_and_evaluate_checkpoint(tmp_path):
     assert 0.0 <= out["top1"] <= out["top5"] <= 1.0
 
 
+@pytest.mark.filterwarnings("ignore:.*outlasts epochs")  # a recipe shortened for the test
 def test_language_model_trains_and_reloads_with_its_vocabulary(tmp_path):
     cfg = get_preset("bible-cpu", output_dir=str(tmp_path / "lm"), model="rpc_symlm", train_subset=48,
                      eval_subset=4, batch_size=8, context=32, progress=False,
