@@ -300,6 +300,11 @@ def test_claim_verdicts_from_known_summaries():
     got = rows(linear_cka=0.12, chance={"linear_cka": {"perm": undecided}})
     assert got["P4: learned V aligns with Theorem 1's G H A (linear cka)"] == \
         "not shown (not distinguished from chance)"
+    # the critique's bounds (optimal cosine 0.32, linear CKA 0.11): at or below is within, above is above
+    bound = rows(optimal_cosine=0.1, linear_cka=0.11, kernel_cka=0.5)
+    assert bound["C1: optimal cosine <= 0.32 (critique's bound)"] == "within the bound"
+    assert bound["C1: linear cka <= 0.11 (critique's bound)"] == "within the bound"
+    assert bound["C1: kernel cka <= 0.32 (critique's bound)"] == "above the bound"
 
 
 def test_undefined_units_are_counted_not_dropped_in_silence():

@@ -402,3 +402,22 @@ def test_the_headline_plot_cuts_intervals_at_its_edge_without_reversing_them(tmp
     headline_plot(tmp_path / "h.png", tmp_path)
     (label, _), = drawn
     assert label.endswith("(cut at +-6) (interim)")
+
+
+def test_the_headline_plot_signs_a_lower_is_better_metric_so_that_right_is_the_variant_better(
+        tmp_path, monkeypatch) -> None:
+    """Perplexity: the variant 0.5 lower than the LM (a gain) against a margin of 0.25 is drawn at +2
+    margins, its interval (-0.8, -0.2) at (+0.8, +3.2)."""
+    import kpca_attention.report.forest as forest
+
+    drawn = []
+    monkeypatch.setattr(forest, "forest_plot", lambda rows, path, *a, **k: drawn.extend(rows) or Path(path))
+    cell = {"mean": -0.5, "ci": [-0.8, -0.2], "margin": 0.25, "n": 6, "word": "better"}
+    summary = {"verdicts": {"baseline": "symlm", "cells": {"rpc_symlm": {"ppl/test": cell}},
+                            "metrics": {"ppl/test": {"title": "test ppl", "higher_is_better": False}}}}
+    (tmp_path / "language").mkdir()
+    (tmp_path / "language" / "summary.json").write_text(json.dumps(summary))
+    headline_plot(tmp_path / "h.png", tmp_path)
+    (label, v), = drawn
+    assert label.startswith("rpc_symlm - symlm") and v.mean == pytest.approx(2.0)
+    assert v.ci == pytest.approx((0.8, 3.2))
