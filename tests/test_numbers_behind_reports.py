@@ -588,3 +588,18 @@ def test_causal_masked_metric_uses_only_past_tokens():
     # by hand: query 0 sees token 0 only
     m0 = (v - v_prev).abs()[..., :1, :] / 5.0
     assert torch.allclose(with_mask[..., :1, :], m0 / m0.amax(-1, keepdim=True), atol=1e-6)
+
+
+def test_the_drop_tables_bracket_is_the_variants_drop_minus_the_baselines(tmp_path):
+    """The bracket of "Robustness as the drop from clean" is the mean paired difference variant - baseline
+    of the drops (the quick demo's drops are both 0, so its report could not tell the sign)."""
+    from kpca_attention.tasks.classification.report import ClassificationSections
+
+    sec = ClassificationSections({"suites": {"attacks": []}, "baseline": "sym"}, "images_per_s")
+    sec.slugs, sec.base, sec.keys_ = ["sym", "rpc"], "sym", ["pgd@2"]
+    sec.label, sec.ex = {"sym": "SymViT", "rpc": "RPC"}, {"sym": {}, "rpc": {}}
+    sec.met = {"sym": {0: {"drop:pgd@2": 0.30}, 1: {"drop:pgd@2": 0.20}},
+               "rpc": {0: {"drop:pgd@2": 0.25}, 1: {"drop:pgd@2": 0.10}}}
+    text = "\n".join(sec.sections_before_trace(tmp_path, {}))
+    rpc_row = next(line for line in text.splitlines() if line.startswith("| RPC"))
+    assert "[-7.5]" in rpc_row  # ((25 - 30) + (10 - 20)) / 2 points: RPC drops less
