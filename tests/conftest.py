@@ -64,3 +64,15 @@ def copy_committed() -> Callable[[str, Path], Path]:
                 shutil.copy2(f, target)
         return dst
     return copy
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    """``(study folder, report path)`` of the quick demo study run once per test module (one thread)."""
+    from kpca_attention.studies import quick_demo_study, run_study
+
+    out = tmp_path_factory.mktemp("demo")
+    with torch.inference_mode(False):
+        torch.set_num_threads(1)
+        report = run_study(quick_demo_study(), out, progress=False)
+    return out, report

@@ -383,24 +383,13 @@ def test_cell_text_shows_the_interval_low_then_high():
     )
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from kpca_attention.studies import quick_demo_study, run_study
-
-    out = tmp_path_factory.mktemp("demo")
-    with torch.inference_mode(False):
-        torch.set_num_threads(1)
-        report = run_study(quick_demo_study(), out, progress=False)
-    return out, report
-
-
-def test_paired_cells_are_variant_minus_baseline_from_the_bits(demo):
+def test_paired_cells_are_variant_minus_baseline_from_the_bits(quick_demo):
     import json
 
     from kpca_attention.report.study import load_study_results
     from kpca_attention.robustness.store_format import decode_bits
 
-    out, report = demo
+    out, report = quick_demo
     _, res = load_study_results(out)
     summary = json.loads((out / "summary.json").read_text())
     a, b = res["rpc_symvit"][0], res["symvit"][0]

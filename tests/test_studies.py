@@ -379,15 +379,6 @@ def test_the_clock_in_a_cpu_name_is_not_a_kind_of_machine() -> None:
     assert machine_kind({"cpu": "AMD EPYC", "cpu_capability": "AVX2"}) == machine_kind({"cpu": "AMD EPYC"})
 
 
-@pytest.fixture(scope="module")
-def quick_demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
-    with torch.inference_mode(False):
-        torch.set_num_threads(1)
-        report = run_study(quick_demo_study(), out, progress=False)
-    return out, report
-
-
 def test_demo_report_and_results(quick_demo) -> None:
     out, report = quick_demo
     text = report.read_text()
