@@ -162,6 +162,9 @@ def test_pap_hooks_must_name_a_state_and_masks_no_plus_infinity() -> None:
     mask[..., 0] = float("inf")  # gave an all-zero output
     with pytest.raises(ValueError, match=r"additive attn_mask contains \+inf"):
         pap(k, v, attn_mask=mask)
+    # a mask with a larger batch than the keys broadcasts *with* them (to a larger output), not *to* them
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(2, 1, 5, 5\) does not broadcast to"):
+        pap(k, v, attn_mask=torch.ones(2, 1, 5, 5, dtype=torch.bool))
 
 
 def test_a_model_that_would_see_no_patch_is_refused_when_built() -> None:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ..checks import Bool, Int
 from ..pap import check_options
-from ..pap.inputs import merge_masks
+from ..pap.inputs import broadcasts_to, merge_masks
 from .hooks import HookPoint
 
 __all__ = ["HeadsAttention", "QueryOptionalAttention", "PapOption", "is_proxy", "fresh_or_inplace_add"]
@@ -192,11 +192,7 @@ class HeadsAttention(nn.Module):
         if self.is_key_padding(mask, b, n):
             return
         want = (b, self.num_heads, n, n)
-        try:
-            fits = mask.dim() <= 4 and torch.broadcast_shapes(tuple(mask.shape), want) == torch.Size(want)
-        except RuntimeError:
-            fits = False
-        if not fits:
+        if not broadcasts_to(mask.shape, want):
             padding = ", or a boolean key-padding mask (B, N)" if self.key_padding_masks else ""
             raise ValueError(f"{name}: attn_mask of shape {tuple(mask.shape)} does not broadcast to "
                              f"(B, H, N, N) = {want}{padding}")

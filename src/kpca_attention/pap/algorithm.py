@@ -80,6 +80,7 @@ from .fused import PAPSaved, pap_fused, saves_probabilities
 from .inputs import (
     RPC_OFFICIAL,
     Threshold,
+    broadcasts_to,
     check_options,
     checks_values,
     cpu_float,
@@ -237,11 +238,7 @@ def pap(
             raise ValueError(f"pap: mu must be finite and > 0, got {mu!r}")
         mu_t = torch.as_tensor(mu, dtype=torch.promote_types(k.dtype, torch.float32), device=k.device)
         per_query = (*k.shape[:3], 1)
-        try:
-            fits = mu_t.dim() <= 4 and torch.broadcast_shapes(tuple(mu_t.shape), per_query) == per_query
-        except RuntimeError:
-            fits = False
-        if not fits:
+        if not broadcasts_to(mu_t.shape, per_query):
             raise ValueError(f"pap: mu of shape {tuple(mu_t.shape)} does not broadcast to (B, H, N, 1) = "
                              f"{per_query}")
         if check and (not torch.isfinite(mu_t).all() or (mu_t <= 0).any()):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -18,6 +19,7 @@ from torch import Tensor
 
 __all__ = [
     "RPC_OFFICIAL", "THRESHOLDS", "Threshold", "check_options", "checks_values", "tracing", "visible",
+    "broadcasts_to",
 ]
 
 Threshold = Literal["lambda_mu", "lambda_over_mu"]
@@ -162,6 +164,16 @@ def validate_inputs(k: Tensor, v: Tensor, q: Tensor | None, check: bool) -> None
         _check_finite("q", q)
 
 
+def broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether a tensor of ``shape`` broadcasts to exactly ``target`` (not merely with it: a mask with a
+    larger batch than the keys' broadcasts with them, to a larger output)."""
+    try:
+        return len(shape) <= len(target) and torch.broadcast_shapes(tuple(shape), tuple(target)) == tuple(
+            target)
+    except RuntimeError:
+        return False
+
+
 def normalise_mask(attn_mask: Tensor | None, k: Tensor, check: bool) -> Tensor | None:
     if attn_mask is None:
         return None
@@ -173,15 +185,11 @@ def normalise_mask(attn_mask: Tensor | None, k: Tensor, check: bool) -> Tensor |
                 "mask as (B, 1, 1, N) or a query-key mask as (1, 1, N, N)"
             )
         return attn_mask[:, None, None, :]  # key padding (B, N) -> (B, 1, 1, N)
-    try:
-        if attn_mask.dim() > 4:
-            raise RuntimeError
-        torch.broadcast_shapes(attn_mask.shape, (b, k.shape[1], n, n))
-    except RuntimeError:
+    if not broadcasts_to(attn_mask.shape, (b, k.shape[1], n, n)):
         raise ValueError(
             f"pap: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, N, N) = "
             f"{(b, k.shape[1], n, n)}; a key-padding mask must be boolean (B, N) = {(b, n)}"
-        ) from None
+        )
     if attn_mask.dtype != torch.bool and attn_mask.dtype != k.dtype:
         raise ValueError(f"pap: attn_mask must be bool or {k.dtype}, got {attn_mask.dtype}")
     if check and attn_mask.dtype != torch.bool and torch.isnan(attn_mask).any():

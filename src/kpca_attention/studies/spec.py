@@ -18,6 +18,7 @@ from ..checks import check_slug
 from ..tasks import Task
 from ..tasks import get as get_task
 from ..train import TrainConfig, get_preset
+from ..train.config import PRESETS
 
 __all__ = ["Variant", "Study", "Check", "Margin", "Source", "Leaderboard"]
 
@@ -272,7 +273,8 @@ class Study:
 
     def train_config(self, variant: Variant, seed: int, run_dir: str) -> TrainConfig:
         """The training config of one run."""
-        recipes = (get_preset(self.preset).to_dict(), dict(self.recipe), dict(variant.recipe))
+        # the preset's own entry (get_preset below refuses an unknown name), not a second validated config
+        recipes = (PRESETS.get(self.preset, {}), dict(self.recipe), dict(variant.recipe))
         model_kwargs = {k: v for r in recipes for k, v in (r.get("model_kwargs") or {}).items()}
         opts = {**dict(self.recipe), **dict(variant.recipe), "model": variant.model,
                 "model_kwargs": {**model_kwargs, **dict(variant.kwargs)}, "seed": seed,
