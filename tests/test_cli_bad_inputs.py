@@ -183,6 +183,27 @@ def test_train_refuses_settings_only_another_task_reads(preset, sets, says, tmp_
     assert not (tmp_path / "t").exists()
 
 
+def test_evaluate_refuses_an_option_the_checkpoints_task_does_not_read(run, tmp_path) -> None:
+    """``evaluate --stride 4`` on an image classifier (a run of this project or a timm name) evaluated as if
+    the option were not given; the stride is a language model's sliding window."""
+    says = "--stride 4 applies to the models of task 'lm' (causal language modelling) only"
+    line = _one_line_error(_invoke(["evaluate", run, "--stride", 4, "--subset", 4]), says)
+    assert f"{run} is a model of task 'vision' (image classification)" in line
+    _one_line_error(_invoke(["evaluate", "vit_tiny_patch16_224", "--dataset", "digits", "--stride", 2]),
+                    "--stride 2 applies to the models of task 'lm'")
+    res = _invoke(["evaluate", run, "--stride", 1, "--subset", 4, "--json", tmp_path / "m.json"])
+    assert res.exit_code == 0, res.output
+
+
+def test_unread_options_names_what_a_task_would_ignore() -> None:
+    from kpca_attention.tasks import get, unread_options
+
+    assert unread_options(get("vision"), {"stride": 1}) == []
+    assert unread_options(get("vision"), {"stride": 3}) == ["stride"]
+    assert unread_options(get("lm"), {"stride": 3}) == []
+    assert unread_options(get("lm"), {"window": 3}) == ["window"]  # no task reads it
+
+
 @pytest.mark.parametrize(("key", "says"), [("act_layer", "valid: celu, elu, gelu"),
                                            ("norm_layer", "valid: batchnorm")])
 def test_train_names_timms_layer_names_for_an_unknown_one(key, says, tmp_path) -> None:

@@ -178,6 +178,7 @@ def test_robustness_numeric_options_name_themselves(run, tmp_path, suite, option
     (["--method", "pgd", "--eps", "8/255"], ["--method, --eps only apply to --suite attacks"]),
     (["--suite", "attacks", "--rate", "0.1"], ["--rate only applies to --suite wordswap"]),
     (["--suite", "attacks", "--severities", "1"], ["--severities only applies to --suite corruptions"]),
+    (["--suite", "corruptions", "--stride", "4"], ["--stride only applies to --suite wordswap"]),
 ])
 def test_robustness_refuses_options_of_a_suite_that_does_not_run(run, tmp_path, args, words) -> None:
     """`--method pgd --eps 8/255` without `--suite attacks` used to run the corruptions and no attack."""

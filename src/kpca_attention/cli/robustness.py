@@ -32,7 +32,7 @@ SUITE_OPTIONS: dict[str, dict[str, Any]] = {
     "corruptions": {"corruptions": "common", "severities": "1,2,3,4,5", "imagenet_c": None},
     "attacks": {"method": "fgsm,pgd", "eps": None, "attack_n": None, "steps": None},
     "ood": {"imagenet_a": None, "imagenet_r": None, "imagenet_o": None, "imagenet_val": None},
-    "wordswap": {"lm_splits": "valid,test", "rate": 0.015, "max_tokens": None},
+    "wordswap": {"lm_splits": "valid,test", "rate": 0.015, "max_tokens": None, "stride": 1},
 }
 
 
@@ -113,7 +113,7 @@ def robustness_cmd(
     _refuse_unused(suites, dict(corruptions=corruptions, severities=severities, imagenet_c=imagenet_c, method=method,
                                 eps=eps, attack_n=attack_n, steps=steps, imagenet_a=imagenet_a,
                                 imagenet_r=imagenet_r, imagenet_o=imagenet_o, imagenet_val=imagenet_val,
-                                lm_splits=lm_splits, rate=rate, max_tokens=max_tokens))
+                                lm_splits=lm_splits, rate=rate, max_tokens=max_tokens, stride=stride))
     names = (corruption_names(corruptions) if corruptions in CORRUPTION_SUBSETS
              else parse_list(corruptions, "--corruptions"))
     attack_options: dict[str, dict[str, int]] = {}

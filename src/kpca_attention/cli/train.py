@@ -191,6 +191,11 @@ def evaluate_cmd(
 
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+        from ..tasks import get as get_task
+        from ..tasks.classification import ImageClassification
+        from ..train.evaluate import refuse_unread_options
+
+        refuse_unread_options(get_task(ImageClassification.name), {"stride": stride}, what=checkpoint)
         ref.device = str(resolve_device(device))
         cfg = ref.config
         data = build_image_dataset(dataset, split, root=data_root, img_size=cfg.img_size, subset=subset)

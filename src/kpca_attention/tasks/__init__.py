@@ -28,7 +28,7 @@ from .segmentation import SemanticSegmentation
 
 __all__ = ["Task", "Splits", "Objective", "StudySections", "TASKS", "get", "names", "register",
            "for_settings", "of_model", "of_model_name", "validation_split", "seeded_sample", "has_pap_layers",
-           "unused_settings"]
+           "unused_settings", "unread_options"]
 
 #: name -> task, in the order they are listed
 TASKS: dict[str, Task] = {}
@@ -67,6 +67,15 @@ def get(name: str) -> Task:
         return TASKS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown task {name!r}; valid: {', '.join(TASKS)}") from None
+
+
+def unread_options(task: Task, options: Mapping[str, Any]) -> list[str]:
+    """The names in ``options`` (for :meth:`Task.evaluate_split`) that ``task`` does not read
+    (:attr:`Task.evaluate_options`) and that are set to other than the default of the task that reads them
+    (``--stride 4`` for an image classifier); every name no task reads."""
+    defaults = {k: v for t in TASKS.values() for k, v in t.evaluate_options.items()}
+    return [k for k, v in options.items()
+            if k not in task.evaluate_options and (k not in defaults or v != defaults[k])]
 
 
 def unused_settings(cfg: Any) -> list[str]:

@@ -150,6 +150,10 @@ class Task(ABC):
     #: that changes a field other tasks list and its own does not is refused
     #: (:func:`kpca_attention.tasks.unused_settings`), rather than recorded as if it applied
     config_fields: ClassVar[frozenset[str]] = frozenset()
+    #: the options of :meth:`evaluate_split` this task reads, with their defaults (a language model's
+    #: sliding-window ``stride``); ``evaluate`` refuses an option the checkpoint's task does not read set to
+    #: other than its default (:func:`kpca_attention.tasks.unread_options`), rather than ignore it
+    evaluate_options: ClassVar[Mapping[str, Any]] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -229,9 +233,9 @@ class Task(ABC):
     @abstractmethod
     def evaluate_split(self, model: nn.Module, cfg: Any, split: str, *, subset: int | None,
                        batch_size: int, device: torch.device, progress: bool,
-                       stride: int = 1) -> dict[str, float | int]:
+                       **options: Any) -> dict[str, float | int]:
         """The metrics of a trained ``model`` on ``split`` of its dataset (``kpca-attention evaluate``);
-        counts (tokens, context) as integers."""
+        counts (tokens, context) as integers. ``options``: those of :attr:`evaluate_options`."""
 
     # --- studies ----------------------------------------------------------------------------------
     def check_suites(self, suites: Any) -> None:

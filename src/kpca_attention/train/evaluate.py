@@ -12,13 +12,29 @@ from __future__ import annotations
 from typing import Any
 
 from ..checks import check_choice, check_int
+from ..tasks import TASKS, Task, unread_options
 from ..tasks import get as get_task
 from ..tasks.classification import evaluate_vision
 from ..tasks.language import evaluate_lm
 from ..tasks.segmentation import evaluate_segmentation
 from .config import check_device
 
-__all__ = ["evaluate_vision", "evaluate_lm", "evaluate_segmentation", "evaluate_checkpoint"]
+__all__ = ["evaluate_vision", "evaluate_lm", "evaluate_segmentation", "evaluate_checkpoint",
+           "refuse_unread_options"]
+
+
+def refuse_unread_options(task: Task, options: dict[str, Any], *, what: str) -> None:
+    """A ``ValueError`` for evaluation options that ``task`` does not read set to other than their default
+    (:func:`kpca_attention.tasks.unread_options`), naming the tasks that read them: they would be ignored."""
+    unread = unread_options(task, options)
+    if unread:
+        def readers(k: str) -> str:
+            names = [f"{t.name!r} ({t.title})" for t in TASKS.values() if k in t.evaluate_options]
+            return f"the models of task {' and '.join(names)} only" if names else "no task's models"
+
+        said = "; ".join(f"--{k.replace('_', '-')} {options[k]} applies to {readers(k)}" for k in unread)
+        raise ValueError(f"{said}: {what} is a model of task {task.name!r} ({task.title}); leave "
+                         f"{'it' if len(unread) == 1 else 'them'} out")
 
 
 def evaluate_checkpoint(
@@ -43,7 +59,8 @@ def evaluate_checkpoint(
     Raises:
         ValueError: before the checkpoint is loaded, for a ``split`` other than train / val / valid /
             test, a ``subset``, ``batch_size`` or ``stride`` that is not an integer >= 1 (None: all /
-            the config's ``eval_batch_size``), or a ``device`` other than auto / cpu / cuda."""
+            the config's ``eval_batch_size``), or a ``device`` other than auto / cpu / cuda; before any
+            evaluation, for a ``stride`` other than 1 and a checkpoint that is not a language model's."""
     from .checkpoint import load_model
     from .distributed import resolve_device
 
@@ -61,8 +78,10 @@ def evaluate_checkpoint(
         cfg.data_root = data_root
     bs = cfg.eval_batch_size if batch_size is None else batch_size
     task = get_task(cfg.task)
+    options = {"stride": stride}
+    refuse_unread_options(task, options, what=path)
     metrics = task.evaluate_split(model, cfg, split, subset=subset, batch_size=bs, device=dev,
-                                  progress=progress, stride=stride)
+                                  progress=progress, **{k: options[k] for k in task.evaluate_options})
     used = task.split_name(cfg, split)
     note = {} if used == split else {"split_note": f"{split} asked: this run has no validation split "
                                                    f"(val_size None), so its {split} is the {used} split"}

@@ -136,7 +136,7 @@ class ImageClassification(ImageTask):
         return evaluate_vision(model, loader, device, amp=amp, progress=progress, desc=desc)
 
     def evaluate_split(self, model: nn.Module, cfg: Any, split: str, *, subset: int | None, batch_size: int,
-                       device: torch.device, progress: bool, stride: int = 1) -> dict[str, float]:
+                       device: torch.device, progress: bool) -> dict[str, float]:
         data = self.split_set(cfg, split, subset)
         return evaluate_vision(model, self.loader(data, batch_size, cfg), device, progress=progress,
                                desc=f"evaluate {cfg.dataset}/{split}")

@@ -72,6 +72,7 @@ class CausalLanguageModelling(Task):
     causal = True
     suites_type = LMSuites
     config_fields = frozenset({"context", "vocab"})
+    evaluate_options = {"stride": 1}
 
     def owns(self, model: nn.Module) -> bool:
         from ...models.lm import CausalLM

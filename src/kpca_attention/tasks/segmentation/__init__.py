@@ -117,7 +117,7 @@ class SemanticSegmentation(ImageTask):
                                      amp=amp, progress=progress, desc=desc)
 
     def evaluate_split(self, model: nn.Module, cfg: Any, split: str, *, subset: int | None, batch_size: int,
-                       device: torch.device, progress: bool, stride: int = 1) -> dict[str, float]:
+                       device: torch.device, progress: bool) -> dict[str, float]:
         data = self.split_set(cfg, split, subset)
         return evaluate_segmentation(model, self.loader(data, batch_size, cfg), device,
                                      num_classes=self.data_info(cfg).num_classes, progress=progress,
