@@ -64,5 +64,40 @@ def test_ddp_with_fewer_evaluation_images_than_processes_finishes(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    # with augmentation the 1-channel patch embedding's weight gradient came with other strides on its
+    # size-1 dimension, and DDP warned on every rank; match_grad_layout re-strides it like the weight
+    assert "Grad strides do not match" not in done.stderr, done.stderr[-2000:]
     row = read_csv(out / "epochs.csv")[-1]
     assert row["eval_top1"] in (0.0, 1.0)  # one image, counted once over the two ranks
+
+
+class _OtherStrides(torch.autograd.Function):
+    """``w.sum()`` whose backward writes the gradient with stride 1 on the size-1 dimension, as the
+    convolution's backward did under DDP (strides (16, 1, 4, 1) for a (48, 1, 4, 4) weight)."""
+
+    @staticmethod
+    def forward(ctx, w):
+        return w.sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g * torch.arange(96.0).view(6, 4, 4)).as_strided((6, 1, 4, 4), (16, 1, 4, 1))
+
+
+def test_match_grad_layout_gives_a_size_1_weight_its_own_strides():
+    """Autograd keeps a gradient whose strides differ from its parameter's only on a size-1 dimension (the
+    same memory order), which DDP's reducer warned about; the hook re-strides it like the parameter, values
+    unchanged, and hooks only parameters with a size-1 dimension."""
+    from kpca_attention.train.distributed import match_grad_layout
+
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.zeros(6, 1, 4, 4))
+    model.b = torch.nn.Parameter(torch.zeros(6, 4))
+    _OtherStrides.apply(model.w).backward()
+    raw = model.w.grad
+    assert raw.stride() == (16, 1, 4, 1) != model.w.stride()  # what DDP's reducer warned about
+    model.w.grad = None
+    assert match_grad_layout(model) == 1
+    _OtherStrides.apply(model.w).backward()
+    assert model.w.grad.stride() == model.w.stride()
+    torch.testing.assert_close(model.w.grad, raw, rtol=0, atol=0)

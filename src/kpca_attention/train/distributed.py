@@ -19,7 +19,7 @@ from ..tasks.base import all_reduce_sum
 
 __all__ = [
     "DistInfo", "init_distributed", "cleanup_distributed", "barrier", "all_reduce_sum", "gather_objects",
-    "broadcast_buffers",
+    "broadcast_buffers", "match_grad_layout",
 ]
 
 
@@ -91,6 +91,27 @@ def broadcast_buffers(model: torch.nn.Module) -> None:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         for b in model.buffers():
             dist.broadcast(b, src=0)
+
+
+def match_grad_layout(model: torch.nn.Module) -> int:
+    """Give each gradient of a parameter with a size-1 dimension its parameter's strides; returns how many
+    parameters got the hook.
+
+    Where a dimension has size 1 its stride says nothing about the memory order, and a convolution's
+    backward writes another one than the parameter's (the 1-channel patch embedding: grad strides
+    (16, 1, 4, 1), weight (16, 16, 4, 1)). Autograd accepts such a gradient as laid out like its parameter,
+    DDP's reducer compares strides exactly and warns on every rank ("Grad strides do not match bucket view
+    strides"); the hook re-strides the gradient (a copy of a small weight's gradient only where they
+    differ), so the warning is left for real layout mismatches."""
+    hooked = 0
+    for p in model.parameters():
+        if p.requires_grad and 1 in p.shape:
+            def restride(g: torch.Tensor, p: torch.Tensor = p) -> torch.Tensor:
+                return g if g.stride() == p.stride() else torch.empty_like(p).copy_(g)
+
+            p.register_hook(restride)
+            hooked += 1
+    return hooked
 
 
 def gather_objects(obj: Any) -> list[Any]:

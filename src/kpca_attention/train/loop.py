@@ -34,6 +34,7 @@ from .distributed import (
     cleanup_distributed,
     gather_objects,
     init_distributed,
+    match_grad_layout,
 )
 from .logger import MetricLogger, read_csv
 from .rundir import RESUMABLE_CHANGES, RunDir
@@ -225,6 +226,7 @@ class _Trainer:
 
         net: nn.Module = model
         if dist.distributed:
+            match_grad_layout(model)  # no stride warning from DDP for the 1-channel patch embedding
             net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
         # the training steps' module: compiled (cfg.compile) or the same; evaluation uses the unwrapped model
         step_net: nn.Module = torch.compile(net) if cfg.compile else net
