@@ -326,6 +326,18 @@ def _evaluate_source(study: Study, variant: Variant, out: Path, runs: Path, *, p
     return store.path
 
 
+def _stop_on_sigterm() -> None:
+    """A worker process's initializer: SIGTERM (the study stopping its runs) raises ``KeyboardInterrupt``, so
+    the run unwinds as on Ctrl-C - its data loader and locks released, its semaphores unregistered - rather
+    than dying where it stands (the resource tracker then warned of leaked semaphores)."""
+    import signal
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def _worker(args: tuple[Study, str, int, str, str, str | None, bool, bool, int | None]) -> str:
     study, slug, seed, out, runs, device, cache, any_machine, loader_workers = args
     return str(run_one(study, slug, seed, out, runs, progress=False, threads=1, device=device, cache=cache,
@@ -511,7 +523,8 @@ def run_study(
         # one thread each, OpenMP waiting passively: set before the workers start their runtimes
         os.environ["OMP_NUM_THREADS"] = "1"
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
+                                 initializer=_stop_on_sigterm) as pool:
             try:
                 futures = [pool.submit(_worker, (study, v.slug, s, str(out), str(runs), device, cache,
                                                  any_machine, loader_workers)) for v, s in todo]
