@@ -76,6 +76,12 @@ def test_eps_and_intervals():
     assert parse_eps("4/255") == (pytest.approx(4 / 255), "4/255")
     assert parse_eps(8 / 255) == (pytest.approx(8 / 255), "8/255")
     assert parse_eps(0.5) == (0.5, "0.5")
+    # one text per budget however it was typed (RobustBench's k/255 for Linf), and never one for two
+    assert parse_eps("16/510")[1] == parse_eps(" 8/255")[1] == parse_eps(8 / 255)[1] == "8/255"
+    assert parse_eps("0.50", "L2") == parse_eps("1/2", "L2") == (0.5, "0.5")
+    assert parse_eps(1.0, "L2") == (1.0, "1.0") and parse_eps(0.2, "L2")[1] == "0.2"  # not 51/255 for L2
+    assert parse_eps("0.0313725")[1] == "0.0313725" != parse_eps("8/255")[1]  # another budget
+    assert parse_eps(0.03137254)[1] != parse_eps(0.0313725)[1]  # "%g" gave both "0.0313725"
     for bad in ("four", "-1/255", "0", True, "1e309"):  # 1e309: no float (an OverflowError before)
         with pytest.raises(ValueError, match="eps"):
             parse_eps(bad)

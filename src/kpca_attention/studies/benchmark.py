@@ -69,23 +69,28 @@ CHECK_IMAGES = 200
 NORMALISATION_MARGIN = 0.2
 
 
-def parse_eps(eps: Any) -> tuple[float, str]:
-    """``(value, text)`` of a budget: ``"4/255"``, ``"0.5"``, ``0.0157`` -> (float, as written / k/255)."""
+def parse_eps(eps: Any, norm: str = "Linf") -> tuple[float, str]:
+    """``(value, text)`` of a budget given as a number or a fraction (``"4/255"``, ``"0.5"``, ``0.0157``).
+
+    The text is RobustBench's and one per budget, however it was typed: an Linf budget that is a whole
+    number of grey levels is ``k/255`` (``"16/510"``, ``8 / 255`` -> ``"8/255"``), any other budget the
+    shortest decimal that reads back as the same float (``"0.50"`` -> ``"0.5"``), so two budgets never share a
+    text (the benchmark's folder, the leaderboard's table) and one budget never gets two."""
     if isinstance(eps, str):
         try:
             value = float(Fraction(eps.strip()))
         except (ValueError, ZeroDivisionError, OverflowError):  # 1e309: no float
             raise ValueError(f"eps must be a number or a fraction such as 4/255, got {eps!r}") from None
-        text = eps.strip()
     elif isinstance(eps, (int, float)) and not isinstance(eps, bool):
         value = float(eps)
-        k = value * 255
-        text = f"{round(k)}/255" if abs(k - round(k)) < 1e-6 and k >= 1 else f"{value:g}"
     else:
         raise ValueError(f"eps must be a number or a fraction such as 4/255, got {eps!r}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"eps must be a finite budget > 0, got {eps!r}")
-    return value, text
+    k = value * 255
+    if norm == "Linf" and k >= 1 and abs(k - round(k)) < 1e-6:
+        return value, f"{round(k)}/255"
+    return value, repr(value)
 
 
 def wilson_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -246,12 +251,12 @@ def benchmark(
     if eps is not None:  # a bad budget is refused before the model is loaded
         if threat_model == "corruptions":
             raise ValueError("--eps is a budget of the Linf and L2 threat models: corruptions take none")
-        check_pixel_budget(threat_model, parse_eps(eps)[0], "--eps")
+        check_pixel_budget(threat_model, parse_eps(eps, threat_model)[0], "--eps")
     dev = resolve_device(device)
     net, ds_name, info = _resolve(model, dataset, dev)
     default = ROBUSTBENCH_EPS.get((ds_name, threat_model), DEFAULT_EPS.get(threat_model))
     eps_value, eps_text = (None, None) if threat_model == "corruptions" else parse_eps(
-        default if eps is None else eps)
+        default if eps is None else eps, threat_model)
     gradient_free = adaptive_layers(net)
     if gradient_free and adaptive is None and threat_model != "corruptions":
         more = f" and {len(gradient_free) - 1} more layers" if len(gradient_free) > 1 else ""
