@@ -213,6 +213,7 @@ def test_language_model_trains_and_reloads_with_its_vocabulary(tmp_path):
     assert all(type(out[k]) is int for k in ("tokens", "stride", "context"))
 
 
+@pytest.mark.filterwarnings("ignore:repeated_aug=3 is not applied")  # one process: DeiT's repeats need DDP
 def test_deit_recipe_runs_on_an_image_folder(tmp_path):
     """The DeiT preset end to end on a tiny ImageFolder tree: timm's RandAugment + random erasing
     transform, Mixup/CutMix with SoftTargetCrossEntropy, drop path, EMA, per-epoch lr schedule."""
@@ -306,6 +307,10 @@ def test_repeated_augmentation_shuffles_by_seed_and_epoch():
                       RepeatAugSampler)
     assert order(0, 0) == order(0, 0) and order(0, 0) != order(0, 1)
     assert order(0, 0) != order(1, 0) and order(0, 1) != order(1, 1)
+    # one process: not applied (as timm's train.py), and said - the DeiT preset sets repeated_aug 3
+    with pytest.warns(UserWarning, match="repeated_aug=3 is not applied: .* this run has one"):
+        one = _base_sampler(data, get_preset("digits-cpu", output_dir="x", repeated_aug=3), DistInfo())
+    assert not isinstance(one, RepeatAugSampler)
 
 
 def test_resume_from_another_run_needs_an_empty_output_directory(tmp_path, monkeypatch):

@@ -183,7 +183,7 @@ class TrainConfig:
     augment: bool = True  # the dataset's training transform (small images: padded crop + flip)
     hflip: float = 0.5
     train_interpolation: str = "bicubic"
-    repeated_aug: int = 0  # timm RepeatAugSampler repeats (used only when world size > 1, as DeiT)
+    repeated_aug: int = 0  # timm RepeatAugSampler repeats (only when world size > 1, as timm; else a warning)
     model_ema: bool = False
     model_ema_decay: float = 0.99996
     # --- language model -----------------------------------------------------------------------

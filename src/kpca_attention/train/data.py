@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -225,6 +226,10 @@ def _repeat_aug_sampler(train_set: Dataset, cfg: TrainConfig, dist: DistInfo) ->
 def _base_sampler(train_set: Dataset, cfg: TrainConfig, dist: DistInfo) -> Sampler:
     if dist.distributed and cfg.repeated_aug > 1:
         return _repeat_aug_sampler(train_set, cfg, dist)
+    if cfg.repeated_aug > 1:  # as timm's train.py: repeats are spread over processes, so one has none
+        warnings.warn(f"repeated_aug={cfg.repeated_aug} is not applied: repeated augmentation (timm's "
+                      "RepeatAugSampler) runs with more than one process (torchrun), and this run has one",
+                      stacklevel=2)
     # DistributedSampler also in one process: epoch-seeded shuffling with our seed.
     return DistributedSampler(train_set, num_replicas=dist.world_size, rank=dist.rank,
                               shuffle=True, seed=cfg.seed, drop_last=True)
