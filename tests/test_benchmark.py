@@ -100,7 +100,9 @@ def test_benchmark_linf_writes_a_robustbench_json_and_reuses_its_items(net, tmp_
     for field in ("name", "clean_acc", "autoattack_acc", "eps", "threat_model", "dataset", "reported"):
         assert field in rec
     assert (rec["eps"], rec["threat_model"], rec["protocol"]) == ("64/255", "Linf", "pixel")
-    assert rec["reported"] is False
+    # RobustBench's fields: "reported" is a paper's robust accuracy as a string (none here: ""), the note on
+    # how far the record lines up with RobustBench's leaderboard is its "footnote"
+    assert rec["reported"] == "" and "not a RobustBench threat model (digits, Linf)" in rec["footnote"]
     assert rec["image_ids_sha256"] == image_ids_sha256("digits") and rec["n"] == 6
     assert float(rec["autoattack_acc"]) <= float(rec["clean_acc"])
     lo, hi = rec["clean_acc_interval"]

@@ -4,8 +4,10 @@ RobustBench's conventions (github RobustBench/robustbench): the model takes imag
 normalises inside; threat models ``Linf``, ``L2`` (AutoAttack ``standard`` - APGD-CE, APGD-T, FAB-T,
 Square - or ``rand`` for randomised defences) and ``corruptions`` (the 15 common corruptions at
 severities 1-5); a fixed, published subset of test images; one JSON per model with ``clean_acc``,
-``autoattack_acc`` or ``corruptions_acc`` / ``corruptions_mce``, ``eps``, ``threat_model``, ``dataset`` and
-``reported`` (false: measured here), and ``autoattack_robust_after``: the robust accuracy after each of
+``autoattack_acc`` or ``corruptions_acc`` / ``corruptions_mce``, ``eps``, ``threat_model``, ``dataset``,
+``reported`` (RobustBench's field for the robust accuracy a paper reported, as a string: ``""``, every
+number here is measured) and ``footnote`` (how far the record lines up with RobustBench's leaderboard),
+and ``autoattack_robust_after``: the robust accuracy after each of
 AutoAttack's attacks as AutoAttack reports it (``clean`` first; absent for results stored before it was
 recorded) with ``flags``: signs of gradient masking read from it (:func:`autoattack_flags`). The images here
 are the first ``n`` of the dataset's committed list
@@ -305,9 +307,9 @@ def benchmark(
     record: dict[str, Any] = {
         "name": name, "link": "", "authors": "", "additional_data": False, "number_forward_passes": 1,
         "dataset": ds_name, "venue": "", "architecture": info["architecture"], "eps": eps_text,
-        "reported": False, "threat_model": threat_model, "n": n, "protocol": "pixel",
+        "reported": "", "threat_model": threat_model, "n": n, "protocol": "pixel",
         "image_ids": ids_path(ds_name).name, "image_ids_sha256": image_ids_sha256(ds_name),
-        "robustbench": _robustbench_note(ds_name, threat_model, eps_text),
+        "footnote": _robustbench_note(ds_name, threat_model, eps_text),
         "interval": "95% (Wilson over images; corruptions: bootstrap over images)",
         "checks": {f"top1_{k}": round(100 * v, 2) for k, v in checks.items()},
     }

@@ -18,11 +18,11 @@ budget, protocol and evaluation - with one row per (study, variant), sorted by r
 A run whose store lacks items its study's settings ask for (a run in progress) is left out, so the
 page changes only when runs finish. Numbers are means over the seeds present; the 95 % interval is a t
 interval over seeds when there are two or more, else a Wilson interval over the images of the one run
-(the table says which). Clean accuracy is on the same images. Everything is measured
-(``reported: false``); attacks under the ``lab`` protocol get their own tables, never mixed with
-``pixel`` ones, and so do attacks run with other settings (each table and row names them, from
-:func:`~kpca_attention.robustness.attacks.attack_settings`). Studies of other tasks (segmentation,
-language) have no RobustBench threat model and are listed as skipped.
+(the table says which). Clean accuracy is on the same images. Everything is measured (``reported``
+is ``""``, RobustBench's way of saying no paper reported the number); attacks under the ``lab`` protocol
+get their own tables, never mixed with ``pixel`` ones, and so do attacks run with other settings (each table
+and row names them, from :func:`~kpca_attention.robustness.attacks.attack_settings`). Studies of other tasks
+(segmentation, language) have no RobustBench threat model and are listed as skipped.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ list, the worst-case and corruption tables on each study's seeded draw: two tabl
 different images. A `benchmark/` row is named by its JSON (`rpc-seeds-vit-s0`: a model benchmarked under
 that name, not necessarily the study's own run of that seed; docs/robustness.md says which). Mean over the
 seeds listed; 95 % interval: t over seeds (2+ seeds) or Wilson over images (1 seed). All numbers are
-measured here (`reported: false`), attacks in pixel space (images in [0, 1], eps in pixel units) unless a
+measured here (`reported` is empty: no number a paper reported), attacks in pixel space (images in [0, 1],
+eps in pixel units) unless a
 table says `lab`; each table names its attacks' settings, and runs whose settings differ are never pooled
 in one table. Models are small and trained on CPU budgets: read the rows as comparisons within a study, not
 as results next to RobustBench's. The order is not a verdict: rows of different studies are different
@@ -245,7 +246,7 @@ def leaderboard_rows(results: str | os.PathLike, *,
                     "robust_acc": round(100 * float(np.mean(rob)), 2),
                     "robust_acc_interval": [round(100 * lo, 2), round(100 * hi, 2)], "interval": how,
                     "n": int(len(first["robust"])), "attacks": first["attacks"],
-                    "attack_settings": first["settings"], "left_out": first["left_out"], "reported": False})
+                    "attack_settings": first["settings"], "left_out": first["left_out"], "reported": ""})
         # a study with no finished run yet is not mentioned: its folder may exist in one checkout (runs in
         # progress) and not in another, and the page must be the same in both
     _benchmarks(Path(results) / "benchmark", tables)
@@ -278,7 +279,7 @@ def _benchmarks(folder: Path, tables: dict[tuple, list[dict[str, Any]]]) -> None
             "interval": f"{'Wilson' if aa else 'bootstrap'}, {r['n']} images", "n": r["n"],
             "attacks": [], "attack_settings": _autoattack_settings(
                 r.get("version", "standard"), r["threat_model"], _n_classes(r["dataset"])) if aa else "",
-            "left_out": [], "reported": False})
+            "left_out": [], "reported": ""})
 
 
 def _checked_benchmark(path: Path, r: Mapping[str, Any], folder: Path, field: str) -> None:
