@@ -108,6 +108,7 @@ def test_benchmark_linf_writes_a_robustbench_json_and_reuses_its_items(net, tmp_
     lo, hi = rec["clean_acc_interval"]
     assert lo <= float(rec["clean_acc"]) <= hi
     assert rec["checks"]["top1_given"] > 80  # the known batch: a trained model
+    assert rec["checks"]["images"] == 200  # the checks say on how many images they were measured
     assert rec["flags"] == []  # Square broke nothing the gradient attacks left
     store = ResultStore(tmp_path / "results" / "mlp.json")
     items = store.items()
@@ -142,6 +143,7 @@ def test_benchmark_corruptions(net, tmp_path):
     rec = benchmark(good, dataset="digits", threat_model="corruptions", n=2, out=tmp_path, name="mlp",
                     **QUIET)
     assert rec["eps"] is None and rec["corruptions_mce"] is None  # mCE is AlexNet's, ImageNet only
+    assert "protocol" not in rec  # pixel or lab units scale an attack's budget; a corruption has none
     assert 0 <= float(rec["corruptions_acc"]) <= 100
     assert (tmp_path / "digits" / "corruptions" / "mlp.json").exists()
     items = ResultStore(tmp_path / "results" / "mlp.json")._items

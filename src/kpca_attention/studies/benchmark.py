@@ -307,12 +307,14 @@ def benchmark(
     record: dict[str, Any] = {
         "name": name, "link": "", "authors": "", "additional_data": False, "number_forward_passes": 1,
         "dataset": ds_name, "venue": "", "architecture": info["architecture"], "eps": eps_text,
-        "reported": "", "threat_model": threat_model, "n": n, "protocol": "pixel",
+        "reported": "", "threat_model": threat_model, "n": n,
         "image_ids": ids_path(ds_name).name, "image_ids_sha256": image_ids_sha256(ds_name),
         "footnote": _robustbench_note(ds_name, threat_model, eps_text),
         "interval": "95% (Wilson over images; corruptions: bootstrap over images)",
-        "checks": {f"top1_{k}": round(100 * v, 2) for k, v in checks.items()},
+        "checks": {"images": len(known), **{f"top1_{k}": round(100 * v, 2) for k, v in checks.items()}},
     }
+    if threat_model != "corruptions":  # attacks in pixel units; a corruption has no budget to scale
+        record["protocol"] = "pixel"
     try:
         if threat_model == "corruptions":
             record.update(_corruptions(net, Subset(test_set, ids), store, base_key, ds_name, batch_size,
