@@ -444,3 +444,42 @@ def test_a_link_inside_out_does_not_carry_the_json_out(net, tmp_path):
     with pytest.raises(ValueError, match="the benchmark JSON .* would write outside the output folder"):
         benchmark(good, dataset="digits", n=4, eps="64/255", out=tmp_path / "out", name="mlp", **QUIET)
     assert not any((tmp_path / "elsewhere").rglob("*")) and not (tmp_path / "out" / "results").exists()
+
+
+def test_autoattack_s_repeated_warnings_reach_the_user_once_each() -> None:
+    """pyautoattack warns of zero-gradient points for every batch and restart (the robustbench review
+    counted 18 lines for one condition): each kind of warning is shown once, then one line says how many
+    repeats were left out; progress records are still read, and a warning of another kind still shows."""
+    import logging
+
+    from kpca_attention.robustness.autoattack_log import robust_after_each_attack, run_autoattack
+
+    class FakeAutoAttack:
+        verbose, attacks_to_run = False, ["apgd-ce"]
+
+        def run_standard_evaluation(self, x, y, batch_size):
+            log = logging.getLogger("auto-attack")
+            log.debug("initial accuracy: 50.00%")
+            for n in (3, 5, 1):
+                log.warning(f"there are {n} points with zero gradient! This might lead to unreliable results")
+            log.warning("it seems to be a randomized defense! Please use version=\"rand\".")
+            log.debug("robust accuracy after APGD-CE: 25.00%")
+            return (x,)
+
+    shown: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: shown.append(record.getMessage())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with robust_after_each_attack() as after:
+            run_autoattack(FakeAutoAttack(), torch.zeros(4, 1), torch.zeros(4), batch_size=4)
+    finally:
+        root.removeHandler(handler)
+    assert after.counts == {"clean": 2, "apgd-ce": 1} and after.images == 4
+    assert [m for m in shown if "zero gradient" in m and "more time" not in m] == [
+        "there are 3 points with zero gradient! This might lead to unreliable results"]
+    assert sum("randomized defense" in m for m in shown) == 1
+    (summary,) = [m for m in shown if "more time" in m]
+    assert "'there are 3 points with zero gradient!" in summary
+    assert "2 more times in this evaluation" in summary

@@ -7,6 +7,9 @@ and, inside :func:`robust_after_each_attack`, reads those records into a :class:
 of images still robust after each attack, summed over every AutoAttack run in the block (a benchmark runs
 one per chunk of images). The records are read, never shown: a filter on the logger keeps its debug
 output away from the user's handlers, and the logger's level and the object's ``verbose`` are restored.
+Its warnings (a randomised model, points with zero gradient) reach the user once per evaluation each: it
+repeats them for every batch and restart (18 times for one condition), so a repeat - the same words with
+other numbers - is dropped and counted, and one line after the evaluation says how many were.
 """
 
 from __future__ import annotations
@@ -59,16 +62,24 @@ def robust_after_each_attack() -> Iterator[RobustAfter]:
 
 class _Reader(logging.Filter):
     """Takes AutoAttack's progress records (debug level) into ``seen`` and drops them; passes the rest
-    (its warnings about randomised or gradient-masking models) on to the user's handlers."""
+    (its warnings about randomised or gradient-masking models) on to the user's handlers, each kind once:
+    a repeat (the same words, other numbers) is counted in ``repeats``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: dict[str, float] = {}
+        self.repeats: dict[str, int] = {}  # first message of a kind -> repeats dropped
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.DEBUG:
-            return True
         message = record.getMessage()
+        if record.levelno > logging.DEBUG:
+            kind = re.sub(r"[0-9.]+", "#", message)
+            first = next((m for m in self.repeats if re.sub(r"[0-9.]+", "#", m) == kind), None)
+            if first is None:
+                self.repeats[message] = 0
+                return True
+            self.repeats[first] += 1
+            return False
         if (m := _INITIAL.match(message)) is not None:
             self.seen["clean"] = float(m.group(1)) / 100
         elif (m := _AFTER.match(message)) is not None:
@@ -94,6 +105,11 @@ def run_autoattack(aa: Any, x: Tensor, y: Tensor, batch_size: int) -> Tensor:
         aa.verbose = verbose
         logger.setLevel(level)
         logger.removeFilter(reader)
+    for first, k in reader.repeats.items():
+        if k:
+            logger.warning("AutoAttack gave the warning %r %d more time%s in this evaluation (other batches "
+                           "and restarts; not shown)", first[:80] + ("..." if len(first) > 80 else ""), k,
+                           "s" if k > 1 else "")
     n = len(y)
     counts, left = {}, n
     for name in ["clean", *aa.attacks_to_run]:
