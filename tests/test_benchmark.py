@@ -3,8 +3,10 @@ AutoAttack suite, and the one-line refusals of wrongly wired models."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import logging
 
 import pytest
 import torch
@@ -34,6 +36,20 @@ from kpca_attention.tasks.classification.suites import (
 torch.set_num_threads(1)
 INFO = dataset_info("digits")
 QUIET = {"log": lambda m: None}
+
+
+@contextlib.contextmanager
+def root_log_messages():
+    """The messages of every record that reaches the root logger's handlers inside the block."""
+    shown: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: shown.append(record.getMessage())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield shown
+    finally:
+        root.removeHandler(handler)
 
 
 @pytest.fixture(scope="module")
@@ -358,21 +374,12 @@ def test_autoattack_reports_its_robust_accuracy_after_each_attack(net, digits, t
     # logs it: the benchmark reads it (run_autoattack), sums it over the chunks and writes it, and its last
     # number is the robust accuracy the per-image results give; nothing of AutoAttack's verbose log reaches
     # the user's handlers, and the logger and the object are left as they were
-    import logging
-
     from kpca_attention.robustness.autoattack_log import robust_after_each_attack
 
     good = NormalizedModel(net, INFO.mean, INFO.std).eval()
-    shown: list[str] = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = lambda record: shown.append(record.getMessage())
-    root = logging.getLogger()
-    root.addHandler(handler)
-    try:
+    with root_log_messages() as shown:
         rec = benchmark(good, dataset="digits", n=20, eps="16/255", out=tmp_path, name="mlp", batch_size=8,
                         **QUIET)
-    finally:
-        root.removeHandler(handler)
     after = rec["autoattack_robust_after"]
     assert list(after) == ["clean", "apgd-ce", "apgd-t", "fab-t", "square"]
     values = [float(v) for v in after.values()]
@@ -450,8 +457,6 @@ def test_autoattack_s_repeated_warnings_reach_the_user_once_each() -> None:
     """pyautoattack warns of zero-gradient points for every batch and restart (the robustbench review
     counted 18 lines for one condition): each kind of warning is shown once, then one line says how many
     repeats were left out; progress records are still read, and a warning of another kind still shows."""
-    import logging
-
     from kpca_attention.robustness.autoattack_log import robust_after_each_attack, run_autoattack
 
     class FakeAutoAttack:
@@ -466,16 +471,8 @@ def test_autoattack_s_repeated_warnings_reach_the_user_once_each() -> None:
             log.debug("robust accuracy after APGD-CE: 25.00%")
             return (x,)
 
-    shown: list[str] = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = lambda record: shown.append(record.getMessage())
-    root = logging.getLogger()
-    root.addHandler(handler)
-    try:
-        with robust_after_each_attack() as after:
-            run_autoattack(FakeAutoAttack(), torch.zeros(4, 1), torch.zeros(4), batch_size=4)
-    finally:
-        root.removeHandler(handler)
+    with root_log_messages() as shown, robust_after_each_attack() as after:
+        run_autoattack(FakeAutoAttack(), torch.zeros(4, 1), torch.zeros(4), batch_size=4)
     assert after.counts == {"clean": 2, "apgd-ce": 1} and after.images == 4
     assert [m for m in shown if "zero gradient" in m and "more time" not in m] == [
         "there are 3 points with zero gradient! This might lead to unreliable results"]
