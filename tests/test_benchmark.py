@@ -480,3 +480,24 @@ def test_autoattack_s_repeated_warnings_reach_the_user_once_each() -> None:
     (summary,) = [m for m in shown if "more time" in m]
     assert "'there are 3 points with zero gradient!" in summary
     assert "2 more times in this evaluation" in summary
+
+
+def test_the_leaderboard_refuses_a_benchmark_json_whose_architecture_was_edited(net, tmp_path):
+    """The architecture is in every item's key: a JSON that names another architecture than its sealed
+    per-image results (an edit - the numbers were already bound) is refused, the true one is listed."""
+    from kpca_attention.studies.leaderboard import leaderboard_rows
+
+    good = NormalizedModel(net, INFO.mean, INFO.std).eval()
+    rec = benchmark(good, dataset="digits", n=6, eps="64/255", out=tmp_path / "results" / "benchmark",
+                    name="mlp", **QUIET)
+    keys = [r["key"] for r in ResultStore(tmp_path / "results" / "benchmark" / "results" / "mlp.json")
+            .records().values()]
+    assert {k["architecture"] for k in keys} == {"NormalizedModel"} == {rec["architecture"]}
+    tables, _ = leaderboard_rows(tmp_path / "results")
+    (row,) = tables[("digits", "Linf", "64/255", "pixel", "AutoAttack standard")]
+    assert row["model"] == "NormalizedModel"
+    path = tmp_path / "results" / "benchmark" / "digits" / "Linf" / "64_255" / "mlp.json"
+    path.write_text(json.dumps({**rec, "architecture": "WideResNet-70-16"}))
+    with pytest.raises(ValueError, match=r"architecture 'WideResNet-70-16' but its sealed per-image "
+                                         r"results .* are of NormalizedModel: the JSON was edited"):
+        leaderboard_rows(tmp_path / "results")

@@ -302,8 +302,9 @@ def benchmark(
     tmp = None if out is not None else tempfile.TemporaryDirectory()
     root = Path(out) if out is not None else Path(tmp.name)  # type: ignore[union-attr]
     store = ResultStore(output_path(root, "results", f"{name}.json", what="name"))
-    base_key = {"weights": weights, "dataset": ds_name, "img_size": info.get("img_size"),
-                "split": "test"}
+    # the architecture is part of every item's key, so the leaderboard can check a JSON's against them
+    base_key = {"weights": weights, "architecture": info["architecture"], "dataset": ds_name,
+                "img_size": info.get("img_size"), "split": "test"}
     record: dict[str, Any] = {
         "name": name, "link": "", "authors": "", "additional_data": False, "number_forward_passes": 1,
         "dataset": ds_name, "venue": "", "architecture": info["architecture"], "eps": eps_text,

@@ -285,7 +285,8 @@ def _benchmarks(folder: Path, tables: dict[tuple, list[dict[str, Any]]]) -> None
 def _checked_benchmark(path: Path, r: Mapping[str, Any], folder: Path, field: str) -> None:
     """Refuse (one ValueError line naming ``path``) a benchmark JSON ``r`` whose numbers - ``n``, the clean
     accuracy, ``field`` (``autoattack_acc`` / ``corruptions_acc``) and their intervals - are not what its
-    sealed per-image results ``<folder>/results/<name>.json`` give, computed as the rows of the studies
+    sealed per-image results ``<folder>/results/<name>.json`` give, or whose dataset or architecture (where
+    the items' keys record one) are not theirs, computed as the rows of the studies
     are (:func:`_threats`, :func:`_interval`: the benchmark's own Wilson interval and bootstrap over images);
     a JSON without that file, or with an unsealed one, is refused too."""
     from ..io import output_path
@@ -300,10 +301,17 @@ def _checked_benchmark(path: Path, r: Mapping[str, Any], folder: Path, field: st
     if not store.sealed:
         raise ValueError(f"{path}: its per-image results {store_path} are not sealed: run "
                          f"`kpca-attention results seal {store_path.parent}` first")
-    datasets = {rec["key"].get("dataset") for rec in store.records().values() if isinstance(rec["key"], dict)}
+    keys = [rec["key"] for rec in store.records().values() if isinstance(rec["key"], dict)]
+    datasets = {k.get("dataset") for k in keys}
     if r.get("dataset") not in datasets:
         raise ValueError(f"{path}: dataset {r.get('dataset')!r} but its sealed per-image results "
                          f"{store_path} are on {', '.join(sorted(map(str, datasets))) or 'no dataset'}")
+    # results stored before 2026-11-30 afternoon have no architecture in their keys: nothing to check it by
+    architectures = {k["architecture"] for k in keys if "architecture" in k}
+    if architectures and r.get("architecture") not in architectures:
+        raise ValueError(f"{path}: architecture {r.get('architecture')!r} but its sealed per-image results "
+                         f"{store_path} are of {', '.join(sorted(map(str, architectures)))}: the JSON was "
+                         "edited, or is another run's - restore it or run `kpca-attention benchmark` again")
     try:
         threats = _threats({"suites": {}}, store.items(), _n_classes(r.get("dataset")))
     except KeyError as e:
