@@ -34,6 +34,15 @@ def case_mask(case: str, n: int, keep: int) -> Tensor | None:
     return mask
 
 
+def finite_bias_mask(n: int, seed: int = 3) -> Tensor:
+    """A float mask (1, 1, n, n) of finite additive biases (ALiBi-like, float64) that also hides the last key
+    (-inf): a mechanism must add the biases to its logits, not only honour the hidden key."""
+    g = torch.Generator().manual_seed(seed)
+    bias = torch.randn(1, 1, n, n, dtype=torch.float64, generator=g) * 2.0
+    bias[..., -1] = float("-inf")
+    return bias
+
+
 def assert_stack_matches(layers: Sequence[nn.Module], xs: Sequence[Tensor], reference: Callable[..., list],
                          mask: Tensor | None = None, causal: bool = False) -> None:
     """Every layer's output of :func:`run_stack` equals ``reference(layers, xs, mask, causal)``'s, with

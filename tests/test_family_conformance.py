@@ -115,3 +115,26 @@ def test_a_mask_with_is_causal_applies_both_in_every_layer(mech: str, kind: str)
         keep, both = (torch.zeros(6, 6).masked_fill(~m, float("-inf")) for m in (keep, both))
     with torch.no_grad():
         torch.testing.assert_close(layer(x, attn_mask=keep, is_causal=True), layer(x, attn_mask=both))
+
+
+# ---- third mutation review (2026-11-30): each test fails on a mutant no earlier test caught
+def test_layer_classes_default_to_the_documented_vision_options():
+    """A layer built from its class alone (the public constructor) has the registry's vision options,
+    which are the documented ones: NeuTRENO lam 0.6, Elliptical without gradient through m, RKDE with the
+    paper's norm, RVT W_p starting at 0 (sigmoid 0.5), PID kp 0.6 / ki 0.1 / kd 0.1."""
+    from kpca_attention.attention import get_mechanism
+
+    documented = {
+        "neutreno": {"lam": 0.6},
+        "pid": {"kp": 0.6, "ki": 0.1, "kd": 0.1},
+        "elliptical": {"delta": 5.0, "attenuation": 1e-3, "median": False, "differentiable": False},
+        "rkde": {"loss": "huber", "a": 0.2, "n_iter": 1, "official_norm": False},
+        "rvt": {"num_prefix_tokens": 1, "resize": "interpolate", "init": 0.0},
+    }
+    for name, want in documented.items():
+        mech = get_mechanism(name)
+        assert mech.options("vision") == want, name
+        layer = mech.cls(8, 2, **({"num_tokens": 5} if name == "rvt" else {}))
+        assert {k: getattr(layer, k) for k in want} == want, name
+    assert get_mechanism("neutreno").options("lm") == {"lam": 0.4}
+    assert get_mechanism("pid").options("lm")["kp"] == 0.4

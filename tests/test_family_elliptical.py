@@ -146,3 +146,35 @@ def test_first_layer_plain_and_defaults() -> None:
 @pytest.mark.parametrize("name", ["elliptical_lm", "elliptical_symlm"])
 def test_causal_lm_has_no_leak_from_the_future(name: str) -> None:
     assert_no_leak_from_the_future(causal_lm(name, n_layer=3), n=12, t=5)
+
+
+# ---- third mutation review (2026-11-30): each test fails on a mutant no earlier test caught
+def test_elliptical_built_without_options_passes_no_gradient_through_the_metric():
+    """The documented default (official code): m is computed without gradient, so the first layer's
+    input reaches the second layer's output only through m, and gets no gradient."""
+    from kpca_attention.attention import EllipticalAttention
+
+    torch.manual_seed(0)
+    layers = [EllipticalAttention(12, 3, qkv_bias=True).double() for _ in range(2)]
+    x0, x1 = (torch.randn(2, 6, 12, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    _, state = layers[0](x0, state={})
+    out, _ = layers[1](x1, state=state)
+    out.sum().backward()
+    assert x0.grad is None or float(x0.grad.abs().sum()) == 0.0
+    assert float(x1.grad.abs().sum()) > 0
+
+
+def test_a_positive_delta_cancels_in_the_max_scaling():
+    """m / delta is divided by its max over the dimensions, so every positive delta gives the same metric
+    (the official code's property too; the docstring says so): only delta=None changes the model."""
+    torch.manual_seed(0)
+    x0, x1 = (torch.randn(2, 6, 12, dtype=torch.float64) for _ in range(2))
+    outs = {}
+    for delta in (5.0, 2.0, 0.01, None):
+        torch.manual_seed(1)
+        layers = [EllipticalAttention(12, 3, delta=delta).double() for _ in range(2)]
+        _, state = layers[0](x0, state={})
+        outs[delta], _ = layers[1](x1, state=state)
+    for delta in (2.0, 0.01):
+        torch.testing.assert_close(outs[delta], outs[5.0], rtol=0, atol=1e-12)
+    assert (outs[None] - outs[5.0]).abs().max() > 1e-6

@@ -9,7 +9,15 @@ import math
 
 import pytest
 import torch
-from family_checks import assert_no_leak_from_the_future, case_mask, causal_lm, layer_gradcheck, timm_forward
+import torch.nn.functional as F
+from family_checks import (
+    assert_no_leak_from_the_future,
+    case_mask,
+    causal_lm,
+    finite_bias_mask,
+    layer_gradcheck,
+    timm_forward,
+)
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import KdeAttention, RobustAttention, get_mechanism, run_with_cache
@@ -313,3 +321,29 @@ def test_column_sums_backward_passes_gradcheck() -> None:
     assert torch.autograd.gradcheck(lambda a, b: _KernelColumnSums.apply(a, b, 0.3), inputs)
     # one of the two sums used (the other's gradient None)
     assert torch.autograd.gradcheck(lambda a, b: _KernelColumnSums.apply(a, b, 0.3)[1], inputs)
+
+
+# ---- third mutation review (2026-11-30): each test fails on a mutant no earlier test caught
+def test_rkde_adds_a_float_masks_finite_biases_to_the_logits():
+    """out_i = sum_j wJ_j e^(s_ij + B_ij) v_j / sum_j wM_j e^(s_ij + B_ij), s_ij = 2 q_i . khat_j / sqrt D
+    (module docstring), the KIRWLS weights over the keys each query sees."""
+    from family_reference import heads, merge
+
+    from kpca_attention.attention import RobustAttention
+    from kpca_attention.attention.kde import kirwls_weights
+
+    torch.manual_seed(0)
+    layer = RobustAttention(8, 2, qkv_bias=True).double().eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    bias = finite_bias_mask(5)
+    p = heads(layer, x)
+    khat = F.normalize(p["k"], dim=-1)
+    d2 = lambda z: ((z[..., :, None, :] - z[..., None, :, :]) ** 2).sum(-1)  # noqa: E731
+    scale = 1 / math.sqrt(4)
+    kern_k, kern_kv = torch.exp(-scale * d2(khat)), torch.exp(-scale * (d2(khat) + d2(p["v"])))
+    vis = torch.isfinite(bias).expand(2, 2, 5, 5)
+    w_m = kirwls_weights(kern_k, vis, 0.2, "huber", 1, False)[0]
+    w_j = kirwls_weights(kern_kv, vis, 0.2, "huber", 1, False)[0]
+    e = torch.exp(2 * scale * p["q"] @ khat.transpose(-1, -2) + bias)
+    want = merge(layer, ((w_j * e) @ p["v"]) / (w_m * e).sum(-1, keepdim=True))
+    torch.testing.assert_close(layer(x, attn_mask=bias), want)

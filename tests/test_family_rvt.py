@@ -10,7 +10,14 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from family_checks import assert_no_leak_from_the_future, case_mask, causal_lm, layer_gradcheck, timm_forward
+from family_checks import (
+    assert_no_leak_from_the_future,
+    case_mask,
+    causal_lm,
+    finite_bias_mask,
+    layer_gradcheck,
+    timm_forward,
+)
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import PositionAwareAttention, get_mechanism
@@ -152,3 +159,22 @@ def test_a_classifiers_position_scales_load_into_a_segmenter_of_another_window()
 def test_timm_model_forward() -> None:
     model, _ = timm_forward("rvt_vit_mini_patch4_28")
     assert model.blocks[0].attn.position_scale.shape == (4, 50, 50)
+
+
+# ---- third mutation review (2026-11-30): each test fails on a mutant no earlier test caught
+def test_rvt_adds_a_float_masks_finite_biases_to_the_scaled_logits():
+    """softmax((Q K^T / sqrt D) * sigmoid(W_p) + B) V for a float mask B with finite entries."""
+    from family_reference import heads, merge
+
+    from kpca_attention.attention import PositionAwareAttention
+
+    torch.manual_seed(0)
+    layer = PositionAwareAttention(8, 2, qkv_bias=True, num_tokens=5).double()
+    with torch.no_grad():
+        layer.position_scale.normal_(0, 2)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    bias = finite_bias_mask(5)
+    p = heads(layer, x)
+    s = (p["q"] @ p["k"].transpose(-1, -2)) / math.sqrt(4) * torch.sigmoid(layer.position_scale.double())
+    want = merge(layer, torch.softmax(s + bias, -1) @ p["v"])
+    torch.testing.assert_close(layer(x, attn_mask=bias), want)

@@ -87,3 +87,23 @@ def test_causal_lm_has_no_leak_from_the_future(name: str) -> None:
 def test_timm_model_forward(name: str) -> None:
     model, _ = timm_forward(name)
     assert all(isinstance(b.attn, TwicingAttention) for b in model.blocks)
+
+
+# ---- third mutation review (2026-11-30): each test fails on a mutant no earlier test caught
+def test_twicing_first_smoothing_draws_its_own_dropout():
+    """Module docstring: each fused call draws its own dropout mask; the first smoothing A V
+    (``hook_av``) is dropped in training, so two draws differ and neither is the undropped A V."""
+    from kpca_attention.attention import TwicingAttention, run_with_cache
+
+    torch.manual_seed(0)
+    layer = TwicingAttention(8, 2, attn_drop=0.5).train()
+    x = torch.randn(1, 6, 8)
+    avs = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            avs.append(run_with_cache(layer, x)[1]["hook_av"])
+    with torch.no_grad():
+        plain = run_with_cache(layer.eval(), x)[1]["hook_av"]
+    assert not torch.allclose(avs[0], avs[1])
+    assert not torch.allclose(avs[0], plain)

@@ -446,3 +446,23 @@ def test_scaled_attention_is_its_formula(mode, mask) -> None:
     else:
         s = torch.where(keep, layer.scale_s.detach(), 0.0)
     torch.testing.assert_close(out, a @ (v - s @ v))
+
+
+# ---- third mutation review (2026-11-30): each test fails on a mutant no earlier test caught
+def test_asymmetric_rpc_attends_with_its_queries():
+    """symmetric=False (the paper's E.9, the rpc_vit models): softmax(Q (K - S - Y/mu)^T) V, i.e. pap with
+    q = the layer's queries - not the symmetric pap that ignores them."""
+    from family_reference import heads, merge
+
+    from kpca_attention.attention import RPCAttention
+    from kpca_attention.pap import pap
+
+    torch.manual_seed(0)
+    layer = RPCAttention(8, 2, qkv_bias=True, symmetric=False).double().eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    p = heads(layer, x)
+    kw = dict(mu_dim=layer.mu_dim, threshold=layer.threshold)
+    want = merge(layer, pap(p["k"], p["v"], layer.n_iter, layer.lam, q=p["q"], **kw))
+    without_q = merge(layer, pap(p["k"], p["v"], layer.n_iter, layer.lam, **kw))
+    assert (want - without_q).abs().max() > 1e-3
+    torch.testing.assert_close(layer(x), want)

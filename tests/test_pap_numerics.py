@@ -375,3 +375,23 @@ def test_block_size_follows_threads_and_openmp_wait_policy(monkeypatch: pytest.M
     finally:
         torch.set_num_threads(threads)
     assert counts == {(1, None): 32, (2, None): 8, (2, "PASSIVE"): 2, (2, "active"): 8}
+
+
+# ---- third mutation review (2026-11-30): each test fails on a mutant no earlier test caught
+def test_compiled_pap_drops_attention_only_in_its_last_iteration(monkeypatch):
+    """pap_compiled: dropout_p reaches the softmax step of the last iteration only (as the eager path)."""
+    from kpca_attention.pap import variants
+
+    calls = []
+    real = variants.cutoff_attention_ops
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["dropout_p"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(variants, "cutoff_attention_ops", spy)
+    g = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(1, 2, 6, 4, generator=g) for _ in range(2))
+    tau = torch.full((1, 2, 1, 1), 0.5)
+    variants.pap_compiled(k, v, None, tau, None, False, 0.3, 3, True, True)
+    assert calls == [0.0, 0.0, 0.3]

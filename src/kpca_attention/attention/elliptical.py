@@ -17,7 +17,9 @@ Published options of the official code: ``delta`` (5; None uses its other estima
 quotient ``(v^l - v^{l-1}) / (|q^l - q^{l-1}| + attenuation)`` with ``attenuation`` 1e-3) and ``median``
 (the median over tokens instead of the mean). The official code divides by the max without a guard (0/0
 when the values did not change); here the max is clamped to the smallest normal number, the only
-difference (m = 0 then, which is plain attention with zero queries).
+difference (m = 0 then, which is plain attention with zero queries). A positive ``delta`` cancels in the
+max-scaling, in the official code as here: every value gives the same metric (up to rounding), so of
+``delta``'s settings only None (the other estimator) changes the model.
 
 Which of mean and median the published numbers used is not settled here: the official training script
 (``Elliptical_ImageNet/run_elliptical.sh``) passes no ``--grad-median`` and so trains with the mean (this
@@ -101,7 +103,8 @@ class EllipticalAttention(StatefulAttention):
     """Elliptical attention ``softmax((Q diag(m)) K^T / sqrt(D)) V`` (see the module docstring).
 
     Args (besides timm's):
-        delta: the step of the difference quotient (official 5); None: the official alternative,
+        delta: the step of the difference quotient (official 5; any positive value gives the same
+            metric: it cancels in the max-scaling); None: the official alternative,
             ``|q^l - q^{l-1}| + attenuation``.
         attenuation: the stabiliser of the ``delta=None`` estimator (official 1e-3).
         median: the median over tokens instead of the mean (official option; no masks).
