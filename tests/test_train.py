@@ -230,7 +230,7 @@ def test_deit_recipe_runs_on_an_image_folder(tmp_path):
     cfg = get_preset("deit", dataset="imagefolder", data_root=str(tmp_path / "data"), img_size=32,
                      model="symvit_mini_patch4_32", model_kwargs={"depth": 1, "embed_dim": 48},
                      batch_size=8, epochs=2, num_workers=0, output_dir=str(tmp_path / "run"), progress=False,
-                     log_every_steps=1, model_ema_decay=0.9)
+                     log_every_steps=1, model_ema_decay=0.9, min_lr=1e-6)  # batch 8: peak lr 7.8e-6
     with pytest.warns(UserWarning, match=r"warmup_epochs 5 outlasts epochs 2: .* about 40% of the way"):
         res = train(cfg)  # the recipe shortened for a test: said, not refused
     rows = read_csv(tmp_path / "run" / "epochs.csv")
@@ -382,3 +382,22 @@ def test_resuming_a_finished_run_changes_none_of_its_files_and_counts_stay_integ
     lines = (run / "steps.csv").read_text().splitlines()
     assert [line.split(",")[0] for line in lines[1:]] == ["1", "2", "3", "4", "5"]  # not 1.0, 2.0 ...
     assert all(line.split(",")[1] == "0" for line in lines[1:])
+
+
+def test_a_derived_peak_learning_rate_below_min_lr_is_refused_when_training_starts(tmp_path):
+    """lr None derives the peak from the global batch (DeiT's linear scaling rule): batch 8 on the deit preset
+    gives 5e-4 x 8 / 512 = 7.8e-6, below its min_lr 1e-5, so the "decay" would rise past the peak. A given lr
+    of that value was refused; the derived one trained. It is refused before any step now, naming the rule,
+    and two processes' doubled batch (1.6e-5) pass."""
+    cfg = get_preset("deit", batch_size=8, output_dir=str(tmp_path / "run"))
+    assert cfg.learning_rate(1) == pytest.approx(7.8125e-6) and cfg.learning_rate(1) < cfg.min_lr
+    with pytest.raises(ValueError, match=r"min_lr 1e-05 is above the learning rate 7.81e-06 that lr None "
+                                         r"derives \(lr_base 0.0005 x global batch 8 / lr_base_size 512\)"):
+        cfg.check_schedule(1)
+    cfg.check_schedule(2)
+    with pytest.raises(ValueError, match="min_lr 1e-05 is above lr 7.8125e-06"):
+        get_preset("deit", batch_size=8, lr=7.8125e-06)
+    with pytest.raises(ValueError, match="above the learning rate 7.81e-06 that lr None derives"):
+        train(get_preset("digits-cpu", lr=None, lr_base=5e-4, lr_base_size=512, batch_size=8, max_steps=1,
+                         train_subset=16, eval_subset=8, progress=False, output_dir=str(tmp_path / "t")))
+    assert not (tmp_path / "t" / "checkpoints").exists()  # refused before the first step

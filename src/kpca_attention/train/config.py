@@ -218,14 +218,29 @@ class TrainConfig:
             FIELD_CHECKS[f.name](getattr(self, f.name), f.name)
         get_task(self.task).check_config(self)
         _check_optimizer(self.opt)
-        warms = bool(self.warmup_steps) if self.warmup_steps is not None else self.warmup_epochs > 0
-        for name in ("min_lr", "warmup_lr") if warms else ("min_lr",):  # the schedule would pass its peak
-            if self.lr is not None and getattr(self, name) > self.lr:
-                raise ValueError(f"{name} {getattr(self, name)} is above lr {self.lr}: the schedule (a "
-                                 "warm-up from warmup_lr to lr, a decay to min_lr) would rise past lr; set "
-                                 f"{name} <= lr")
+        if self.lr is not None:  # a derived peak depends on the processes: checked when training starts
+            self.check_schedule()
         if self.opt_betas is not None:
             self.opt_betas = tuple(float(b) for b in self.opt_betas)  # JSON gives a list
+
+    def check_schedule(self, world_size: int = 1) -> None:
+        """A ValueError when ``min_lr`` (or, with a warm-up, ``warmup_lr``) is above the run's peak learning
+        rate (:meth:`learning_rate` at ``world_size`` processes): the schedule (a warm-up from warmup_lr to
+        the peak, a decay to min_lr) would rise past its peak. ``validate`` checks a given ``lr``; the
+        training loop checks the linear scaling rule's once the number of processes is known."""
+        warms = bool(self.warmup_steps) if self.warmup_steps is not None else self.warmup_epochs > 0
+        peak = self.learning_rate(world_size)
+        for name in ("min_lr", "warmup_lr") if warms else ("min_lr",):
+            if getattr(self, name) > peak:
+                if self.lr is not None:
+                    raise ValueError(f"{name} {getattr(self, name)} is above lr {self.lr}: the schedule (a "
+                                     "warm-up from warmup_lr to lr, a decay to min_lr) would rise past lr; "
+                                     f"set {name} <= lr")
+                raise ValueError(
+                    f"{name} {getattr(self, name)} is above the learning rate {peak:.3g} that lr None "
+                    f"derives (lr_base {self.lr_base} x global batch {self.batch_size * world_size} / "
+                    f"lr_base_size {self.lr_base_size}): the schedule would rise past its peak; set lr, a "
+                    f"larger batch, or {name} <= {peak:.3g}")
 
     # --- derived values -----------------------------------------------------------------------
     def learning_rate(self, world_size: int = 1) -> float:

@@ -175,6 +175,7 @@ class _Trainer:
         import timm.optim
         import timm.scheduler
 
+        cfg.check_schedule(dist.world_size)  # a derived peak, now that the processes are known
         lr = cfg.learning_rate(dist.world_size)
         opt_kw: dict[str, Any] = {}
         if cfg.opt_eps is not None:
