@@ -847,3 +847,19 @@ def test_a_small_real_spread_is_not_rounding_and_d_z_is_mean_over_sd() -> None:
 
     assert spread([1.0, 1.0 + 1e-6, 1.0]) == pytest.approx(np.std([1.0, 1.0 + 1e-6, 1.0], ddof=1))
     assert seed_test([1.0, 2.0, 3.0])["d_z"] == pytest.approx(2.0)
+
+
+def test_a_study_refuses_a_bad_recipe_of_any_variant_when_it_is_defined() -> None:
+    """A typo in the recipe of a variant other than the first trained one was found only when that
+    variant's first run started, possibly hours into the study (fourth mutation review, bug 2)."""
+    from kpca_attention.studies.spec import Study, Variant
+    from kpca_attention.tasks.language.suites import LMSuites
+
+    def study(recipe):
+        return Study(name="m", title="t", preset="bible-cpu", seeds=(0,), baseline="a", suites=LMSuites(),
+                     variants=(Variant("a", "A", "symlm"), Variant("b", "B", "symlm", recipe=recipe)),
+                     recipe={})
+
+    study({"epochs": 2})  # a good recipe passes
+    with pytest.raises(ValueError, match=r"lrr"):
+        study({"lrr": 1})

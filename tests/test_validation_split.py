@@ -98,6 +98,9 @@ def test_segmentation_validation_scenes_are_held_out() -> None:
 def test_language_task_validates_on_the_corpus_valid_split() -> None:
     with pytest.raises(ValueError, match="val_size must be None"):
         get_preset("bible-cpu", val_size=10)
+    # val_seed seeds no draw here: it was accepted, ignored, and entered the run's identity key
+    with pytest.raises(ValueError, match="val_seed must be 0, got 3"):
+        get_preset("bible-cpu", val_seed=3)
 
 
 def test_the_per_epoch_evaluation_measures_the_validation_split(tmp_path) -> None:

@@ -240,9 +240,9 @@ class Study:
                 raise ValueError(f"variant {v.slug}: seeds {sorted(extra)} are not among the study's "
                                  f"{self.seeds}")
         trained = [v for v in self.variants if v.source is None]
-        if trained:
-            self.train_config(trained[0], self.seeds[0], "runs/check")  # fail now on a bad recipe
-        elif self.task_name is None:
+        for v in trained:  # fail now on a bad recipe, not when that variant's first run starts
+            self.train_config(v, (v.seeds or self.seeds)[0], "runs/check")
+        if not trained and self.task_name is None:
             raise ValueError("a study of existing models only (every variant has a source) needs task_name")
         self.task.check_suites(self.suites)
 

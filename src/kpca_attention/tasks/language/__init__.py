@@ -85,9 +85,11 @@ class CausalLanguageModelling(Task):
         return name in LM_MODELS or name in FAMILY_LM_MODELS
 
     def check_config(self, cfg: Any) -> None:
-        if cfg.val_size is not None:
-            raise ValueError(f"task {self.name!r} validates on the corpus's own valid split (text disjoint "
-                             f"from train and test): val_size must be None, got {cfg.val_size}")
+        for name, default in (("val_size", None), ("val_seed", 0)):  # no split is drawn: nothing to seed
+            if getattr(cfg, name) != default:
+                raise ValueError(f"task {self.name!r} validates on the corpus's own valid split (text "
+                                 f"disjoint from train and test): {name} must be {default}, got "
+                                 f"{getattr(cfg, name)}")
 
     def datasets(self, cfg: Any, *, with_eval: bool = True) -> Splits:
         """Windows of the train split (a random offset per epoch when ``cfg.augment``; ``train_subset``:
