@@ -7,17 +7,11 @@ from __future__ import annotations
 import copy
 import math
 
+import family_checks
 import pytest
 import torch
 import torch.nn.functional as F
-from family_checks import (
-    assert_no_leak_from_the_future,
-    case_mask,
-    causal_lm,
-    finite_bias_mask,
-    layer_gradcheck,
-    timm_forward,
-)
+from family_checks import assert_no_leak_from_the_future, case_mask, causal_lm, layer_gradcheck, timm_forward
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import KdeAttention, RobustAttention, get_mechanism, run_with_cache
@@ -335,7 +329,7 @@ def test_rkde_adds_a_float_masks_finite_biases_to_the_logits():
     torch.manual_seed(0)
     layer = RobustAttention(8, 2, qkv_bias=True).double().eval()
     x = torch.randn(2, 5, 8, dtype=torch.float64)
-    bias = finite_bias_mask(5)
+    bias = family_checks.finite_bias_mask(5)
     p = heads(layer, x)
     khat = F.normalize(p["k"], dim=-1)
     d2 = lambda z: ((z[..., :, None, :] - z[..., None, :, :]) ** 2).sum(-1)  # noqa: E731

@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import math
 
+import family_checks
 import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from family_checks import (
-    assert_no_leak_from_the_future,
-    case_mask,
-    causal_lm,
-    finite_bias_mask,
-    layer_gradcheck,
-    timm_forward,
-)
+from family_checks import assert_no_leak_from_the_future, case_mask, causal_lm, layer_gradcheck, timm_forward
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import PositionAwareAttention, get_mechanism
@@ -173,7 +167,7 @@ def test_rvt_adds_a_float_masks_finite_biases_to_the_scaled_logits():
     with torch.no_grad():
         layer.position_scale.normal_(0, 2)
     x = torch.randn(2, 5, 8, dtype=torch.float64)
-    bias = finite_bias_mask(5)
+    bias = family_checks.finite_bias_mask(5)
     p = heads(layer, x)
     s = (p["q"] @ p["k"].transpose(-1, -2)) / math.sqrt(4) * torch.sigmoid(layer.position_scale.double())
     want = merge(layer, torch.softmax(s + bias, -1) @ p["v"])
