@@ -68,17 +68,16 @@ class _Reader(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
         self.seen: dict[str, float] = {}
-        self.repeats: dict[str, int] = {}  # first message of a kind -> repeats dropped
+        self.repeats: dict[str, list] = {}  # kind (numbers blanked) -> [its first message, repeats dropped]
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if record.levelno > logging.DEBUG:
             kind = re.sub(r"[0-9.]+", "#", message)
-            first = next((m for m in self.repeats if re.sub(r"[0-9.]+", "#", m) == kind), None)
-            if first is None:
-                self.repeats[message] = 0
+            if kind not in self.repeats:
+                self.repeats[kind] = [message, 0]
                 return True
-            self.repeats[first] += 1
+            self.repeats[kind][1] += 1
             return False
         if (m := _INITIAL.match(message)) is not None:
             self.seen["clean"] = float(m.group(1)) / 100
@@ -105,7 +104,7 @@ def run_autoattack(aa: Any, x: Tensor, y: Tensor, batch_size: int) -> Tensor:
         aa.verbose = verbose
         logger.setLevel(level)
         logger.removeFilter(reader)
-    for first, k in reader.repeats.items():
+    for first, k in reader.repeats.values():
         if k:
             logger.warning("AutoAttack gave the warning %r %d more time%s in this evaluation (other batches "
                            "and restarts; not shown)", first[:80] + ("..." if len(first) > 80 else ""), k,
