@@ -10,6 +10,7 @@ import math
 import os
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -807,11 +808,28 @@ def test_the_report_says_when_runs_trained_with_different_thread_counts() -> Non
         return {"run": {"machine": {"cpu": "Some CPU", "torch_threads": threads}}}
 
     same = {"a": {0: run(1), 1: run(1)}, "b": {0: run(1)}}
-    assert "threads" not in _machines_line(same, ["a", "b"])
+    assert "threads" not in _machines_line(same, ["a", "b"], Path("nowhere"))
     mixed = {"a": {0: run(1), 1: run(2)}, "b": {0: run(1), 1: {"run": {"machine": {"cpu": "Some CPU"}}}}}
-    line = _machines_line(mixed, ["a", "b"])
+    line = _machines_line(mixed, ["a", "b"], Path("nowhere"))
     assert line.startswith("Trained on one kind of machine: Some CPU (4 runs).")
     assert "**Torch threads differ between runs**: 1 (2 runs), 2 (1 run)" in line
+
+
+def test_a_study_of_two_machine_kinds_points_to_its_replica_measurement(tmp_path) -> None:
+    # the language study finished on an AMD EPYC what an Intel Xeon began; benchmarks/machine_replica.py
+    # measures how far apart the kinds end for one seed, and the report's machine line points to it
+    from kpca_attention.report.study import MACHINE_REPLICA, _machines_line
+
+    def run(cpu):
+        return {"run": {"machine": {"cpu": cpu, "torch_threads": 1}}}
+
+    two = {"a": {0: run("Intel(R) Xeon(R) Processor"), 1: run("AMD EPYC")}}
+    assert MACHINE_REPLICA not in _machines_line(two, ["a"], tmp_path)
+    (tmp_path / MACHINE_REPLICA).write_text("# replica\n")
+    line = _machines_line(two, ["a"], tmp_path)
+    assert line.startswith("**Trained on 2 kinds of machine**") and f"`{MACHINE_REPLICA}`" in line
+    one = {"a": {0: run("AMD EPYC"), 1: run("AMD EPYC")}}
+    assert MACHINE_REPLICA not in _machines_line(one, ["a"], tmp_path)  # nothing to compare on one kind
 
 
 # --- found by mutation testing (/work/notes/review/mutation.md): each fails on its mutant ---------------

@@ -59,7 +59,10 @@ def machine_kind(info: dict[str, Any] | None = None) -> str:
     A study trains on one kind: the same run on an AMD EPYC and on an
     Intel Xeon takes other floating-point paths (seen: epoch-1 loss 0.98994 against 0.98986 for the same
     seed, and held-out accuracy a point apart by epoch 2), so runs of two kinds differ by more than their
-    seeds.
+    seeds. How much depends on the harness: the language study's Symlm and RPC-Symlm seed 0, trained again on
+    an AMD EPYC (2026-11-30), end within 1.6e-5 test perplexity of the Xeon's runs (relative 3e-7; the
+    spread over seeds is 0.3), so that study was finished there with ``--any-machine``
+    (``results/language/machine_replica.md``, ``benchmarks/machine_replica.py``).
 
     The kind is the CPU model name only, though hosts of one name can differ below it: an "AMD EPYC" VM
     whose torch reports AVX2 (2026-11-27) gave rpc-seeds' SymViT seed 0 an epoch-1 training loss of

@@ -280,9 +280,14 @@ def _checks(out: Path, label: Mapping[str, str], base: str, summary: dict[str, A
 
 # ----------------------------------------------------------------------------- the report
 
-def _machines_line(res: Runs, slugs: Sequence[str]) -> str:
+#: the file of ``benchmarks/machine_replica.py`` in a study folder: one seed trained on two kinds of machine
+MACHINE_REPLICA = "machine_replica.md"
+
+
+def _machines_line(res: Runs, slugs: Sequence[str], out: Path) -> str:
     """Which kinds of machine trained the runs (one kind per study: other kinds take other floating-point
-    paths, :func:`~kpca_attention.machine.machine_kind`)."""
+    paths, :func:`~kpca_attention.machine.machine_kind`), and where runs of two kinds are, the measurement
+    of how far apart the kinds end for one seed if the folder holds one (:data:`MACHINE_REPLICA`)."""
     kinds, caps = machine_counts(r for s in slugs for r in res[s].values())
     if not kinds:
         return ""
@@ -304,8 +309,11 @@ def _machines_line(res: Runs, slugs: Sequence[str]) -> str:
              " - other thread counts split reductions in another order: the spread over seeds includes them.")
     if len(kinds) == 1:
         return f"Trained on one kind of machine: {said}.{isa}{mixed}"
+    replica = (f" How far apart the kinds end for the same seed, every recorded number side by side: "
+               f"`{MACHINE_REPLICA}`." if (out / MACHINE_REPLICA).is_file() else "")
     return (f"**Trained on {len(kinds)} kinds of machine**: {said} - the same seed takes other "
-            f"floating-point paths on each, so the spread over seeds includes the machine.{isa}{mixed}")
+            f"floating-point paths on each, so the spread over seeds includes the machine."
+            f"{replica}{isa}{mixed}")
 
 
 def write_study_report(out: str | os.PathLike, *, plots: bool = True) -> Path:
@@ -343,7 +351,7 @@ def write_study_report(out: str | os.PathLike, *, plots: bool = True) -> Path:
     if trained:
         lines += [f"Training: preset `{s_['preset']}` with {recipe}; seeds {s_['seeds']}{sec.training_note}. "
                   f"Parameters: {any_run['params'] / 1e6:.3f} M ({label[slugs[0]]}). "
-                  + _machines_line(res, [s for s in slugs if not variants[s].get("source")]),
+                  + _machines_line(res, [s for s in slugs if not variants[s].get("source")], out),
                   sec.evaluation()]
     else:  # existing models (a run directory, NAME@FILE): evaluated as they are
         lines += ["Models, evaluated as they are (not trained by this study): " + "; ".join(
