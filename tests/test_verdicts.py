@@ -499,6 +499,29 @@ def test_forest_plot(tmp_path):
         forest_plot([("x", 0.5)], tmp_path / "e.png", "bad", "points")
 
 
+def test_forest_rows_whose_interval_excludes_0_but_survive_no_holm_say_their_holm_p(tmp_path, monkeypatch):
+    """The drawn 95 % interval is not adjusted, the verdict is after Holm: a row whose interval lies right
+    of 0 next to "inconclusive" read as a contradiction (results/kpca-vision/seeds_vs_symvit.png, RPC-SymViT
+    linear CKA [+0.007, +0.086] "not distinguished"). Such a row says its Holm p; a decided row and a row
+    whose interval holds 0 do not, and the legend says which is which."""
+    import kpca_attention.report.forest as forest
+
+    figs = []
+    monkeypatch.setattr(forest, "save_figure", lambda fig, path, **k: figs.append(fig) or path)
+    d = np.array([1.0, 1.2, 0.9])  # interval excludes 0 at 3 seeds
+    held = verdict(d, None, p_adjusted=0.3)   # Holm over a large family: nothing decided
+    decided = verdict(d, None, p_adjusted=0.01)
+    around = verdict(np.array([1.0, -1.2, 0.4]), None, p_adjusted=1.0)
+    assert held.ci[0] > 0 and held.word == INCONCLUSIVE and decided.word == BETTER and around.ci[0] < 0
+    forest_plot([("held", held), ("decided", decided), ("around", around)], tmp_path / "f.png", "t", "points",
+                words=["n.d.", "up", "n.d."])
+    fig = figs[0]
+    right = [t.get_text() for t in fig.axes[1].get_yticklabels()]
+    assert right == ["n.d. (Holm p 0.3)", "up", "n.d."]
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend[0] == "95 % interval (paired t; not adjusted, the words are after Holm)"
+
+
 def test_a_decision_needs_holm_p_strictly_below_alpha():
     """The documented rule (``Holm-adjusted p < alpha``), pinned at the boundary."""
     d = [1.0, 1.2, 0.9, 1.1, 1.05]

@@ -31,8 +31,9 @@ def forest_plot(rows: Sequence[tuple[str, Verdict]] | Mapping[str, Verdict], pat
     """Draw ``rows`` (``(label, verdict)`` pairs or ``{label: verdict}``, top to bottom) to the PNG
     ``path``; the x axis is the difference ``difference`` in ``unit`` (e.g. ``"points of top-1
     accuracy"``). Rows without an interval (fewer than 2 seeds) show their mean alone. ``words``: the text
-    on the right of each row (default: its verdict word; the colour is always the verdict's). Returns the
-    path.
+    on the right of each row (default: its verdict word; the colour is always the verdict's). A row whose
+    95 % interval excludes 0 but whose verdict is not ``better`` / ``worse`` (the verdict is Holm-adjusted
+    over its family, the drawn interval is not) says its Holm p beside the word. Returns the path.
     """
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -74,14 +75,17 @@ def forest_plot(rows: Sequence[tuple[str, Verdict]] | Mapping[str, Verdict], pat
     ax.set_yticks(ys, [f"{label}  (n={v.n})" for label, v in items])
     right = ax.twinx()
     right.set_ylim(ax.get_ylim())
-    right.set_yticks(ys, list(words) if words is not None else [v.word for _, v in items])
+    texts = list(words) if words is not None else [v.word for _, v in items]
+    right.set_yticks(ys, [t + _holm_note(v) for t, (_, v) in zip(texts, items, strict=True)])
     for tick, (_, v) in zip(right.get_yticklabels(), items, strict=True):
         tick.set_color(verdict_color(v.word))
     right.tick_params(axis="y", length=0)
     ax.set_xlabel(f"difference ({difference}), {unit}")
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(title, pad=20)
-    handles = [Line2D([], [], color="#424242", lw=1.3, label="95 % interval (paired t)")]
+    adjusted = any(v.p_holm is not None for _, v in items)
+    handles = [Line2D([], [], color="#424242", lw=1.3, label="95 % interval (paired t" +
+                      ("; not adjusted, the words are after Holm)" if adjusted else ")"))]
     if any(v.tost_ci is not None for _, v in items):
         handles.append(Line2D([], [], color="#424242", lw=5, alpha=0.45, label="90 % interval (TOST)"))
     if any(v.margin is not None for _, v in items):
@@ -90,3 +94,11 @@ def forest_plot(rows: Sequence[tuple[str, Verdict]] | Mapping[str, Verdict], pat
     ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(handles),
               frameon=False, fontsize=8, borderaxespad=0.2)
     return save_figure(fig, path, dpi=130)
+
+
+def _holm_note(v: Verdict) -> str:
+    """`` (Holm p 0.09)`` where the drawn (unadjusted) interval excludes 0 and the Holm-adjusted verdict
+    decided nothing: the two would read as a contradiction otherwise."""
+    if v.ci is None or v.p_holm is None or v.word in (BETTER, WORSE) or v.ci[0] <= 0 <= v.ci[1]:
+        return ""
+    return f" (Holm p {v.p_holm:.2g})"
