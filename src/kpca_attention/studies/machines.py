@@ -52,7 +52,8 @@ def check_machine_kind(out: Path, any_machine: bool = False, run_dir: Path | Non
     if others and not any_machine:
         where = "; ".join(f"{k} ({len(v)} run{'s' * (len(v) > 1)})" for k, v in others.items())
         raise ValueError(f"{out}: its runs were trained on {where}, this machine is {here}; a study trains "
-                         "on one kind of machine (other floating-point paths): train it there, or pass "
+                         "on one kind of machine (other floating-point paths): train it there, or measure "
+                         "how far the two kinds end for one seed (benchmarks/machine_replica.py) and pass "
                          "--any-machine to mix them")
 
 
