@@ -309,6 +309,10 @@ def test_a_study_trains_on_one_kind_of_machine(tmp_path, monkeypatch) -> None:
     assert machines.trained_on(tmp_path) == {here: ["symvit-s0"], "Another CPU": ["symvit-s1"]}
     report = (tmp_path / "report.md").read_text()
     assert "**Trained on 2 kinds of machine**" in report
+    # training speed is per kind (one mean over both mixed machines 3x apart into a "spread over seeds")
+    assert f"Training speed per kind of machine (A: {here}, B: Another CPU)" in report
+    row = next(line for line in report.splitlines() if line.startswith("| SymViT | 0,1 |"))
+    assert re.search(r"\| A: [\d.]+; B: [\d.]+ \| A: [\d.]+; B: [\d.]+ \|$", row), row
     # the vector instructions each run's torch used are recorded and counted within each kind (runs recorded
     # before: "not recorded"), beside the kind, which is the CPU model only
     assert f"{here}: {torch.backends.cpu.get_cpu_capability()} (1); Another CPU: not recorded (1)." in report
