@@ -61,7 +61,8 @@ def machine_kind(info: dict[str, Any] | None = None) -> str:
     seed, and held-out accuracy a point apart by epoch 2), so runs of two kinds differ by more than their
     seeds. How much depends on the harness: the language study's Symlm and RPC-Symlm seed 0, trained again on
     an AMD EPYC (2026-11-30), end within 1.6e-5 test perplexity of the Xeon's runs (relative 3e-7; the
-    spread over seeds is 0.3), so that study was finished there with ``--any-machine``
+    spread over seeds is 0.3; the largest of ten runs compared across the kinds, 0.08 of a seed SD), so that
+    study was finished there with ``--any-machine``
     (``results/language/machine_replica.md``, ``benchmarks/machine_replica.py``).
 
     The kind is the CPU model name only, though hosts of one name can differ below it: an "AMD EPYC" VM
