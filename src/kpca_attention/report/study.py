@@ -300,7 +300,7 @@ def _per_kind(runs: Mapping[int, Mapping[str, Any]], seeds: Sequence[int], kinds
     for sd in seeds:
         run = runs[sd]["run"]
         kind = machine_kind(run["machine"]) if isinstance(run.get("machine"), dict) else None
-        by_kind.setdefault(kinds.get(kind, "?"), []).append(value(run))
+        by_kind.setdefault(kinds.get(kind, "machine not recorded"), []).append(value(run))
     return "; ".join(f"{letter}: {fmt_pm(vals, scale=1, digits=digits)}"
                      for letter, vals in sorted(by_kind.items()))
 
@@ -396,7 +396,7 @@ def write_study_report(out: str | os.PathLike, *, plots: bool = True) -> Path:
     # --- the main table ----------------------------------------------------------------------------
     rows = []
     times = [r["run"].get("train_time_s") for s in slugs for r in res[s].values()]
-    kinds = _kind_letters(res, slugs)
+    kinds = _kind_letters(res, [s for s in slugs if not variants[s].get("source")])
     # minutes, or seconds for a smoke run (a column of "0.0 +- 0.0" minutes says nothing)
     per_unit, unit = (60, "train min") if any(t is not None and t >= 60 for t in times) else (1, "train s")
     for s in slugs:
