@@ -519,7 +519,7 @@ def test_forest_rows_whose_interval_excludes_0_but_survive_no_holm_say_their_hol
     right = [t.get_text() for t in fig.axes[1].get_yticklabels()]
     assert right == ["n.d. (Holm p 0.3)", "up", "n.d."]
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert legend[0] == "95 % interval (paired t; not adjusted, the words are after Holm)"
+    assert legend[0] == "95 % interval (paired t, not Holm-adjusted)"
 
 
 def test_a_decision_needs_holm_p_strictly_below_alpha():

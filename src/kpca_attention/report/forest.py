@@ -82,17 +82,19 @@ def forest_plot(rows: Sequence[tuple[str, Verdict]] | Mapping[str, Verdict], pat
     right.tick_params(axis="y", length=0)
     ax.set_xlabel(f"difference ({difference}), {unit}")
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title(title, pad=20)
     adjusted = any(v.p_holm is not None for _, v in items)
-    handles = [Line2D([], [], color="#424242", lw=1.3, label="95 % interval (paired t" +
-                      ("; not adjusted, the words are after Holm)" if adjusted else ")"))]
+    handles = [Line2D([], [], color="#424242", lw=1.3,
+                      label="95 % interval (paired t, not Holm-adjusted)" if adjusted else
+                      "95 % interval (paired t)")]
     if any(v.tost_ci is not None for _, v in items):
         handles.append(Line2D([], [], color="#424242", lw=5, alpha=0.45, label="90 % interval (TOST)"))
     if any(v.margin is not None for _, v in items):
         handles.append(Patch(facecolor="#9e9e9e", alpha=0.4, edgecolor="#616161", ls="--",
                              label="equivalence margin +-m"))
-    ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(handles),
+    ncol = len(handles) if len(handles) < 3 else 2  # three long labels do not fit one row at page width
+    ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=ncol,
               frameon=False, fontsize=8, borderaxespad=0.2)
+    ax.set_title(title, pad=20 if ncol == len(handles) else 32)
     return save_figure(fig, path, dpi=130)
 
 
