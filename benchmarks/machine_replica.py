@@ -32,14 +32,13 @@ def relative(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b), 1e-300)
 
 
-def seed_sd(folder: Path, slug: str, item: str, field: str) -> float:
-    """The standard deviation over the seeds of ``slug`` in a study folder of one item's number (nan below
-    two seeds): the scale the machine's difference is to be read against."""
-    values = []
-    for path in sorted((folder / "results").glob(f"{slug}-s*.json")):
-        result = ResultStore(path).items().get(item)
-        if isinstance(result, dict) and field in result:
-            values.append(float(result[field]))
+def seed_sd(runs: dict[str, dict], slug: str, item: str, field: str) -> float:
+    """The standard deviation over the seeds of ``slug`` (``runs``: a study folder's result items by file
+    stem, read once) of one item's number (nan below two seeds): the scale the machine's difference is to be
+    read against."""
+    values = [float(items[item][field]) for stem, items in runs.items()
+              if stem.rsplit("-s", 1)[0] == slug and isinstance(items.get(item), dict)
+              and field in items[item]]
     return float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
 
 
@@ -83,12 +82,12 @@ def main() -> None:
              f"The runs of `{args.first}` against the same (variant, seed) trained again by the same study, "
              "with the same code, on another kind of machine; every number the runs recorded, side by side "
              "(`benchmarks/machine_replica.py`).", ""]
+    firsts = {p.stem: ResultStore(p).items() for p in sorted((args.first / "results").glob("*-s*.json"))}
     found = 0
     for path in sorted((args.second / "results").glob("*-s*.json")):
-        theirs = args.first / "results" / path.name
-        if not theirs.exists():
+        if path.stem not in firsts:
             continue
-        a, b = ResultStore(theirs).items(), ResultStore(path).items()
+        a, b = firsts[path.stem], ResultStore(path).items()
         if "run" not in a or "run" not in b:
             continue
         found += 1
@@ -100,7 +99,7 @@ def main() -> None:
                   f"| number | {ka} | {kb} | difference | relative | SD over the study's seeds |",
                   "|---|---|---|---|---|---|"]
         slug = path.stem.rsplit("-s", 1)[0]
-        rows = compare_run(a, b, lambda item, field, slug=slug: seed_sd(args.first, slug, item, field))
+        rows = compare_run(a, b, lambda item, field, slug=slug: seed_sd(firsts, slug, item, field))
         lines += [f"| {' | '.join(r)} |" for r in rows]
         worst = max((float(r[4]) for r in rows if r[4] and not r[4].endswith("identical")
                      and math.isfinite(float(r[4]))), default=float("nan"))
