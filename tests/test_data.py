@@ -201,6 +201,13 @@ def test_vocab_word_and_char(tmp_path):
         Vocab.build(text, level="bpe")
     with pytest.raises(ValueError, match="out of range"):
         full.decode([99])
+    # a word vocabulary without an end-of-line token (a user's JSON may omit it): no token stands for
+    # the line ends, none of its own tokens is mistaken for one, and decode says nothing about lines
+    no_eos = Vocab(["<unk>", "<eos>", "the", "sat"], eos=None)
+    assert no_eos.encode("the sat\nthe <eos>").tolist() == [2, 3, 2, 1]
+    assert no_eos.decode(no_eos.encode("the sat\nthe <eos>")) == "the sat the <eos>"
+    (tmp_path / "noeos.json").write_text('{"level": "word", "itos": ["<unk>", "the"]}')
+    assert Vocab.load(tmp_path / "noeos.json").encode("the the\nthe").tolist() == [1, 1, 1]
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match="not a vocabulary"):
         Vocab.load(tmp_path / "bad.json")

@@ -185,10 +185,11 @@ class Vocab:
         return None if self.eos is None else self.stoi[self.eos]
 
     def tokenize(self, text: str) -> list[str]:
-        """Word level: whitespace split per line + ``<eos>``; char level: the characters."""
+        """Word level: whitespace split per line + ``eos`` (none when ``eos`` is None: the lines run
+        together, and :meth:`decode` cannot restore them); char level: the characters."""
         if self.level == "char":
             return list(text)
-        return _word_tokens(text, self.eos or "<eos>")
+        return _word_tokens(text, self.eos)
 
     @classmethod
     def build(
@@ -260,9 +261,10 @@ class Vocab:
         return cls(list(data["itos"]), level=data["level"], unk=data.get("unk", "<unk>"), eos=data.get("eos"))
 
 
-def _word_tokens(text: str, eos: str) -> list[str]:
+def _word_tokens(text: str, eos: str | None) -> list[str]:
     out: list[str] = []
     for line in text.splitlines():
         out.extend(line.split())
-        out.append(eos)
+        if eos is not None:
+            out.append(eos)
     return out
