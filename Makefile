@@ -8,7 +8,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup debian test demo lint bench gpu-check clean timm-compat
+.PHONY: setup debian test demo lint bench cpu-check gpu-check clean timm-compat
 
 # Debian packages: Fashion-MNIST and the King James Bible are the embedded default data.
 debian:
@@ -43,6 +43,11 @@ bench: setup
 	$(PY) benchmarks/bench_robust_pca.py
 	$(PY) benchmarks/bench_models.py
 	$(PY) benchmarks/bench_kpca.py
+
+# Every CPU speed target in one command (benchmarks/cpu_check.py): refuses a busy machine (exit 2), writes
+# benchmarks/records/<date>-<cpu>-cpu_check.json for docs/benchmarks.md's table of this kind of machine.
+cpu-check: setup
+	$(PY) benchmarks/cpu_check.py
 
 # GPU readiness (benchmarks/gpu_check.py): CUDA tests, pap/SDPA ratios (float32, bf16), torch.compile,
 # model throughput with AMP, a 1-GPU torchrun run. Without a GPU it says so and exits 0.
