@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -12,17 +14,54 @@ import torch
 from .spec import Study
 
 __all__ = ["training_throughput", "throughput_check", "step_peak_memory", "training_cost",
-           "cost_check"]
+           "cost_check", "CostInputs", "cost_inputs"]
 
 
-def _image_nets(study: Study, batch_size: int | None) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    """``({slug: (net, AdamW)}, x, y)``: every variant built with seed 0 and one fixed batch of the study's
-    image shape."""
-    from ..data.images import build_image_dataset
-    from ..models import create_model
+Loss = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _cross_entropy(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(net(x), y)
+
+
+@dataclass
+class CostInputs:
+    """What the checks time: ``{slug: (net, AdamW)}`` (every variant built with seed 0), one fixed batch
+    ``(x, y)``, the training loss and the unit of throughput (``images`` / ``tokens``)."""
+
+    nets: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]
+    x: torch.Tensor
+    y: torch.Tensor
+    loss: Loss
+    unit: str
+
+    @property
+    def per_step(self) -> int:
+        """Units in one batch: images, or the tokens predicted."""
+        return int(self.y.numel()) if self.unit == "tokens" else int(self.y.shape[0])
+
+
+def cost_inputs(study: Study, batch_size: int | None = None) -> CostInputs:
+    """What the cost checks time for ``study`` (``batch_size``: default the recipe's). Image studies: a random batch of the dataset's image shape and cross-entropy over 10 classes. Token
+    studies (a language model): the first training windows of the study's corpus and the task's own
+    next-token loss, each variant built by its task (its vocabulary, context and size)."""
+    from ..tasks import get as get_task
 
     cfg = study.train_config(study.variants[0], study.seeds[0], "x")
     bs = batch_size or cfg.batch_size
+    task = get_task(cfg.task)
+    if task.takes_tokens:
+        splits = task.datasets(cfg, with_eval=False)
+        x, y = (torch.stack(t) for t in zip(*(splits.train[i] for i in range(bs)), strict=True))
+        nets = {}
+        for v in study.variants:
+            torch.manual_seed(0)
+            net = task.build_model(study.train_config(v, study.seeds[0], "x"), splits.info).train()
+            nets[v.slug] = (net, torch.optim.AdamW(net.parameters(), lr=1e-4))
+        return CostInputs(nets, x, y, task.objective(cfg, splits.info).loss, "tokens")
+    from ..data.images import build_image_dataset
+    from ..models import create_model
+
     x0, _ = build_image_dataset(cfg.dataset, "test")[0]
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(bs, *x0.shape, generator=gen)
@@ -32,17 +71,18 @@ def _image_nets(study: Study, batch_size: int | None) -> tuple[dict, torch.Tenso
         torch.manual_seed(0)
         net = create_model(v.model, num_classes=10, in_chans=x0.shape[0], **dict(v.kwargs)).train()
         nets[v.slug] = (net, torch.optim.AdamW(net.parameters(), lr=1e-4))
-    return nets, x, y
+    return CostInputs(nets, x, y, _cross_entropy, "images")
 
 
-def _step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+def _step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+          loss: Loss = _cross_entropy) -> None:
     opt.zero_grad(set_to_none=True)
-    torch.nn.functional.cross_entropy(net(x), y).backward()
+    loss(net, x, y).backward()
     opt.step()
 
 
 def step_peak_memory(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-                     y: torch.Tensor) -> float:
+                     y: torch.Tensor, loss: Loss = _cross_entropy) -> float:
     """Peak CPU tensor memory (MiB) allocated during one training step (forward, backward, AdamW step)
     above what was live before it, from ``torch.profiler``'s CPU memory records (``profile_memory=True``):
     the net allocation of each operator, accumulated in the order the operators start. Memory an operator
@@ -53,7 +93,7 @@ def step_peak_memory(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        _step(net, opt, x, y)
+        _step(net, opt, x, y, loss)
     cur = peak = 0
     for e in sorted(prof.events(), key=lambda e: e.time_range.start):
         cur += e.self_cpu_memory_usage
@@ -63,29 +103,26 @@ def step_peak_memory(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.
 
 def training_throughput(study: Study, runs: dict[tuple[str, int], Path], *, repeats: int = 7,
                         steps: int = 3, batch_size: int | None = None) -> dict[str, float]:
-    """Training images/s of each variant (forward, backward, AdamW step on a fixed batch), measured
-    side by side in this process with interleaved repeats (median): on a shared CPU the training
-    loops' own images/s depend on what else ran at the time, this comparison much less (paper Table 11's
-    ratio). The input shape comes from the study's dataset."""
-    nets, x, y = _image_nets(study, batch_size)
-    return _rates(nets, x, y, repeats, steps)
+    """Training images/s (tokens/s for a language model) of each variant (forward, backward, AdamW step
+    on a fixed batch), measured side by side in this process with interleaved repeats (median): on a shared
+    CPU the training loops' own speeds depend on what else ran at the time, this comparison much less
+    (paper Table 11's ratio). The input shape comes from the study's dataset."""
+    return _rates(cost_inputs(study, batch_size), repeats, steps)
 
 
-def _rates(nets: dict, x: torch.Tensor, y: torch.Tensor, repeats: int, steps: int) -> dict[str, float]:
-    bs = x.shape[0]
-
+def _rates(b: CostInputs, repeats: int, steps: int) -> dict[str, float]:
     def run(slug: str, n: int) -> float:
-        net, opt = nets[slug]
+        net, opt = b.nets[slug]
         t0 = time.perf_counter()
         for _ in range(n):
-            _step(net, opt, x, y)
-        return bs * n / (time.perf_counter() - t0)
+            _step(net, opt, b.x, b.y, b.loss)
+        return b.per_step * n / (time.perf_counter() - t0)
 
-    for slug in nets:  # warm-up
+    for slug in b.nets:  # warm-up
         run(slug, 1)
-    rates: dict[str, list[float]] = {slug: [] for slug in nets}
+    rates: dict[str, list[float]] = {slug: [] for slug in b.nets}
     for _ in range(repeats):
-        for slug in nets:
+        for slug in b.nets:
             rates[slug].append(run(slug, steps))
     return {slug: statistics.median(r) for slug, r in rates.items()}
 
@@ -111,26 +148,26 @@ class _ThroughputRun:
 def training_cost(study: Study, runs: dict[tuple[str, int], Path], *, repeats: int = 7, steps: int = 3,
                   batch_size: int | None = None) -> list[dict[str, object]]:
     """Training throughput and peak memory of every variant side by side: one row per variant with its
-    images/s (:func:`training_throughput`'s interleaved median), the peak tensor memory of one training
-    step (:func:`step_peak_memory`, MiB, at the recipe's batch size) and both as ratios to the study's
-    baseline."""
-    nets, x, y = _image_nets(study, batch_size)
-    rates = _rates(nets, x, y, repeats, steps)  # warms every net up: the optimizer state exists
-    peak = {slug: step_peak_memory(net, opt, x, y) for slug, (net, opt) in nets.items()}
+    images/s or tokens/s (:func:`training_throughput`'s interleaved median), the peak tensor memory of one
+    training step (:func:`step_peak_memory`, MiB, at the recipe's batch size) and both as ratios to the
+    study's baseline."""
+    b = cost_inputs(study, batch_size)
+    rates = _rates(b, repeats, steps)  # warms every net up: the optimizer state exists
+    peak = {slug: step_peak_memory(net, opt, b.x, b.y, b.loss) for slug, (net, opt) in b.nets.items()}
     base = study.baseline
     label = {v.slug: v.label for v in study.variants}
-    return [{"variant": label[s], "images/s": rates[s], f"speed vs {label[base]}": rates[s] / rates[base],
+    return [{"variant": label[s], f"{b.unit}/s": rates[s], f"speed vs {label[base]}": rates[s] / rates[base],
              "peak MiB": peak[s], f"memory vs {label[base]}": peak[s] / peak[base] if peak[base] else None}
-            for s in nets]
+            for s in b.nets]
 
 
 def cost_check(repeats: int = 7):
     """A :class:`Check` measuring :func:`training_cost` (throughput and peak memory side by side)."""
     from .spec import Check
 
-    return Check("cost", "Training throughput and peak memory side by side (images/s: median of interleaved "
-                 "repeats; peak MiB: tensor memory of one training step from torch.profiler's CPU memory "
-                 "records, a lower bound)", _CostRun(repeats),
+    return Check("cost", "Training throughput and peak memory side by side (images/s or tokens/s: median "
+                 "of interleaved repeats; peak MiB: tensor memory of one training step from torch.profiler's "
+                 "CPU memory records, a lower bound)", _CostRun(repeats),
                  key={"repeats": repeats, "threads": torch.get_num_threads(), "memory": "torch.profiler"})
 
 

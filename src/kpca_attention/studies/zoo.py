@@ -19,8 +19,8 @@ Verdicts against the ViT (the baseline) and against SymViT (``also_against``), a
 (``pairs``: the comparison of the RPC paper's Tables 9-10, whose gain is RPC-FAN's margin there and only
 there), one Holm family over all.
 The report adds a leaderboard (clean, corrupted and the 4/255 attacks) and a plot of clean against PGD
-4/255 accuracy. ``kpca-attention study zoo`` without ``--no-checks`` measures training throughput and peak
-memory of every mechanism side by side (checks.cost_check).
+4/255 accuracy. ``kpca-attention study zoo`` (and ``zoo-language``, in tokens/s) without ``--no-checks``
+measures training throughput and peak memory of every mechanism side by side (checks.cost_check).
 
 ``rpc-fan``: RPC-FAN against the baseline of the RPC paper's Tables 9-10, on the zoo's harness. The paper
 trains FAN-tiny "with a symmetric attention" and replaces the first layer's attention with RPC; the zoo's
@@ -186,5 +186,5 @@ def zoo_language_study(*, seeds: tuple[int, ...] = (0, 1, 2), epochs: int = 6, t
         variants=variants, seeds=tuple(seeds), preset="lm", recipe={**LANGUAGE_RECIPE, "epochs": epochs},
         suites=LMSuites(tokens=tokens, positions=positions), baseline="lm", trace=positions,
         also_against=("symlm",), margins=_flat(zoo_language_margins(), {v.slug for v in variants}),
-        leaderboard=ZOO_LM_LEADERBOARD, reuse=("language",),
+        leaderboard=ZOO_LM_LEADERBOARD, reuse=("language",), checks=(cost_check(7),),
     )
