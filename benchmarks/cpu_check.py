@@ -148,11 +148,11 @@ def main(argv: list[str] | None = None) -> int:
               "processes would be timed with these; wait for a quiet window or pass --busy-ok",
               file=sys.stderr)
         return 2
-    info = machine_info(gpu=False)
+    info, code = machine_info(gpu=False), commit()
     print(f"CPU: {info['cpu']} ({info['logical_cpus']} logical CPUs, torch {info['torch']} using "
-          f"{info['cpu_capability']}); commit {commit()}; load average {load:.2f}", flush=True)
+          f"{info['cpu_capability']}); commit {code}; load average {load:.2f}", flush=True)
     record: dict = {"script": "benchmarks/cpu_check.py", "date": datetime.date.today().isoformat(),
-                    "commit": commit(), "machine": info, "load_average_start": load,
+                    "commit": code, "machine": info, "load_average_start": load,
                     "busy_ok": args.busy_ok, "quick": args.quick, "parts": {}}
     for name in names:
         part = PARTS[name]

@@ -42,9 +42,10 @@ class CostInputs:
 
 
 def cost_inputs(study: Study, batch_size: int | None = None) -> CostInputs:
-    """What the cost checks time for ``study`` (``batch_size``: default the recipe's). Image studies: a random batch of the dataset's image shape and cross-entropy over 10 classes. Token
-    studies (a language model): the first training windows of the study's corpus and the task's own
-    next-token loss, each variant built by its task (its vocabulary, context and size)."""
+    """What the cost checks time for ``study`` (``batch_size``: default the recipe's). Image studies: a
+    random batch of the dataset's image shape and cross-entropy over 10 classes. Token studies (a language
+    model): the first training windows of the study's corpus and the task's own next-token loss, each
+    variant built by its task (its vocabulary, context and size)."""
     from ..tasks import get as get_task
 
     cfg = study.train_config(study.variants[0], study.seeds[0], "x")
