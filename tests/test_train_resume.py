@@ -97,8 +97,10 @@ def test_sigterm_stops_a_study_s_parallel_runs_without_leaking_their_semaphores(
     resource tracker warned "There appear to be 2 leaked semaphore objects" after the interrupted line:
     the workers now unwind as on Ctrl-C (engine._stop_on_sigterm)."""
     out, runs = tmp_path / "out", tmp_path / "runs"
+    # two seeds: four runs for two workers, so runs wait in the pool's queue when the study is stopped (a
+    # stopped worker took the next one and trained it while the study waited: no run may start after)
     cmd = [sys.executable, "-m", "kpca_attention.cli", "study", "demo", "-o", str(out), "--runs", str(runs),
-           "--jobs", "2", "--no-progress", "--no-checks"]
+           "--jobs", "2", "--seeds", "0,1", "--no-progress", "--no-checks"]
     proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 180
     while len(list(runs.glob("*/steps.csv"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
@@ -110,3 +112,5 @@ def test_sigterm_stops_a_study_s_parallel_runs_without_leaking_their_semaphores(
     assert proc.returncode == 143, text[-2000:]
     assert text.strip().splitlines()[-1].startswith("interrupted: finished work is kept"), text[-2000:]
     assert "leaked" not in text, text[-2000:]
+    time.sleep(3)  # a worker that went on would be starting its next run now
+    assert len([d for d in runs.iterdir() if d.is_dir() and d.name != "cache"]) == 2, sorted(runs.iterdir())

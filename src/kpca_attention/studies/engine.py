@@ -518,20 +518,37 @@ def run_study(
                 _report(out)
     else:
         import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
         # one thread each, OpenMP waiting passively: set before the workers start their runtimes
         os.environ["OMP_NUM_THREADS"] = "1"
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
                                  initializer=_stop_on_sigterm) as pool:
+            # at most `jobs` runs submitted at a time: the pool queues one more than it runs, and a worker
+            # stopped by SIGTERM went on to that queued run while the stopped study waited for it
+            queue = list(todo)
+            running: set = set()
+
+            def submit() -> None:
+                if queue:
+                    v, s = queue.pop(0)
+                    running.add(pool.submit(_worker, (study, v.slug, s, str(out), str(runs), device, cache,
+                                                      any_machine, loader_workers)))
+
             try:
-                futures = [pool.submit(_worker, (study, v.slug, s, str(out), str(runs), device, cache,
-                                                 any_machine, loader_workers)) for v, s in todo]
-                for i, fut in enumerate(as_completed(futures)):
-                    fut.result()
-                    if report and i < len(futures) - 1:
-                        _report(out)
+                for _ in range(jobs):
+                    submit()
+                done = 0
+                while running:
+                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        running.discard(fut)
+                        fut.result()
+                        done += 1
+                        submit()
+                        if report and done < len(todo):
+                            _report(out)
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the runs, not wait for them (a SIGTERM
                 # reaches this process only; their last whole checkpoints and finished items stay)
                 pool.shutdown(wait=False, cancel_futures=True)
