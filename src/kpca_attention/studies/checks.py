@@ -27,18 +27,15 @@ def _cross_entropy(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> to
 @dataclass
 class CostInputs:
     """What the checks time: ``{slug: (net, AdamW)}`` (every variant built with seed 0), one fixed batch
-    ``(x, y)``, the training loss and the unit of throughput (``images`` / ``tokens``)."""
+    ``(x, y)``, the training loss, the unit of throughput (``images`` / ``tokens``) and how many of them one
+    batch holds (the task's own count, as training logs it)."""
 
     nets: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]
     x: torch.Tensor
     y: torch.Tensor
     loss: Loss
     unit: str
-
-    @property
-    def per_step(self) -> int:
-        """Units in one batch: images, or the tokens predicted."""
-        return int(self.y.numel()) if self.unit == "tokens" else int(self.y.shape[0])
+    per_step: int
 
 
 def cost_inputs(study: Study, batch_size: int | None = None) -> CostInputs:
@@ -59,7 +56,7 @@ def cost_inputs(study: Study, batch_size: int | None = None) -> CostInputs:
             torch.manual_seed(0)
             net = task.build_model(study.train_config(v, study.seeds[0], "x"), splits.info).train()
             nets[v.slug] = (net, torch.optim.AdamW(net.parameters(), lr=1e-4))
-        return CostInputs(nets, x, y, task.objective(cfg, splits.info).loss, "tokens")
+        return CostInputs(nets, x, y, task.objective(cfg, splits.info).loss, "tokens", task.count(y))
     from ..data.images import build_image_dataset
     from ..models import create_model
 
@@ -72,7 +69,7 @@ def cost_inputs(study: Study, batch_size: int | None = None) -> CostInputs:
         torch.manual_seed(0)
         net = create_model(v.model, num_classes=10, in_chans=x0.shape[0], **dict(v.kwargs)).train()
         nets[v.slug] = (net, torch.optim.AdamW(net.parameters(), lr=1e-4))
-    return CostInputs(nets, x, y, _cross_entropy, "images")
+    return CostInputs(nets, x, y, _cross_entropy, "images", task.count(y))
 
 
 def _step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
