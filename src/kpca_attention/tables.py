@@ -14,12 +14,15 @@ __all__ = ["markdown_table", "table_row", "fmt_num", "fmt_pm", "fmt_p"]
 
 
 def fmt_num(x: Any, digits: int = 3) -> str:
-    """A number with ``digits`` significant digits (``0.012345 -> "0.0123"``); ``-`` for None / NaN,
-    ``inf`` for infinity."""
+    """A number with ``digits`` significant digits (``0.012345 -> "0.0123"``); one with more integer digits
+    than that whole, with thousands separators, below a billion (``5781.2 -> "5,781"``, not ``5.78e+03``);
+    ``-`` for None / NaN, ``inf`` for infinity."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     if isinstance(x, float) and math.isinf(x):
         return "inf"
+    if 10 ** digits <= abs(float(f"{x:.{digits}g}")) < 1e9:  # after rounding: 999.6 -> "1,000"
+        return f"{x:,.0f}"
     return f"{x:.{digits}g}"
 
 

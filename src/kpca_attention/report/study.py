@@ -272,9 +272,7 @@ def _checks(out: Path, label: Mapping[str, str], base: str, summary: dict[str, A
         elif isinstance(result, list) and result and all(isinstance(x, dict) for x in result):
             cols_c = [k for k in result[0] if not isinstance(result[0][k], (dict, list))]
             cols_c.sort(key=lambda k: k != "variant")  # the row's name first (the JSON's keys come sorted)
-            # 3 significant digits; a rate in the thousands (tokens/s) whole, not as 5.88e+03
-            fmt = {k: (lambda v: f"{v:,.0f}" if isinstance(v, float) and abs(v) >= 1000 else fmt_num(v, 3))
-                   for k in cols_c if isinstance(result[0][k], float)}
+            fmt = {k: fmt_num for k in cols_c if isinstance(result[0][k], float)}
             lines += [markdown_table(result, cols_c, formats=fmt), ""]
         summary.setdefault("checks", {})[f.stem] = result
     return lines
