@@ -350,7 +350,7 @@ def test_three_unclear_messages_of_the_fuzz_review(run, tmp_path) -> None:
 
 def test_study_status_refuses_options_that_would_run_something(tmp_path) -> None:
     """study NAME --status --force printed the status and ignored --force without a word."""
-    for extra in ("--force", "--any-machine"):
+    for extra in ("--force", "--any-machine", "--keep-going"):
         res = CliRunner().invoke(app, ["study", "rpc-depth12", "--status", extra, "--out",
                                        str(tmp_path / "o"), "--runs", str(tmp_path / "r")])
         _one_line_error(res, f"--status only reports and runs nothing: {extra}")

@@ -95,7 +95,7 @@ def test_sigterm_stops_a_command_with_the_line_ctrl_c_gives_and_exit_143(tmp_pat
 def test_sigterm_stops_a_study_s_parallel_runs_without_leaking_their_semaphores(tmp_path):
     """``study --jobs 2`` stopped by SIGTERM terminated its worker processes where they stood, and the
     resource tracker warned "There appear to be 2 leaked semaphore objects" after the interrupted line:
-    the workers now unwind as on Ctrl-C (engine._stop_on_sigterm)."""
+    the workers now unwind as on Ctrl-C (schedule._stop_on_sigterm)."""
     out, runs = tmp_path / "out", tmp_path / "runs"
     # two seeds: four runs for two workers, so runs wait in the pool's queue when the study is stopped (a
     # stopped worker took the next one and trained it while the study waited: no run may start after)

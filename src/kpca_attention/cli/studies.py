@@ -68,7 +68,8 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 #: options that do not change a study's results: left out of the recorded command (value count)
 _NO_EFFECT = {"--runs": 1, "--threads": 1, "--loader-workers": 1, "--progress": 0, "--no-progress": 0,
-              "--force": 0, "--no-force": 0, "--checks": 0, "--no-checks": 0}
+              "--force": 0, "--no-force": 0, "--checks": 0, "--no-checks": 0, "--keep-going": 0,
+              "--no-keep-going": 0}
 
 
 def regenerate_command(argv: list[str], out: Path) -> str:
@@ -101,16 +102,21 @@ def regenerate_command(argv: list[str], out: Path) -> str:
 def _run(study: Any, out: Path, runs: Path | None, jobs: int, force: bool, progress: bool,
          only: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
          record: bool = True, checks: bool = True, any_machine: bool = False,
-         loader_workers: int | None = None) -> None:
-    from ..studies import run_study
+         loader_workers: int | None = None, keep_going: bool = False) -> None:
+    from ..studies import RunsFailed, run_study
 
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file, not a folder")
     # the command that regenerates the whole study (a run restricted to some variants is not one)
     command = regenerate_command(sys.argv[1:], out) if record else None
-    report = run_study(study, out, runs, jobs=jobs, force=force, progress=progress, only=only,
-                       seeds=seeds, command=command, checks=checks, any_machine=any_machine,
-                       loader_workers=loader_workers)
+    try:
+        report = run_study(study, out, runs, jobs=jobs, force=force, progress=progress, only=only,
+                           seeds=seeds, command=command, checks=checks, any_machine=any_machine,
+                           loader_workers=loader_workers, keep_going=keep_going)
+    except RunsFailed as e:  # --keep-going: each failure was reported as it happened; the report is written
+        typer.echo(str(out / "report.md"))
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(str(report))
 
 
@@ -185,6 +191,9 @@ def study_cmd(
     any_machine: Annotated[bool, typer.Option(
         help="Train here even if the study's finished runs were trained on another kind of machine "
              "(CPU model or GPU; refused by default: other floating-point paths).")] = False,
+    keep_going: Annotated[bool, typer.Option(
+        help="A run that fails does not stop the study: the other runs go on, and the study ends with the "
+             "list of failed runs (exit code 1). Default: the first failure stops it.")] = False,
     status: Annotated[bool, typer.Option(
         help="Only say where each (variant, seed) stands - finished, evaluating, training (its "
              "checkpoint), not started - and which machines trained it; run nothing.")] = False,
@@ -212,7 +221,8 @@ def study_cmd(
         study = study.replace(seeds=tuple(sorted(set(study.seeds) | set(chosen))))
     only = parse_list(variants, "--variants") or None
     if status:
-        given = [opt for opt, on in (("--force", force), ("--any-machine", any_machine)) if on]
+        given = [opt for opt, on in (("--force", force), ("--any-machine", any_machine),
+                                     ("--keep-going", keep_going)) if on]
         if given:  # --status runs nothing: an option that would change a run is a mistake, not a no-op
             raise ValueError(f"--status only reports and runs nothing: {', '.join(given)} would do nothing "
                              "with it; leave it out")
@@ -220,7 +230,7 @@ def study_cmd(
         return
     _run(study, out or Path("results") / name, runs or Path("runs/studies") / name, jobs, force, progress,
          only=only, seeds=chosen, record=only is None and whole, checks=checks, any_machine=any_machine,
-         loader_workers=loader_workers)
+         loader_workers=loader_workers, keep_going=keep_going)
 
 
 def ablate_cmd(

@@ -18,12 +18,14 @@ from .demo import demo_study, quick_demo_study
 from .engine import run_one, run_study
 from .language import language_study
 from .rpc_seeds import rpc_depth12_study, rpc_seeds_study
+from .schedule import RunsFailed
 from .segmentation import segmentation_study
 from .spec import Check, Margin, Study, Variant
 from .vision import vision_large_study, vision_study
 from .zoo import rpc_fan_study, zoo_language_study, zoo_large_study, zoo_study
 
-__all__ = ["Study", "Variant", "Check", "Margin", "run_study", "run_one", "STUDIES", "get_study",
+__all__ = ["Study", "Variant", "Check", "Margin", "run_study", "run_one", "RunsFailed", "STUDIES",
+           "get_study",
            "demo_study", "quick_demo_study", "ablation_study", "vision_study",
            "vision_large_study", "rpc_seeds_study", "rpc_depth12_study",
            "zoo_study", "zoo_large_study", "zoo_language_study", "rpc_fan_study"]

@@ -70,6 +70,7 @@ from .runs import (
     run_dir_of,
     training_summary,
 )
+from .schedule import RunsFailed, run_all
 from .sources import LoadedSource
 from .spec import Study, Variant
 
@@ -326,22 +327,10 @@ def _evaluate_source(study: Study, variant: Variant, out: Path, runs: Path, *, p
     return store.path
 
 
-def _stop_on_sigterm() -> None:
-    """A worker process's initializer: SIGTERM (the study stopping its runs) raises ``KeyboardInterrupt``, so
-    the run unwinds as on Ctrl-C - its data loader and locks released, its semaphores unregistered - rather
-    than dying where it stands (the resource tracker then warned of leaked semaphores)."""
-    import signal
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-
-
-def _worker(args: tuple[Study, str, int, str, str, str | None, bool, bool, int | None]) -> str:
-    study, slug, seed, out, runs, device, cache, any_machine, loader_workers = args
-    return str(run_one(study, slug, seed, out, runs, progress=False, threads=1, device=device, cache=cache,
-                       any_machine=any_machine, loader_workers=loader_workers))
+def _worker(args: tuple[Study, str, int, str, str, dict[str, Any]]) -> str:
+    """One run, from :func:`~.schedule.run_all` (a module-level function: worker processes pickle it)."""
+    study, slug, seed, out, runs, options = args
+    return str(run_one(study, slug, seed, out, runs, **options))
 
 
 def _check_settings(study: Study, out: Path, force: bool, command: str | None = None) -> None:
@@ -443,6 +432,7 @@ def run_study(
     cache: bool = True,
     any_machine: bool = False,
     loader_workers: int | None = None,
+    keep_going: bool = False,
 ) -> Path:
     """Run every (variant, seed) of ``study`` (``only``: these variant slugs; ``seeds``: these of the
     study's seeds), then the checks, then write the report; returns the report's path.
@@ -466,6 +456,9 @@ def run_study(
             recipe's; 0: in the run's process); the batches are the same with any number (each image's
             augmentation is seeded by its index), so finished runs stay valid. On a GPU the in-process loader
             is the limit (docs/benchmarks.md).
+        keep_going: a run that fails does not stop the others; the call ends with
+            :class:`~.schedule.RunsFailed` naming the failed runs, after the checks and the report (without
+            it the first failure is raised once the runs already going have finished).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
@@ -508,56 +501,21 @@ def run_study(
           f"{list(study.seeds)}; " + (f"results and runs in {out}" if Path(runs) == Path(out) else
                                        f"results in {out}, runs in {runs}")
           + (f", {jobs} in parallel" if jobs > 1 else ""), flush=True)
-    # the report is rewritten after each finished run (a long study's report stays current), except after
-    # the last one: the final report below follows it at once
-    if jobs == 1:
-        for i, (v, s) in enumerate(todo):
-            run_one(study, v.slug, s, out, runs, progress=progress, device=device, cache=cache,
-                    any_machine=any_machine, loader_workers=loader_workers)
-            if report and i < len(todo) - 1:
-                _report(out)
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-        # one thread each, OpenMP waiting passively: set before the workers start their runtimes
-        os.environ["OMP_NUM_THREADS"] = "1"
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
-                                 initializer=_stop_on_sigterm) as pool:
-            # at most `jobs` runs submitted at a time: the pool queues one more than it runs, and a worker
-            # stopped by SIGTERM went on to that queued run while the stopped study waited for it
-            queue = list(todo)
-            running: set = set()
-
-            def submit() -> None:
-                if queue:
-                    v, s = queue.pop(0)
-                    running.add(pool.submit(_worker, (study, v.slug, s, str(out), str(runs), device, cache,
-                                                      any_machine, loader_workers)))
-
-            try:
-                for _ in range(jobs):
-                    submit()
-                done = 0
-                while running:
-                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                    for fut in finished:
-                        running.discard(fut)
-                        fut.result()
-                        done += 1
-                        submit()
-                        if report and done < len(todo):
-                            _report(out)
-            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the runs, not wait for them (a SIGTERM
-                # reaches this process only; their last whole checkpoints and finished items stay)
-                pool.shutdown(wait=False, cancel_futures=True)
-                for child in mp.active_children():
-                    child.terminate()
-                raise
+    # one thread each in parallel (the workers' processes), this process's setting for jobs=1; the report is
+    # rewritten after each finished run (a long study's report stays current), except after the last one:
+    # the final report below follows it at once
+    options = dict(progress=progress and jobs == 1, threads=1 if jobs > 1 else None, device=device,
+                   cache=cache, any_machine=any_machine, loader_workers=loader_workers)
+    failed = run_all([f"{v.slug} s{s}" for v, s in todo],
+                     [(study, v.slug, s, str(out), str(runs), options) for v, s in todo], _worker,
+                     jobs=jobs, keep_going=keep_going,
+                     after_each=lambda done: _report(out) if report and done < len(todo) else None)
     if checks:
         run_checks(study, out, runs)
-    return _report(out) if report else out / "report.md"
+    path = _report(out) if report else out / "report.md"
+    if failed:  # keep_going: the others' results, checks and report are written; the failures end the call
+        raise RunsFailed(failed, len(todo))
+    return path
 
 
 def run_checks(study: Study, out: Path, runs: Path) -> None:

@@ -1,0 +1,120 @@
+"""How a study's runs are scheduled: one after another in this process (``jobs=1``), or ``jobs`` at a time in
+worker processes, one thread each. By default the first run that fails stops the study (the runs already
+going finish); with ``keep_going`` a failed run is reported as it fails, the other runs go on, and the study
+ends with :class:`RunsFailed` naming every failed run - a long background study is not lost to one run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["RunsFailed", "run_all"]
+
+
+class RunsFailed(RuntimeError):
+    """Some of a study's runs failed (``keep_going``); the others' results are kept. ``failed``: (run name,
+    exception) pairs, ``total``: the runs the call had."""
+
+    def __init__(self, failed: Sequence[tuple[str, BaseException]], total: int) -> None:
+        self.failed, self.total = list(failed), total
+        what = "; ".join(f"{name} ({_one_line(e)})" for name, e in self.failed)
+        super().__init__(f"{len(self.failed)} of {total} run(s) failed: {what}; the other runs' results are "
+                         "kept - fix the cause and run the same command again (finished runs are reused)")
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def _stop_on_sigterm() -> None:
+    """A worker process's initializer: SIGTERM (the study stopping its runs) raises ``KeyboardInterrupt``, so
+    the run unwinds as on Ctrl-C - its data loader and locks released, its semaphores unregistered - rather
+    than dying where it stands (the resource tracker then warned of leaked semaphores)."""
+    import signal
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def run_all(names: Sequence[str], calls: Sequence[Any], fn: Callable[[Any], Any], *, jobs: int,
+            keep_going: bool = False,
+            after_each: Callable[[int], None] | None = None) -> list[tuple[str, BaseException]]:
+    """Call ``fn(call)`` for every call (``names``: the runs' names, for messages), ``jobs`` at a time in
+    worker processes (``fn`` then must be picklable: a module-level function) or here for ``jobs=1``;
+    ``after_each(n)`` after the n-th run to end, when it finished (not after a failed one). Returns the
+    failed runs (``keep_going``; without it the first failure is raised, after the runs already going have
+    finished). Ctrl-C or SIGTERM stops every worker at once: their last whole checkpoints and finished items
+    stay."""
+    failed: list[tuple[str, BaseException]] = []
+
+    def failure(name: str, e: Exception) -> None:
+        if not keep_going:
+            raise e
+        print(f"[{name}] failed ({_one_line(e)}); the study goes on (--keep-going)", file=sys.stderr,
+              flush=True)
+        failed.append((name, e))
+
+    if jobs == 1:
+        for i, (name, call) in enumerate(zip(names, calls, strict=True)):
+            try:
+                fn(call)
+            except Exception as e:  # noqa: BLE001 - reported, or raised without keep_going
+                failure(name, e)
+                continue
+            if after_each is not None:
+                after_each(i + 1)
+        return failed
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    # one thread each, OpenMP waiting passively: set before the workers start their runtimes
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
+                             initializer=_stop_on_sigterm) as pool:
+        # at most `jobs` runs submitted at a time: the pool queues one more than it runs, and a worker
+        # stopped by SIGTERM went on to that queued run while the stopped study waited for it
+        queue = list(zip(names, calls, strict=True))
+        running: dict[Any, str] = {}
+
+        def submit() -> None:
+            while queue:
+                name, call = queue.pop(0)
+                try:
+                    running[pool.submit(fn, call)] = name
+                    return
+                except BrokenProcessPool as e:  # a worker died (killed, out of memory): no run starts now
+                    failure(name, e)
+
+        try:
+            for _ in range(jobs):
+                submit()
+            done = 0
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    name = running.pop(fut)
+                    done += 1
+                    ok = True
+                    try:
+                        fut.result()
+                    except Exception as e:  # noqa: BLE001 - reported, or raised without keep_going
+                        failure(name, e)
+                        ok = False
+                    submit()
+                    if ok and after_each is not None:
+                        after_each(done)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the runs, not wait for them (a SIGTERM
+            # reaches this process only; their last whole checkpoints and finished items stay)
+            pool.shutdown(wait=False, cancel_futures=True)
+            for child in mp.active_children():
+                child.terminate()
+            raise
+    return failed
