@@ -261,11 +261,12 @@ def test_parse_errors_are_one_line_from_the_entry_point(argv, says, capsys) -> N
 
 def test_system_errors_say_what_in_words() -> None:
     """An OSError's line was "[Errno 20] Not a directory: 'x/y'": now the path and the system's words."""
-    from kpca_attention.cli import _one_line
+    from kpca_attention.checks import error_line
 
-    assert _one_line(NotADirectoryError(20, "Not a directory", "/etc/passwd/x")) == \
+    assert error_line(NotADirectoryError(20, "Not a directory", "/etc/passwd/x")) == \
         "/etc/passwd/x: not a directory"
-    assert _one_line(ValueError("--n must be >= 1")) == "--n must be >= 1"
+    assert error_line(ValueError("--n must be >= 1")) == "--n must be >= 1"
+    assert error_line(ValueError("first\nsecond")) == "first" and error_line(KeyError()) == "KeyError"
 
 
 @pytest.mark.parametrize(("args", "says"), [

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["check_int", "check_real", "check_choice", "check_slug", "describe_range", "check_count",
-           "check_parameters", "Int", "Real", "Bool", "Text", "Choice", "option_name"]
+           "check_parameters", "Int", "Real", "Bool", "Text", "Choice", "option_name", "error_line"]
 
 
 def describe_range(kind: str, min: float | None = None, max: float | None = None, *,
@@ -218,3 +218,17 @@ def check_parameters(values: Mapping[str, Any], constraints: Mapping[str, Any], 
     (``--batch-size``)."""
     return {key: constraints[key](value, option_name(key, cli)) if key in constraints else value
             for key, value in values.items()}
+
+
+def error_line(e: BaseException) -> str:
+    """An exception as one line for a user: the first line of its message (its class name if it has
+    none), the system's words for an ``OSError`` (``path: no such file or directory``, not ``[Errno 2]``),
+    and the missing file's name for a ``FileNotFoundError`` that does not say it."""
+    text = str(e).strip()
+    msg = text.splitlines()[0] if text else type(e).__name__
+    if isinstance(e, OSError) and e.strerror and msg.startswith("[Errno"):
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{where}{e.strerror[0].lower()}{e.strerror[1:]}"
+    if isinstance(e, FileNotFoundError) and e.filename and str(e.filename) not in msg:
+        msg = f"{msg}: {e.filename}"
+    return msg

@@ -25,6 +25,8 @@ from typing import Any
 
 import typer
 
+from ..checks import error_line
+
 __all__ = ["app", "main", "parse_list", "parse_ints", "parse_floats", "USER_ERRORS", "user_errors",
            "refuse_hf_folder", "set_threads", "THREADS_HELP"]
 
@@ -144,17 +146,6 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 USER_ERRORS = _user_errors()
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    msg = text.splitlines()[0] if text else type(e).__name__
-    if isinstance(e, OSError) and e.strerror and msg.startswith("[Errno"):  # the system's words, not its code
-        where = f"{e.filename}: " if e.filename else ""
-        return f"{where}{e.strerror[0].lower()}{e.strerror[1:]}"
-    if isinstance(e, FileNotFoundError) and e.filename and str(e.filename) not in msg:
-        msg = f"{msg}: {e.filename}"
-    return msg
-
-
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a command so that :data:`USER_ERRORS` print one line ``error: ...`` and exit with code 2
     (unless ``--debug``)."""
@@ -166,7 +157,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except USER_ERRORS as e:
             if DEBUG:
                 raise
-            typer.echo(f"error: {_one_line(e)}", err=True)
+            typer.echo(f"error: {error_line(e)}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt as e:  # here, not in main(): click turns it into a silent Exit(130) first
             typer.echo("interrupted: finished work is kept (the last whole checkpoint, every finished result "

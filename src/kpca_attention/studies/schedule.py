@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..checks import error_line
+
 __all__ = ["RunsFailed", "run_all"]
 
 
@@ -26,8 +28,7 @@ class RunsFailed(RuntimeError):
 
 
 def _one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+    return f"{type(e).__name__}: {error_line(e)}"
 
 
 def _stop_on_sigterm() -> None:
