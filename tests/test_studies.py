@@ -231,6 +231,18 @@ def test_vision_large_runs_end_to_end(tmp_path) -> None:
     assert res["rpc_official"][0]["run"]["params"] > 4e6 and "RPC-SymViT" in report.read_text()
 
 
+@pytest.mark.filterwarnings("ignore:.*outlasts epochs")  # a recipe shortened for the test
+def test_zoo_large_runs_end_to_end(tmp_path) -> None:
+    # and zoo-large's mechanisms that carry state through the model or fix the token count at DeiT-Tiny
+    # width and depth (PIDformer: V^0 and the running integral; RVT: a learned N x N scale per head), so a
+    # GPU loan is not spent finding a broken definition
+    study = _toy(get_study("zoo-large"), seeds=(0,))
+    with torch.inference_mode(False):
+        run_study(study, tmp_path, progress=False, checks=False, only=("pid", "rvt"))
+    settings, res = load_study_results(tmp_path)
+    assert sorted(res) == ["pid", "rvt"] and all(res[s][0]["run"]["params"] > 4e6 for s in res)
+
+
 def test_no_checks_leaves_the_throughput_check_out(tmp_path) -> None:
     study = ablation_study(seeds=(0,), variants=("rpc_no_dual",), quick=True, train_subset=64)
     study = study.replace(suites=ImageSuites(clean=32, corruptions=None, attacks=()), trace=0)
