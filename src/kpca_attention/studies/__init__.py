@@ -25,8 +25,7 @@ from .vision import vision_large_study, vision_study
 from .zoo import rpc_fan_study, zoo_language_study, zoo_large_study, zoo_study
 
 __all__ = ["Study", "Variant", "Check", "Margin", "run_study", "run_one", "RunsFailed", "STUDIES",
-           "get_study",
-           "demo_study", "quick_demo_study", "ablation_study", "vision_study",
+           "get_study", "demo_study", "quick_demo_study", "ablation_study", "vision_study",
            "vision_large_study", "rpc_seeds_study", "rpc_depth12_study",
            "zoo_study", "zoo_large_study", "zoo_language_study", "rpc_fan_study"]
 
