@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import pytest
 import torch
@@ -39,6 +40,30 @@ def test_without_keep_going_the_first_failure_stops_the_runs_after_it() -> None:
     assert called == [4.0, -1.0]  # c never started
     with pytest.raises(ValueError, match="math domain error"):
         run_all(["a", "b", "c"], [4.0, -1.0, 9.0], math.sqrt, jobs=2)
+
+
+def _die_or_sqrt(x: float) -> float:
+    """A run whose worker process dies at once (killed, out of memory) for x < 0."""
+    if x < 0:
+        os._exit(3)
+    return math.sqrt(x)
+
+
+def test_keep_going_replaces_a_pool_whose_worker_died(capsys) -> None:
+    # a dead worker breaks the pool: it fails the runs it holds (a run beside the dead one resumes from its
+    # checkpoint on the next call) and takes no more. The first two runs die, so no run can have finished
+    # on the first pool: the last two can only have run on a new one
+    ended: list[int] = []
+    names = ["dies", "dies too", "c", "d"]
+    failed = run_all(names, [-1.0, -1.0, 4.0, 9.0], _die_or_sqrt, jobs=2, keep_going=True,
+                     after_each=ended.append)
+    assert sorted(n for n, _ in failed) == ["dies", "dies too"]
+    assert all(type(e).__name__ == "BrokenProcessPool" for _, e in failed)
+    assert ended == [3, 4]
+    assert "[dies] failed (BrokenProcessPool: A process in the process pool was terminated abruptly" \
+        in capsys.readouterr().err
+    with pytest.raises(Exception, match="terminated abruptly"):  # without keep_going: the study stops
+        run_all(names[:2], [-1.0, 4.0], _die_or_sqrt, jobs=2)
 
 
 def _broken_study():

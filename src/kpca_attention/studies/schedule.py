@@ -78,44 +78,50 @@ def run_all(names: Sequence[str], calls: Sequence[Any], fn: Callable[[Any], Any]
     # one thread each, OpenMP waiting passively: set before the workers start their runtimes
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
-                             initializer=_stop_on_sigterm) as pool:
+    queue = list(zip(names, calls, strict=True))
+    ended = [0]
+
+    def drain(pool: Any) -> None:
+        """Run the queue on ``pool`` until it is empty or the pool breaks (a worker died: killed, out of
+        memory); the pool then fails the runs it holds and takes no more."""
         # at most `jobs` runs submitted at a time: the pool queues one more than it runs, and a worker
         # stopped by SIGTERM went on to that queued run while the stopped study waited for it
-        queue = list(zip(names, calls, strict=True))
         running: dict[Any, str] = {}
 
         def submit() -> None:
-            while queue:
-                name, call = queue.pop(0)
+            if queue:
                 try:
-                    running[pool.submit(fn, call)] = name
+                    running[pool.submit(fn, queue[0][1])] = queue[0][0]
+                except BrokenProcessPool:  # the next pool takes it
                     return
-                except BrokenProcessPool as e:  # a worker died (killed, out of memory): no run starts now
-                    failure(name, e)
+                queue.pop(0)
 
-        try:
-            for _ in range(jobs):
-                submit()
-            done = 0
-            while running:
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    name = running.pop(fut)
-                    done += 1
-                    ok = True
-                    try:
-                        fut.result()
-                    except Exception as e:  # noqa: BLE001 - reported, or raised without keep_going
-                        failure(name, e)
-                        ok = False
+        for _ in range(jobs):
+            submit()
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                name = running.pop(fut)
+                ended[0] += 1
+                try:
+                    fut.result()
+                except Exception as e:  # noqa: BLE001 - reported, or raised without keep_going
+                    failure(name, e)
                     submit()
-                    if ok and after_each is not None:
-                        after_each(done)
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the runs, not wait for them (a SIGTERM
-            # reaches this process only; their last whole checkpoints and finished items stay)
-            pool.shutdown(wait=False, cancel_futures=True)
-            for child in mp.active_children():
-                child.terminate()
-            raise
+                    continue
+                submit()
+                if after_each is not None:
+                    after_each(ended[0])
+
+    while queue:  # one pool, or with keep_going a new one for the runs left after a worker died
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
+                                 initializer=_stop_on_sigterm) as pool:
+            try:
+                drain(pool)
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the runs, not wait for them (a SIGTERM
+                # reaches this process only; their last whole checkpoints and finished items stay)
+                pool.shutdown(wait=False, cancel_futures=True)
+                for child in mp.active_children():
+                    child.terminate()
+                raise
     return failed
