@@ -603,3 +603,20 @@ def test_a_verdicts_plan_numbers_are_holms_first_step_and_tost() -> None:
 def test_an_interval_wholly_outside_the_margin_says_so() -> None:
     v = verdict([2.0, 2.2, 1.9, 2.1], 0.5, 1.0)
     assert v.word == INCONCLUSIVE and "wholly outside" in v.reason
+
+
+def test_forest_axis_says_which_side_is_the_variant_s_better_one(tmp_path, monkeypatch):
+    """A perplexity forest plot read "difference (variant - baseline), perplexity" and left the reader to
+    remember that lower is better there (and higher for accuracy). The axis says it when every row's
+    metric goes the same way; the study reports pass the way (mixed or unknown: nothing added)."""
+    import kpca_attention.report.forest as forest
+
+    figs = []
+    monkeypatch.setattr(forest, "save_figure", lambda fig, path, **k: figs.append(fig) or path)
+    v = verdict(np.array([-1.0, -1.2, -0.9]), None, p_adjusted=1.0)
+    for way in (False, True, None):
+        forest_plot([("test ppl", v)], tmp_path / "f.png", "t", "perplexity", higher_is_better=way)
+    labels = [f.axes[0].get_xlabel() for f in figs]
+    assert labels == ["difference (variant - baseline), perplexity; < 0: variant better",
+                      "difference (variant - baseline), perplexity; > 0: variant better",
+                      "difference (variant - baseline), perplexity"]

@@ -27,10 +27,12 @@ def verdict_color(word: str) -> str:
 
 def forest_plot(rows: Sequence[tuple[str, Verdict]] | Mapping[str, Verdict], path: str | os.PathLike,
                 title: str, unit: str, *, words: Sequence[str] | None = None,
-                difference: str = "variant - baseline") -> Path:
+                difference: str = "variant - baseline", higher_is_better: bool | None = None) -> Path:
     """Draw ``rows`` (``(label, verdict)`` pairs or ``{label: verdict}``, top to bottom) to the PNG
     ``path``; the x axis is the difference ``difference`` in ``unit`` (e.g. ``"points of top-1
-    accuracy"``). Rows without an interval (fewer than 2 seeds) show their mean alone. ``words``: the text
+    accuracy"``), and says which side is the variant's better one when ``higher_is_better`` is given (every
+    row's metric the same way: accuracy True, perplexity False). Rows without an interval (fewer than 2
+    seeds) show their mean alone. ``words``: the text
     on the right of each row (default: its verdict word; the colour is always the verdict's). A row whose
     95 % interval excludes 0 but whose verdict is not ``better`` / ``worse`` (the verdict is Holm-adjusted
     over its family, the drawn interval is not) says its Holm p beside the word. Returns the path.
@@ -80,7 +82,8 @@ def forest_plot(rows: Sequence[tuple[str, Verdict]] | Mapping[str, Verdict], pat
     for tick, (_, v) in zip(right.get_yticklabels(), items, strict=True):
         tick.set_color(verdict_color(v.word))
     right.tick_params(axis="y", length=0)
-    ax.set_xlabel(f"difference ({difference}), {unit}")
+    side = "" if higher_is_better is None else f"; {'> 0' if higher_is_better else '< 0'}: variant better"
+    ax.set_xlabel(f"difference ({difference}), {unit}{side}")
     ax.grid(axis="x", alpha=0.3)
     adjusted = any(v.p_holm is not None for _, v in items)
     handles = [Line2D([], [], color="#424242", lw=1.3,

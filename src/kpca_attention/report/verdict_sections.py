@@ -283,7 +283,9 @@ def _comparison_lines(out: Path, sec: StudySections, comp: str, variants: Sequen
             note = interim_note({"n": n, "planned": max(planned[(m.key, s)] for m in shown)})
             name = f"forest_{s}.png" if first else f"forest_{s}_vs_{comp}.png"
             title = f"{label[s]} - {label[comp]} over {n} seeds" + (f" ({note})" if note else "")
-            plots.append(forest_plot(prow, output_path(out, name, what="plot"), title, main_unit))
+            ways = {m.higher_is_better for m in shown}  # one way for every row, or the axis says none
+            plots.append(forest_plot(prow, output_path(out, name, what="plot"), title, main_unit,
+                                     higher_is_better=ways.pop() if len(ways) == 1 else None))
     if plots:
         lines += ["Forest plots (one per comparison with >= 2 paired seeds; "
                   + (f"{', '.join(m.title for m in metrics if m.unit != main_unit)} in the table only; "
