@@ -158,9 +158,15 @@ def test_a_verdict_before_the_planned_seeds_is_marked_interim(study_dir: Path, m
     import kpca_attention.report.verdict_sections as sections
 
     titles: list[str] = []
+    ways: list[bool | None] = []
     draw = sections.forest_plot
-    monkeypatch.setattr(sections, "forest_plot",
-                        lambda rows, path, title, unit: titles.append(title) or draw(rows, path, title, unit))
+
+    def spy(rows, path, title, unit, **kw):
+        titles.append(title)
+        ways.append(kw.get("higher_is_better"))
+        return draw(rows, path, title, unit, **kw)
+
+    monkeypatch.setattr(sections, "forest_plot", spy)
     settings = read_json(study_dir / "settings.json")
     settings["seeds"] = [*SEEDS, 6]
     write_json_atomic(study_dir / "settings.json", settings)
@@ -179,6 +185,7 @@ def test_a_verdict_before_the_planned_seeds_is_marked_interim(study_dir: Path, m
     assert "inconclusive (interim" not in row + lm_row
     assert "| better (interim: 6 of 7 planned seeds) |" in report and INTERIM_NOTE in report
     assert titles and all(t.endswith("over 6 seeds (interim: 6 of 7 planned seeds)") for t in titles)
+    assert set(ways) == {False}  # perplexity: the plots' axes say lower is the variant's better side
     titles.clear()
     settings["seeds"] = SEEDS
     write_json_atomic(study_dir / "settings.json", settings)
