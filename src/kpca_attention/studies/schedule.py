@@ -79,7 +79,7 @@ def run_all(names: Sequence[str], calls: Sequence[Any], fn: Callable[[Any], Any]
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     queue = list(zip(names, calls, strict=True))
-    ended = [0]
+    ended = 0  # runs that have ended, failed or not
 
     def drain(pool: Any) -> None:
         """Run the queue on ``pool`` until it is empty or the pool breaks (a worker died: killed, out of
@@ -96,22 +96,23 @@ def run_all(names: Sequence[str], calls: Sequence[Any], fn: Callable[[Any], Any]
                     return
                 queue.pop(0)
 
+        nonlocal ended
         for _ in range(jobs):
             submit()
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in finished:
                 name = running.pop(fut)
-                ended[0] += 1
+                ended += 1
+                ok = True
                 try:
                     fut.result()
                 except Exception as e:  # noqa: BLE001 - reported, or raised without keep_going
                     failure(name, e)
-                    submit()
-                    continue
+                    ok = False
                 submit()
-                if after_each is not None:
-                    after_each(ended[0])
+                if ok and after_each is not None:
+                    after_each(ended)
 
     while queue:  # one pool, or with keep_going a new one for the runs left after a worker died
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
