@@ -105,7 +105,8 @@ def run_part(name: str, part: Part, quick: bool) -> dict:
     print(f"[{name}] {status} in {seconds:.0f} s" + "".join(f"\n  {ln}" for ln in lines)
           + (f"\n  exit status {res.returncode}: {res.stderr.strip().splitlines()[-1:]}" if status == "error"
              else ""), flush=True)
-    return {"command": " ".join(cmd[1:]), "env": part.env, "returncode": res.returncode,
+    shown = " ".join([f"benchmarks/{part.script}", *cmd[2:]])  # the record names no path of this disk
+    return {"command": shown, "env": part.env, "returncode": res.returncode,
             "seconds": round(seconds, 1), "load_before": load_before, "load_after": os.getloadavg()[0],
             "status": status, "verdict_lines": lines, "output": output}
 

@@ -62,6 +62,7 @@ def test_every_part_runs_its_script_at_toy_sizes(tmp_path):
             continue
         assert part["status"] != "error", (name, part["output"][-2000:])
         assert part["returncode"] == 0 and part["seconds"] > 0
+        assert part["command"].startswith(f"benchmarks/{cpu_check.PARTS[name].script} ")  # no local path
     # the targets' parts print verdicts (toy sizes: PASS or FAIL, either), the diagnostic none
     assert rec["parts"]["pap"]["verdict_lines"] and rec["parts"]["models"]["verdict_lines"]
     assert len(rec["parts"]["family"]["verdict_lines"]) >= 7
