@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .spec import Study
+from .spec import Study, Variant
 
 __all__ = ["training_throughput", "throughput_check", "step_peak_memory", "training_cost",
            "cost_check", "CostInputs", "cost_inputs"]
@@ -48,28 +48,32 @@ def cost_inputs(study: Study, batch_size: int | None = None) -> CostInputs:
     cfg = study.train_config(study.variants[0], study.seeds[0], "x")
     bs = batch_size or cfg.batch_size
     task = get_task(cfg.task)
+    unit = task.throughput_key.removesuffix("_per_s")  # what training logs: images, tokens
     if task.takes_tokens:
         splits = task.datasets(cfg, with_eval=False)
         x, y = (torch.stack(t) for t in zip(*(splits.train[i] for i in range(bs)), strict=True))
-        nets = {}
-        for v in study.variants:
-            torch.manual_seed(0)
-            net = task.build_model(study.train_config(v, study.seeds[0], "x"), splits.info).train()
-            nets[v.slug] = (net, torch.optim.AdamW(net.parameters(), lr=1e-4))
-        return CostInputs(nets, x, y, task.objective(cfg, splits.info).loss, "tokens", task.count(y))
-    from ..data.images import build_image_dataset
-    from ..models import create_model
+        loss = task.objective(cfg, splits.info).loss
 
-    x0, _ = build_image_dataset(cfg.dataset, "test")[0]
-    gen = torch.Generator().manual_seed(0)
-    x = torch.rand(bs, *x0.shape, generator=gen)
-    y = torch.randint(0, 10, (bs,), generator=gen)
+        def build(v: Variant) -> torch.nn.Module:
+            return task.build_model(study.train_config(v, study.seeds[0], "x"), splits.info)
+    else:
+        from ..data.images import build_image_dataset
+        from ..models import create_model
+
+        x0, _ = build_image_dataset(cfg.dataset, "test")[0]
+        gen = torch.Generator().manual_seed(0)
+        x = torch.rand(bs, *x0.shape, generator=gen)
+        y = torch.randint(0, 10, (bs,), generator=gen)
+        loss = _cross_entropy
+
+        def build(v: Variant) -> torch.nn.Module:
+            return create_model(v.model, num_classes=10, in_chans=x0.shape[0], **dict(v.kwargs))
     nets = {}
-    for v in study.variants:
+    for v in study.variants:  # each built from the same seed
         torch.manual_seed(0)
-        net = create_model(v.model, num_classes=10, in_chans=x0.shape[0], **dict(v.kwargs)).train()
+        net = build(v).train()
         nets[v.slug] = (net, torch.optim.AdamW(net.parameters(), lr=1e-4))
-    return CostInputs(nets, x, y, _cross_entropy, "images", task.count(y))
+    return CostInputs(nets, x, y, loss, unit, task.count(y))
 
 
 def _step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
