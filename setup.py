@@ -26,8 +26,14 @@ if x86 and os.environ.get("KPCA_ATTENTION_BUILD_KERNELS", "1") != "0":
         flags = {"cpu_kernels": ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
                  "cpu_kernels_avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma",
                                         "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]}
+        # -fopenmp: at::parallel_for is an inline template that runs its loop as an OpenMP region only where
+        # the including code is compiled with OpenMP; without it every "parallel" kernel ran on one thread
+        # whatever torch's thread count (PAP's 2-thread forward scaled 1.3x, not 1.7x, on a Xeon:
+        # docs/benchmarks.md). Linked with -fopenmp, the kernels take the libgomp torch has loaded (one
+        # soname, one copy in the process).
         for name, isa in flags.items():
-            ext = CppExtension(f"kpca_attention.pap.{name}", SOURCES, extra_compile_args=["-O3", *isa])
+            ext = CppExtension(f"kpca_attention.pap.{name}", SOURCES,
+                               extra_compile_args=["-O3", "-fopenmp", *isa], extra_link_args=["-fopenmp"])
             ext.optional = True  # a compiler error is a warning: the eager ops run instead
             ext_modules.append(ext)
         # without ninja, a compiler error is distutils' CompileError, which an optional extension tolerates

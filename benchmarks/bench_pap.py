@@ -262,7 +262,9 @@ def _minor_faults() -> int:
 
 def report(name: str, med: dict, threads: int, targets: dict[str, float], extras: bool) -> bool:
     ok = True
-    print(f"\n[{name}] threads = {threads}")
+    torch.set_num_threads(threads)
+    loops = kernels.parallel_threads()  # 1 at several threads: a kernel build without OpenMP (setup.py)
+    print(f"\n[{name}] threads = {threads}" + (f" (the kernels' parallel loops on {loops})" if loops else ""))
     print(f"  {'pass':<18}{'sdpa ms':>10}{'pap ms':>10}{'pap/sdpa':>10}{'target':>8}  verdict"
           f"{'eager/sdpa':>12}" + (f"{'naive/sdpa':>12}" if extras else ""))
     for phase, target in targets.items():

@@ -220,6 +220,19 @@ def test_kernels_run_and_make_no_subnormal_on_growing_iterates() -> None:
 
 
 @needs_kernels
+def test_the_kernels_parallel_loops_run_on_torchs_threads() -> None:
+    # at::parallel_for is an inline template: compiled without OpenMP (setup.py before -fopenmp) it ran every
+    # kernel's loop inline, on one thread at any torch thread count
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert kernels.parallel_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n_iter", [1, 2, 3, 4])
 @pytest.mark.parametrize("tau_shape", ["scalar", "per_head", "per_row"])

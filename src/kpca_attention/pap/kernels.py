@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["available", "active", "eager_only", "BUILD"]
+__all__ = ["available", "active", "eager_only", "parallel_threads", "BUILD"]
 
 #: which build was loaded ("cpu_kernels_avx512" or "cpu_kernels"), None without kernels
 BUILD: str | None = None
@@ -61,6 +61,12 @@ def active() -> Any:
     """The kernels' operators (``torch.ops.kpca_attention``) when they are to be used now, else None (the
     eager ops run)."""
     return _MODULE if _ENABLED else None
+
+
+def parallel_threads() -> int:
+    """How many threads the kernels' parallel loops run on now (torch's intra-op thread count; 1 for a build
+    without OpenMP, where they run inline; 0 without kernels). Benchmarks print it beside their ratios."""
+    return int(_MODULE.parallel_threads()) if _MODULE is not None else 0
 
 
 @contextlib.contextmanager
