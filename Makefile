@@ -45,7 +45,7 @@ bench: setup
 	$(PY) benchmarks/bench_kpca.py
 
 # Every CPU speed target in one command (benchmarks/cpu_check.py): refuses a busy machine (exit 2), writes
-# benchmarks/records/<date>-<cpu>-cpu_check.json for docs/benchmarks.md's table of this kind of machine.
+# benchmarks/records/<date>-<cpu>-<commit>-cpu_check.json for docs/benchmarks.md's table of this kind of machine.
 cpu-check: setup
 	$(PY) benchmarks/cpu_check.py
 

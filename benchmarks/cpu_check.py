@@ -6,7 +6,7 @@ A speed claim holds only where it holds on every kind of machine (an AMD EPYC an
 docs/benchmarks.md keeps one table per kind). This runs the scripts that carry the targets, each in its
 own process, in order, and writes what they printed - with the CPU model, torch's vector instructions,
 the commit and the load average before and after each part - to
-``benchmarks/records/<date>-<cpu>-cpu_check.json`` (``--json`` elsewhere):
+``benchmarks/records/<date>-<cpu>-<commit>-cpu_check.json`` (``--json`` elsewhere):
 
 1. ``pap``       - ``bench_pap.py``: PAP / one SDPA call, forward <= 4.5x, forward+backward <= 5.0x, random
    and trained keys, 1 and 2 threads (issue 28);
@@ -122,8 +122,10 @@ def commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def record_path(cpu: str, today: datetime.date) -> Path:
-    slug = re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-") or "cpu"
+def record_path(cpu: str, today: datetime.date, code: str) -> Path:
+    """``records/<date>-<cpu>-<commit>-cpu_check.json``: a second check on one day (after a change) keeps the
+    first's record."""
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{cpu}-{code}".lower()).strip("-") or "cpu"
     return RECORDS / f"{today.isoformat()}-{slug}-cpu_check.json"
 
 
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of: {', '.join(PARTS)}")
     ap.add_argument("--json", type=Path, default=None, help="where the record goes (default: "
-                    "benchmarks/records/<date>-<cpu>-cpu_check.json)")
+                    "benchmarks/records/<date>-<cpu>-<commit>-cpu_check.json)")
     ap.add_argument("--max-load", type=float, default=0.5,
                     help="refuse to start above this 1-minute load average (default 0.5)")
     ap.add_argument("--busy-ok", action="store_true", help="run on a busy machine (the record says so)")
@@ -166,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.json
     if path is None:
         path = (Path(tempfile.gettempdir()) / "cpu_check-quick.json" if args.quick
-                else record_path(info["cpu"], datetime.date.today()))
+                else record_path(info["cpu"], datetime.date.today(), code))
     write_json_atomic(path, record)
     statuses = {n: p["status"] for n, p in record["parts"].items()}
     print(f"record: {path}\n" + json.dumps(statuses))

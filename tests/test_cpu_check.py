@@ -30,12 +30,15 @@ def test_verdicts_from_the_scripts_lines():
     assert cpu_check.part_status(1, lines[:1]) == "error"
 
 
-def test_record_path_names_the_cpu_and_the_day():
+def test_record_path_names_the_cpu_the_day_and_the_commit():
     import datetime
 
-    p = cpu_check.record_path("Intel(R) Xeon(R) Processor @ 2.80GHz", datetime.date(2026, 12, 1))
-    assert p.name == "2026-12-01-intel-r-xeon-r-processor-2-80ghz-cpu_check.json"
+    day = datetime.date(2026, 12, 1)
+    p = cpu_check.record_path("Intel(R) Xeon(R) Processor @ 2.80GHz", day, "58ce76b+dirty")
+    assert p.name == "2026-12-01-intel-r-xeon-r-processor-2-80ghz-58ce76b-dirty-cpu_check.json"
     assert p.parent.name == "records"
+    # a check after a change, the same day on the same CPU, keeps the first one's record
+    assert cpu_check.record_path("Intel(R) Xeon(R) Processor @ 2.80GHz", day, "9f29319") != p
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
