@@ -33,7 +33,8 @@ if x86 and os.environ.get("KPCA_ATTENTION_BUILD_KERNELS", "1") != "0":
         # soname, one copy in the process).
         for name, isa in flags.items():
             ext = CppExtension(f"kpca_attention.pap.{name}", SOURCES,
-                               extra_compile_args=["-O3", "-fopenmp", *isa], extra_link_args=["-fopenmp"])
+                               extra_compile_args=["-O3", "-fopenmp", *isa], extra_link_args=["-fopenmp"],
+                               depends=["src/kpca_attention/pap/csrc/parallel.h"])
             ext.optional = True  # a compiler error is a warning: the eager ops run instead
             ext_modules.append(ext)
         # without ninja, a compiler error is distutils' CompileError, which an optional extension tolerates

@@ -302,6 +302,42 @@ def test_rkde_takes_the_weights_from_the_column_sums(opts: dict, monkeypatch) ->
     torch.testing.assert_close(got32, eager32, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rkde_column_sums_run_on_several_threads_under_autograd_and_inference_mode(threads: int) -> None:
+    """The column-sum kernels' heads run on OpenMP's worker threads, and their GEMMs there must see the
+    caller's grad mode, dispatch keys and inference mode (csrc/parallel.h; without them, at two threads:
+    "mm(): functions with out=... arguments don't support automatic differentiation" in training, "Inplace
+    update to inference tensor outside InferenceMode" under torch.inference_mode): forward, backward and an
+    inference-mode forward give, at one and two threads, the path that forms the kernels."""
+    from kpca_attention.pap import kernels
+
+    if kernels.active() is None:
+        pytest.skip("the compiled kernels are not built here, or KPCA_ATTENTION_KERNELS=0")
+    layer = layers(RobustAttention)
+    x = case_inputs("plain")[0].repeat(3, 1, 1)  # 3 x the batch: heads for both threads
+
+    def run(xx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        layer.zero_grad()
+        xx = xx.clone().requires_grad_()
+        out = layer(xx)
+        out.square().sum().backward()
+        with torch.inference_mode():
+            inf = layer(xx.detach())
+        return out.detach(), xx.grad, inf
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert kernels.parallel_threads() == threads
+        got = run(x)
+    finally:
+        torch.set_num_threads(before)
+    with kernels.eager_only():
+        ref = run(x)
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 def test_column_sums_backward_passes_gradcheck() -> None:
     from kpca_attention.attention.kde import _KernelColumnSums
     from kpca_attention.pap import kernels

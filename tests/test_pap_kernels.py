@@ -233,6 +233,39 @@ def test_the_kernels_parallel_loops_run_on_torchs_threads() -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernels_on_several_threads_under_inference_mode_and_autograd(threads: int,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # pap_forward's blocks run on OpenMP's worker threads, and their GEMMs there must see the caller's
+    # inference mode (csrc/parallel.h; without it, at two threads, torch.inference_mode raised "Inplace update
+    # to inference tensor outside InferenceMode"); the graph path's kernels too: values and gradients at one
+    # and two threads are the eager ops'
+    monkeypatch.setattr(softmax, "_BLOCK_FLOATS", 3 * 29 * 29)  # 3 heads a block: 12 heads -> 4 blocks
+    g = torch.Generator().manual_seed(threads)
+    k, v = (torch.randn(3, 4, 29, 12, generator=g, dtype=torch.float64) for _ in range(2))
+
+    def run() -> tuple[torch.Tensor, ...]:
+        with torch.inference_mode():
+            inf = pap(k, v, 3, 4.0)
+        kg, vg = k.clone().requires_grad_(), v.clone().requires_grad_()
+        out = pap(kg, vg, 3, 4.0)
+        out.square().sum().backward()
+        return inf, out.detach(), kg.grad, vg.grad
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert kernels.parallel_threads() == threads
+        got = run()
+    finally:
+        torch.set_num_threads(before)
+    with kernels.eager_only():
+        ref = run()
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n_iter", [1, 2, 3, 4])
 @pytest.mark.parametrize("tau_shape", ["scalar", "per_head", "per_row"])

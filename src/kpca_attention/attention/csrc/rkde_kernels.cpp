@@ -21,6 +21,8 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include "../../pap/csrc/parallel.h"
+
 #include <algorithm>
 #include <cmath>
 #include <tuple>
@@ -118,7 +120,7 @@ std::tuple<at::Tensor, at::Tensor> rkde_colsums(at::Tensor Xk, at::Tensor Xv, do
   at::Tensor sk = at::empty({bh, n}, Xk.options()), skv = at::empty({bh, n}, Xk.options());
   if (bh == 0 || n == 0) return {sk, skv};
   AT_DISPATCH_FLOATING_TYPES(Xk.scalar_type(), "rkde_colsums", [&] {
-    at::parallel_for(0, bh, 1, [&](int64_t h0, int64_t h1) {
+    kpca_attention::parallel_for_with_state(0, bh, 1, [&](int64_t h0, int64_t h1) {  // ATen ops inside
       // this task's buffers: the two Gram matrices and the scaled squared norms of one head
       at::Tensor G = at::empty({2, n, n}, Xk.options()), norms = at::empty({2, n}, Xk.options());
       at::Tensor Gk = G.select(0, 0), Gv = G.select(0, 1);
@@ -193,7 +195,7 @@ std::tuple<at::Tensor, at::Tensor> rkde_colsums_backward(at::Tensor Xk, at::Tens
   if (bh == 0 || n == 0) return {gXk, gXv};
   const int64_t wk = 2 * d + 2, wkv = 2 * d + 2 * dv + 2;  // widths of the right-hand sides
   AT_DISPATCH_FLOATING_TYPES(Xk.scalar_type(), "rkde_colsums_backward", [&] {
-    at::parallel_for(0, bh, 1, [&](int64_t h0, int64_t h1) {
+    kpca_attention::parallel_for_with_state(0, bh, 1, [&](int64_t h0, int64_t h1) {  // ATen ops inside
       at::Tensor G = at::empty({2, n, n}, Xk.options()), norms = at::empty({2, n}, Xk.options());
       at::Tensor Gk = G.select(0, 0), Gv = G.select(0, 1);
       at::Tensor Rk = at::empty({n, wk}, Xk.options()), Rkv = at::empty({n, wkv}, Xk.options());

@@ -28,6 +28,8 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include "parallel.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -379,7 +381,7 @@ at::Tensor pap_forward(at::Tensor K, at::Tensor V, at::Tensor tau, int64_t n_ite
   at::Tensor L = at::empty({bh, n, dv}, K.options());
   const int64_t tr = tau.size(1), nblocks = (bh + block - 1) / block, width = std::min(block, bh);
   AT_DISPATCH_FLOATING_TYPES(K.scalar_type(), "pap_forward", [&] {
-    at::parallel_for(0, nblocks, 1, [&](int64_t i0, int64_t i1) {
+    kpca_attention::parallel_for_with_state(0, nblocks, 1, [&](int64_t i0, int64_t i1) {  // ATen ops inside
       // this task's scratch, one block wide: scores, iterates (A, and C where there is a second step), row stats
       at::Tensor S = at::empty({width, n, n}, K.options());
       at::Tensor A = at::empty({width, n, d}, K.options()), C = n_iter > 1 ? at::empty_like(A) : A;
