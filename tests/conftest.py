@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,6 +32,12 @@ def single_thread():
     Use it for a whole module with ``pytestmark = pytest.mark.usefixtures("single_thread")``."""
     with _threads(1):
         yield
+
+
+@pytest.fixture
+def torch_threads() -> Callable[[int], AbstractContextManager[None]]:
+    """``with torch_threads(n):`` runs a block at ``n`` intra-op threads and restores the count after."""
+    return _threads
 
 
 @pytest.fixture(scope="module")

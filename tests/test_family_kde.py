@@ -303,7 +303,8 @@ def test_rkde_takes_the_weights_from_the_column_sums(opts: dict, monkeypatch) ->
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_rkde_column_sums_run_on_several_threads_under_autograd_and_inference_mode(threads: int) -> None:
+def test_rkde_column_sums_run_on_several_threads_under_autograd_and_inference_mode(threads: int,
+                                                                                  torch_threads) -> None:
     """The column-sum kernels' heads run on OpenMP's worker threads, and their GEMMs there must see the
     caller's grad mode, dispatch keys and inference mode (csrc/parallel.h; without them, at two threads:
     "mm(): functions with out=... arguments don't support automatic differentiation" in training, "Inplace
@@ -325,13 +326,9 @@ def test_rkde_column_sums_run_on_several_threads_under_autograd_and_inference_mo
             inf = layer(xx.detach())
         return out.detach(), xx.grad, inf
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         assert kernels.parallel_threads() == threads
         got = run(x)
-    finally:
-        torch.set_num_threads(before)
     with kernels.eager_only():
         ref = run(x)
     for a, b in zip(got, ref, strict=True):

@@ -220,22 +220,18 @@ def test_kernels_run_and_make_no_subnormal_on_growing_iterates() -> None:
 
 
 @needs_kernels
-def test_the_kernels_parallel_loops_run_on_torchs_threads() -> None:
+def test_the_kernels_parallel_loops_run_on_torchs_threads(torch_threads) -> None:
     # at::parallel_for is an inline template: compiled without OpenMP (setup.py before -fopenmp) it ran every
     # kernel's loop inline, on one thread at any torch thread count
-    before = torch.get_num_threads()
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
+    for threads in (1, 2):
+        with torch_threads(threads):
             assert kernels.parallel_threads() == threads
-    finally:
-        torch.set_num_threads(before)
 
 
 @needs_kernels
 @pytest.mark.parametrize("threads", [1, 2])
-def test_kernels_on_several_threads_under_inference_mode_and_autograd(threads: int,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kernels_on_several_threads_under_inference_mode_and_autograd(
+        threads: int, monkeypatch: pytest.MonkeyPatch, torch_threads) -> None:
     # pap_forward's blocks run on OpenMP's worker threads, and their GEMMs there must see the caller's
     # inference mode (csrc/parallel.h; without it, at two threads, torch.inference_mode raised "Inplace update
     # to inference tensor outside InferenceMode"); the graph path's kernels too: values and gradients at one
@@ -252,13 +248,9 @@ def test_kernels_on_several_threads_under_inference_mode_and_autograd(threads: i
         out.square().sum().backward()
         return inf, out.detach(), kg.grad, vg.grad
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         assert kernels.parallel_threads() == threads
         got = run()
-    finally:
-        torch.set_num_threads(before)
     with kernels.eager_only():
         ref = run()
     for a, b in zip(got, ref, strict=True):
