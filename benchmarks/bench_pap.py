@@ -247,6 +247,7 @@ def bench(k: torch.Tensor, v: torch.Tensor, threads: int, args: argparse.Namespa
             faults[key].append(_minor_faults() - f0)
     med = {key: statistics.median(ts) for key, ts in times.items()}
     med["faults"] = {key: statistics.mean(fs) for key, fs in faults.items()}
+    med["kernel_threads"] = kernels.parallel_threads()  # 1 at several threads: a build without OpenMP
     return med
 
 
@@ -262,8 +263,7 @@ def _minor_faults() -> int:
 
 def report(name: str, med: dict, threads: int, targets: dict[str, float], extras: bool) -> bool:
     ok = True
-    torch.set_num_threads(threads)
-    loops = kernels.parallel_threads()  # 1 at several threads: a kernel build without OpenMP (setup.py)
+    loops = med["kernel_threads"]
     print(f"\n[{name}] threads = {threads}" + (f" (the kernels' parallel loops on {loops})" if loops else ""))
     print(f"  {'pass':<18}{'sdpa ms':>10}{'pap ms':>10}{'pap/sdpa':>10}{'target':>8}  verdict"
           f"{'eager/sdpa':>12}" + (f"{'naive/sdpa':>12}" if extras else ""))
