@@ -24,6 +24,7 @@ from kpca_attention.report.stats import (
     tost_power,
 )
 from kpca_attention.report.verdicts import BETTER, INCONCLUSIVE, WORSE, Family, Verdict, verdict
+from kpca_attention.stats import signed_rank_p
 
 ALPHA = 0.05
 THREE_SIGMA = 1 - 2 * stats.norm.sf(3)  # 0.9973: the mass within +-3 SE of a normal
@@ -141,6 +142,21 @@ def test_holm_passes_missing_values_through():
     assert holm([]) == [] and holm([None]) == [None]
     with pytest.raises(ValueError, match="p-value"):
         holm([0.2, 1.5])
+
+
+def test_signed_rank_p_is_scipys_wilcoxon():
+    """The vectorized sign-flip test gives scipy.stats.wilcoxon's p-values: small samples with ties and
+    zeros (scipy's permutation path), without (its exact distribution), and larger samples (scipy itself)."""
+    rng = np.random.default_rng(5)
+    cases = [np.array([0.0, 0.0, 1.0]), np.array([2.0, -2.0, 2.0, 1.0]), np.array([0.5]), np.zeros(4)]
+    for n in (2, 3, 5, 9, 12, 13, 14, 30):
+        cases.append(rng.normal(size=n))  # no ties
+        cases.append(np.round(rng.normal(0.3, 1, size=n), 1))  # ties and zeros
+        cases.append(rng.integers(-2, 4, size=n).astype(float))
+    for d in cases:
+        for alt in ("greater", "less", "two-sided"):
+            want, got = stats.wilcoxon(d, alternative=alt).pvalue, signed_rank_p(d, alt)
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-15, nan_ok=True), (d, alt, got, want)
 
 
 def test_holm_is_not_benjamini_hochberg():

@@ -26,7 +26,8 @@ import numpy as np
 
 from .checks import check_real
 
-__all__ = ["mcnemar", "bootstrap_diff_ci", "spread", "seed_test", "paired_summary", "holm", "N_BOOT"]
+__all__ = ["mcnemar", "bootstrap_diff_ci", "spread", "seed_test", "paired_summary", "holm", "signed_rank_p",
+           "N_BOOT"]
 
 N_BOOT = 2000
 
@@ -147,3 +148,30 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
     for rank, j in enumerate(order):
         out[present[j]] = float(adj[rank])
     return out
+
+
+def signed_rank_p(d: Sequence[float] | np.ndarray, alternative: str = "two-sided") -> float:
+    """``scipy.stats.wilcoxon(d, alternative=alternative).pvalue``: the same test and the same value, fast
+    where scipy is slow.
+
+    For 13 or fewer differences with ties or zeros, scipy's Wilcoxon enumerates all ``2**n`` sign flips with
+    ``scipy.stats.permutation_test`` and calls its statistic once per flip (4,096 Python calls at n = 12:
+    a fifth of a second per test, most of the time of a model's chance verdicts). Here the same
+    ``permutation_test`` gets the statistic vectorized: the sum of the ranks of ``|d|`` (zeros left out,
+    Wilcoxon's zero method) where the flipped difference is positive. Without ties or zeros the full
+    enumeration is scipy's exact distribution, so every 2 <= n <= 13 takes this path; other n go to scipy.
+    """
+    from scipy import stats
+
+    x = np.asarray(d, dtype=np.float64).reshape(-1)
+    if not 2 <= x.size <= 13 or not np.any(x != 0):
+        return float(stats.wilcoxon(x, alternative=alternative).pvalue)
+    ranks = np.zeros_like(x)
+    ranks[x != 0] = stats.rankdata(np.abs(x[x != 0]))
+
+    def r_plus(flipped: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.sum((np.moveaxis(flipped, axis, -1) > 0) * ranks, axis=-1)
+
+    res = stats.permutation_test((x,), r_plus, permutation_type="samples", vectorized=True, n_resamples=9999,
+                                 alternative=alternative)
+    return float(res.pvalue)
