@@ -18,7 +18,7 @@ from kpca_attention.studies.headline import (
     headline_plot,
     update_results_doc,
 )
-from kpca_attention.studies.leaderboard import leaderboard_rows, write_leaderboard
+from kpca_attention.studies.leaderboard import leaderboard_rows, render_markdown, write_leaderboard
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -421,3 +421,11 @@ def test_the_headline_plot_signs_a_lower_is_better_metric_so_that_right_is_the_v
     (label, v), = drawn
     assert label.startswith("rpc_symlm - symlm") and v.mean == pytest.approx(2.0)
     assert v.ci == pytest.approx((0.8, 3.2))
+
+
+def test_a_long_hyphenated_folder_stays_whole_in_the_page():
+    """The page's paragraph is wrapped at 106 columns; a folder's path is a code span, which a line break
+    would turn into a space ("popen- gw0"): paths are never broken, at hyphens or inside."""
+    source = "/tmp/pytest-of-someone/pytest-12/popen-gw0/test_a_users_own-folder-gets-its-leaderboard0/mine"
+    page = render_markdown({}, [], source)
+    assert f"`{source}`" in page and page.count(source) == 2  # the folder and the command's argument

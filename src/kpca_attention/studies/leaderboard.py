@@ -380,7 +380,8 @@ def render_markdown(tables: Mapping[tuple, list[dict[str, Any]]], notes: list[st
         f"Generated from the studies under `{source}` by `kpca-attention leaderboard --results {source}`.")
     notes_ = REPO_NOTES if source is None else dict.fromkeys(REPO_NOTES, "")
     title, body = HEADER.format(source=where, **notes_).split("\n\n", 1)
-    parts = [title + "\n\n" + textwrap.fill(" ".join(body.split()), 106) + "\n"]
+    parts = [title + "\n\n" + textwrap.fill(" ".join(body.split()), 106, break_on_hyphens=False,
+                                                 break_long_words=False) + "\n"]
     for key in sorted(tables, key=_order):
         rows = tables[key]
         robust = "corrupted top-1 (%)" if key[1] == "corruptions" else "robust top-1 (%)"
