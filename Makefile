@@ -29,7 +29,7 @@ $(STAMP): requirements.txt pyproject.toml setup.py src/kpca_attention/pap/csrc/p
 setup: debian $(STAMP)
 
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests
 
 demo: setup
 	$(VENV)/bin/kpca-attention demo

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -12,6 +13,15 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs one worker per core), one intra-op thread per worker: two
+    workers at two threads each would put four busy threads on two cores, and every multi-threaded op
+    would wait for the other worker's. Tests of two-thread behaviour set their count themselves
+    (:func:`torch_threads`)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 @contextmanager
@@ -78,7 +88,6 @@ def quick_demo(tmp_path_factory):
     from kpca_attention.studies import quick_demo_study, run_study
 
     out = tmp_path_factory.mktemp("demo")
-    with torch.inference_mode(False):
-        torch.set_num_threads(1)
+    with torch.inference_mode(False), _threads(1):
         report = run_study(quick_demo_study(), out, progress=False)
     return out, report

@@ -149,7 +149,7 @@ def test_signed_rank_p_is_scipys_wilcoxon():
     zeros (scipy's permutation path), without (its exact distribution), and larger samples (scipy itself)."""
     rng = np.random.default_rng(5)
     cases = [np.array([0.0, 0.0, 1.0]), np.array([2.0, -2.0, 2.0, 1.0]), np.array([0.5]), np.zeros(4)]
-    for n in (2, 3, 5, 9, 12, 13, 14, 30):
+    for n in (2, 3, 5, 9, 13, 14, 30):
         cases.append(rng.normal(size=n))  # no ties
         cases.append(np.round(rng.normal(0.3, 1, size=n), 1))  # ties and zeros
         cases.append(rng.integers(-2, 4, size=n).astype(float))
