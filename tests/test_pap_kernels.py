@@ -5,6 +5,7 @@ with the kernels on, is tests/test_pap_numerics.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import platform
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_pap_numerics import CUTOFF_EXP, SubnormalSpy, growing, masks, n_subnormal
+from test_pap_numerics import SubnormalSpy, growing, masks, n_subnormal
 
 from kpca_attention.pap import kernels, pap, softmax_cutoff
 
@@ -175,8 +176,10 @@ def test_pap_with_kernels_as_accurate_as_without(case: str, graph: bool) -> None
         spy = SubnormalSpy()
         with spy:
             ref = run(k, v, gout, torch.float64)
-        for op in ("update_backward_", "softmax_backward_sym_"):  # PAPSaved's backward through the kernels
-            assert (op in spy.ops) == graph
+        # PAPSaved's backward through the kernels: its whole loop in one call (unmasked), or block by block
+        backward_ops = ({"pap_backward_saved"} if case == "none"
+                        else {"update_backward_", "softmax_backward_sym_"})
+        assert all((op in spy.ops) == graph for op in backward_ops), (case, graph)
         fast32 = run(k, v, gout, torch.float32)
         with kernels.eager_only():
             ref_eager = run(k, v, gout, torch.float64)
@@ -213,8 +216,9 @@ def test_kernels_run_and_make_no_subnormal_on_growing_iterates() -> None:
         out.backward(g)
         with torch.no_grad():
             pap(k, v, 4, 4.0)
-    # the graph path's blocks (cutoff_exp_, update_) and the no-grad path's one call (pap_forward)
-    assert {"cutoff_exp_", "update_", "pap_forward"} <= set(spy.ops) and CUTOFF_EXP & set(spy.ops)
+    # the graph path's one forward call (pap_forward_saved, which returns every tensor it saves) and one
+    # backward call (pap_backward_saved), and the no-grad path's one call (pap_forward)
+    assert {"pap_forward_saved", "pap_backward_saved", "pap_forward"} <= set(spy.ops)
     assert spy.subnormal == {}
     assert n_subnormal(k.grad) == 0
 
@@ -298,6 +302,54 @@ def test_compiled_forward_equals_the_python_loop(dtype: torch.dtype, n_iter: int
             eager = fused.pap_fused(k, v, None, tau, None, False, 0.0, n_iter, compiled=False)
         err_c, err_l, err_e = (float((x.double() - exact).abs().max()) for x in (out, loop, eager))
         assert err_c <= 2.5 * max(err_l, err_e) + 1e-6 * float(exact.abs().max()), (err_c, err_l, err_e)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n_iter", [1, 2, 3, 4])
+@pytest.mark.parametrize("tau_shape", ["per_head", "per_row"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_compiled_training_forward_equals_the_python_loop(dtype: torch.dtype, n_iter: int, tau_shape: str,
+                                                          threads: int, monkeypatch: pytest.MonkeyPatch,
+                                                          torch_threads) -> None:
+    # PAPSaved's forward as one compiled call (pap_forward_saved) against its Python loop: the output, and the
+    # gradients of K, V and tau through the saved probabilities and iterates (the backward reads every one of
+    # them); several blocks of heads and a last, smaller one, every n_iter's buffer roles, at 1 and 2 threads
+    monkeypatch.setattr(softmax, "_BLOCK_FLOATS", 3 * 29 * 29)  # 3 heads a block: 8 heads -> 3, 3, 2
+    fused = importlib.import_module("kpca_attention.pap.fused")
+    g = torch.Generator().manual_seed(10 + n_iter)
+    k, v, gout = (2.0 * torch.randn(2, 4, 29, 12, generator=g, dtype=dtype) for _ in range(3))
+    tau = {"per_head": torch.rand(2, 4, 1, 1, generator=g, dtype=dtype) + 0.3,
+           "per_row": torch.rand(2, 4, 29, 1, generator=g, dtype=dtype) + 0.3}[tau_shape]
+
+    def run(compiled: bool, dt: torch.dtype, eager_backward: bool = False) -> list[torch.Tensor]:
+        kk, vv, tt = (x.detach().to(dt).clone().requires_grad_() for x in (k, v, tau))
+        out = fused.PAPSaved.apply(kk, vv, tt, None, None, n_iter, compiled)
+        with kernels.eager_only() if eager_backward else contextlib.nullcontext():
+            out.backward(gout.to(dt))
+        return [x.detach().double() for x in (out, kk.grad, vv.grad, tt.grad)]
+
+    spy = SubnormalSpy()
+    with torch_threads(threads), spy:
+        got = run(True, dtype)
+    assert {"pap_forward_saved", "pap_backward_saved"} <= set(spy.ops) and spy.subnormal == {}
+    spy = SubnormalSpy()
+    with spy:
+        loop = run(False, dtype)
+    assert "pap_forward_saved" not in spy.ops and "cutoff_exp_" in spy.ops
+    spy = SubnormalSpy()
+    with spy:  # the compiled forward's stacked tensors read by the Python backward (kernels off in between)
+        mixed = run(True, dtype, eager_backward=True)
+    assert "pap_forward_saved" in spy.ops and "pap_backward_saved" not in spy.ops
+    if dtype == torch.float64:
+        for a, b, c in zip(got, loop, mixed, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10 * float(b.abs().max()))
+            torch.testing.assert_close(c, b, rtol=1e-10, atol=1e-10 * float(b.abs().max()))
+    else:  # float32: as accurate as the Python loop, both against the float64 loop
+        exact = run(False, torch.float64)
+        for a, b, c, x in zip(got, loop, mixed, exact, strict=True):
+            err_c, err_l, err_m = (float((y - x).abs().max()) for y in (a, b, c))
+            assert max(err_c, err_m) <= 2.5 * err_l + 1e-6 * float(x.abs().max()), (err_c, err_m, err_l)
 
 
 @needs_kernels

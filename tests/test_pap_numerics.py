@@ -33,8 +33,9 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 F32, F64 = torch.float32, torch.float64
 TINY = torch.finfo(F32).tiny
-#: the ops of the cutoff softmax's exp: eager, or the compiled kernel (pap/kernels.py), a dispatcher op too
-CUTOFF_EXP = {"exp_", "cutoff_exp_"}
+#: the ops that run the cutoff softmax's exp: eager, the compiled block kernel (pap/kernels.py, a dispatcher
+#: op too), or the compiled whole loop of PAPSaved's forward (which returns every tensor it saves to the spy)
+CUTOFF_EXP = {"exp_", "cutoff_exp_", "pap_forward_saved"}
 
 
 def growing(n: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -168,19 +168,22 @@ class PAPSaved(torch.autograd.Function):
 
     Forward: :func:`pap_fused`'s loop (every step the cutoff softmax, each block's update while its
     rows are in the cache), keeping X_t, L_t, C_t and the normalised probabilities P_t of every step
-    (``n_iter * B * H * N * N`` floats, at most ``_SAVED_P_FLOATS``). Backward, step by step in reverse
-    and block by block: with the saved P no score is recomputed, and since the queries are the keys,
-    dX = (dS + dS^T) X / sqrt(D) takes two GEMMs where a query-key backward takes three (recomputing the
-    scores, dQ, dK); the update's backward runs on a block's rows right after its dX. dK, dV and dtau
-    accumulate in place. Against a Function per step (SDPA's flash backward recomputes the scores and
-    forms dQ and dK; autograd sums the gradients out of place), PAP forward + backward is 8-13 % faster
-    at 1 thread at ViT-tiny sizes (docs/benchmarks.md). Equal to the step-by-step graph to rounding
-    (tests/test_pap.py). An additive mask receives no gradient (as in :func:`cutoff_attention`).
+    (``n_iter * B * H * N * N`` floats, at most ``_SAVED_P_FLOATS``); unmasked, where the kernels are
+    built, the whole loop is one compiled call (``pap_forward_saved``: each block runs all its steps while
+    its rows are in the cache; ``compiled=False``: the Python loop, as the tests compare).
+    Backward, step by step in reverse and block by block: with the saved P no score is recomputed, and
+    since the queries are the keys, dX = (dS + dS^T) X / sqrt(D) takes two GEMMs where a query-key
+    backward takes three (recomputing the scores, dQ, dK); the update's backward runs on a block's rows
+    right after its dX. dK, dV and dtau accumulate in place. Against a Function per step (SDPA's flash
+    backward recomputes the scores and forms dQ and dK; autograd sums the gradients out of place), PAP
+    forward + backward is 8-13 % faster at 1 thread at ViT-tiny sizes (docs/benchmarks.md). Equal to the
+    step-by-step graph to rounding (tests/test_pap.py). An additive mask receives no gradient (as in
+    :func:`cutoff_attention`).
     """
 
     @staticmethod
     def forward(ctx, k: Tensor, v: Tensor, tau: Tensor, hidden: Tensor | None, bias: Tensor | None,
-                n_iter: int) -> Tensor:
+                n_iter: int, compiled: bool = True) -> Tensor:
         b, h, n, d = k.shape
         bh = b * h
         scale, cutoff = 1.0 / math.sqrt(d), softmax_cutoff(k.dtype)
@@ -189,6 +192,19 @@ class PAPSaved(torch.autograd.Function):
         blocks = block_slices(bh, n, n)
         masks = [tuple(mask_block(mask, (b, h), bs, qs) for mask in (hidden, bias)) for bs, qs in blocks]
         P = saved_buffers.take(n_iter * bh * n * n, k).view(n_iter, bh, n, n)
+        kern = kernels.active() if compiled else None
+        if kern is not None and hidden is None and bias is None and kf.is_contiguous() \
+                and vf.is_contiguous() and not tracing():
+            # the loop below in one compiled call (csrc/pap_kernels.cpp, pap_forward_saved): each block runs
+            # all its steps while its rows are in the cache, the blocks in parallel at their one-thread size
+            one = block_slices(bh, n, n, threads=1)[0][0]
+            X_all, L_all = k.new_empty(n_iter, bh, n, d), k.new_empty(n_iter, bh, n, d)
+            C_all = k.new_empty(max(n_iter - 1, 0), bh, n, d)
+            kern.pap_forward_saved(kf, vf, tau_f.contiguous(), n_iter, one.stop - one.start, scale, cutoff, P,
+                                   X_all, L_all, C_all)
+            ctx.save_for_backward(kf, vf, tau_f, P, X_all, L_all, C_all)
+            ctx.n_iter, ctx.tau_shape, ctx.stacked, ctx.block = n_iter, tau.shape, True, one.stop - one.start
+            return L_all[-1].view(b, h, n, d)
         m = k.new_empty(bh, n, 1)
         l_sum = torch.empty_like(m)
         X0 = clamp_tau(kf, tau_f)  # step 1 (L0 = W0 = 0): X_1 = R_1 = C_0 = clamp(K)
@@ -209,7 +225,7 @@ class PAPSaved(torch.autograd.Function):
                 if not last:  # (K, L_t, R_t) -> (C_t, R_{t+1}, X_{t+1}) for these rows
                     update_into(kf[bs], Lb, R_in[bs], tau_f[bs], ntau_f[bs], Cs[-1][bs], Xs[-1][bs], R[bs])
         ctx.save_for_backward(kf, vf, tau_f, P, *Xs, *Ls, *Cs)
-        ctx.n_iter, ctx.tau_shape = n_iter, tau.shape
+        ctx.n_iter, ctx.tau_shape, ctx.stacked = n_iter, tau.shape, False
         return Ls[-1].view(b, h, n, d)
 
     @staticmethod
@@ -217,12 +233,21 @@ class PAPSaved(torch.autograd.Function):
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
         n_iter = ctx.n_iter
         kf, vf, tau_f, P, *rest = ctx.saved_tensors
-        Xs, Ls, Cs = rest[:n_iter], rest[n_iter:2 * n_iter], rest[2 * n_iter:]
         bh, n, d = kf.shape
         b, h = g.shape[:2]
         scale = 1.0 / math.sqrt(d)
         need_tau = ctx.needs_input_grad[2]
         gf = g.reshape(bh, n, d)
+        if ctx.stacked:  # the compiled forward's stacked X, L, C
+            kern = kernels.active()
+            if kern is not None and not tracing():  # the loop below in one compiled call, block by block
+                g_k, g_v, g_tau = kern.pap_backward_saved(gf.contiguous(), vf, tau_f.contiguous(), P, *rest,
+                                                          ctx.block, scale, need_tau)
+                g_tau = g_tau.view(b, h, -1, 1).sum_to_size(ctx.tau_shape) if need_tau else None
+                return g_k.view(b, h, n, d), g_v.view(b, h, n, d), g_tau, None, None, None, None
+            X_all, L_all, C_all = rest
+            rest = [*X_all.unbind(0), *L_all.unbind(0), X_all[0], *C_all.unbind(0)]
+        Xs, Ls, Cs = rest[:n_iter], rest[n_iter:2 * n_iter], rest[2 * n_iter:]
         g_k, g_v, g_tau = torch.empty_like(kf), torch.empty_like(vf), torch.zeros_like(tau_f)
         dL = torch.empty_like(kf) if n_iter > 1 else None  # dLoss / dL_{t-1}, from update t-1's backward
         dR = torch.empty_like(kf) if n_iter > 1 else None  # dLoss / dR_{t-1}
@@ -273,5 +298,5 @@ class PAPSaved(torch.autograd.Function):
                 if t > 0:  # update t-1 made X_t and R_t: dL_{t-1} and dR_{t-1} for these rows
                     update_backward(dC, dX, dZ, g_L=dL[bs], g_R=dR[bs])
         g_tau = g_tau.view(b, h, -1, 1).sum_to_size(ctx.tau_shape) if need_tau else None
-        return g_k.view(b, h, n, d), g_v.view(b, h, n, d), g_tau, None, None, None
+        return g_k.view(b, h, n, d), g_v.view(b, h, n, d), g_tau, None, None, None, None
 

@@ -1,8 +1,10 @@
 """PAP's compiled CPU kernels (``csrc/pap_kernels.cpp``), with the eager ops as the fallback.
 
-Two kernels, each one pass over a block where the eager ops take several (docs/pap.md, section 9):
-``cutoff_exp_`` (the cutoff softmax's max / subtract / clamp / exp / sum, with the exp of SDPA's CPU
-kernel) and ``update_`` (PAP's update between two softmax steps). They are built by the normal install
+Kernels that each make one pass over a block where the eager ops take several - ``cutoff_exp_`` (the
+cutoff softmax's max / subtract / clamp / exp / sum, with the exp of SDPA's CPU kernel), ``update_`` (PAP's
+update between two softmax steps) and their backward counterparts - and whole loops with no Python between
+their steps: ``pap_forward`` (inference) and ``pap_forward_saved`` / ``pap_backward_saved`` (training;
+docs/pap.md, section 9, lists them all). They are built by the normal install
 (``setup.py``; optional: where no C++ compiler is found, or torch is not importable at build time, the
 package installs without them) twice, for AVX2 + FMA and for AVX512; the build matching the vectors of torch's
 own kernels is loaded (:data:`BUILD`), only where torch reports AVX2 or AVX512, and used on CPU tensors of

@@ -34,6 +34,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace {
 
@@ -418,6 +419,149 @@ at::Tensor pap_forward(at::Tensor K, at::Tensor V, at::Tensor tau, int64_t n_ite
   return L;
 }
 
+// PAP's whole forward for training (fused.py's PAPSaved: the same arithmetic and buffer roles as its Python
+// loop), symmetric and unmasked: pap_forward's blocks, each running all its steps in the cache, writing what
+// the backward reads - every step's normalised probabilities P (n_iter, BH, N, N), iterates X
+// (n_iter, BH, N, D; X[0] = clamp(K)), outputs L (n_iter, BH, N, D) and the update's clamped parts C
+// (n_iter - 1, BH, N, D: C_1 .. C_{n_iter - 1}; C_0 is X[0]). L[n_iter - 1] is PAP's output. Returns what it
+// wrote (so the tests' dispatch spy sees every saved tensor).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pap_forward_saved(
+    at::Tensor K, at::Tensor V, at::Tensor tau, int64_t n_iter, int64_t block, double scale, double cutoff,
+    at::Tensor P, at::Tensor X, at::Tensor L, at::Tensor C) {
+  check_block(K, K, "K");
+  for (auto* p : {&V, &tau, &P, &X, &L}) check_block(*p, K, "pap_forward_saved");
+  TORCH_CHECK(K.dim() == 3 && V.sizes() == K.sizes(), "pap_forward_saved: K and V (BH, N, D) expected");
+  const int64_t bh = K.size(0), n = K.size(1), d = K.size(2);
+  TORCH_CHECK(tau.dim() == 3 && tau.size(0) == bh && (tau.size(1) == 1 || tau.size(1) == n) && tau.size(2) == 1,
+              "pap_forward_saved: tau (BH, 1 | N, 1) expected");
+  TORCH_CHECK(n_iter >= 1 && block >= 1 && scale > 0 && cutoff > 0,
+              "pap_forward_saved: bad n_iter, block, scale or cutoff");
+  TORCH_CHECK(P.sizes() == at::IntArrayRef({n_iter, bh, n, n}), "pap_forward_saved: P (n_iter, BH, N, N) expected");
+  TORCH_CHECK(X.sizes() == at::IntArrayRef({n_iter, bh, n, d}) && L.sizes() == X.sizes(),
+              "pap_forward_saved: X and L (n_iter, BH, N, D) expected");
+  if (n_iter > 1) {
+    check_block(C, K, "C");
+    TORCH_CHECK(C.sizes() == at::IntArrayRef({n_iter - 1, bh, n, d}), "pap_forward_saved: C (n_iter - 1, BH, N, D)");
+  }
+  const int64_t tr = tau.size(1), nblocks = (bh + block - 1) / block, width = std::min(block, bh);
+  AT_DISPATCH_FLOATING_TYPES(K.scalar_type(), "pap_forward_saved", [&] {
+    kpca_attention::parallel_for_with_state(0, nblocks, 1, [&](int64_t i0, int64_t i1) {  // ATen ops inside
+      at::Tensor R = at::empty({width, n, d}, K.options());  // R_{t+1}, this task's scratch
+      at::Tensor m = at::empty({width, n}, K.options()), l = at::empty({width, n}, K.options());
+      scalar_t* mb = m.data_ptr<scalar_t>();
+      scalar_t* lb = l.data_ptr<scalar_t>();
+      for (int64_t bi = i0; bi < i1; ++bi) {
+        const int64_t b0 = bi * block, nb = std::min(block, bh - b0), o = b0 * n * d;
+        const scalar_t* taub = tau.data_ptr<scalar_t>() + b0 * tr;
+        const scalar_t* kp = K.data_ptr<scalar_t>() + o;
+        at::Tensor Vb = V.narrow(0, b0, nb);
+        scalar_t* rp = R.data_ptr<scalar_t>();
+        clamp_rows<scalar_t>(kp, taub, X[0].narrow(0, b0, nb).data_ptr<scalar_t>(), nb * n, d, tr, n);
+        for (int64_t t = 0; t < n_iter; ++t) {
+          at::Tensor Xb = X[t].narrow(0, b0, nb), Lb = L[t].narrow(0, b0, nb), Sb = P[t].narrow(0, b0, nb);
+          at::bmm_out(Sb, Xb, Xb.transpose(1, 2));
+          cutoff_exp_rows<scalar_t>(Sb.data_ptr<scalar_t>(), mb, lb, nb * n, n, static_cast<scalar_t>(scale),
+                                    static_cast<scalar_t>(cutoff));
+          at::bmm_out(Lb, Sb, Vb);
+          divide_rows<scalar_t>(Lb.data_ptr<scalar_t>(), lb, nb * n, d);
+          divide_rows<scalar_t>(Sb.data_ptr<scalar_t>(), lb, nb * n, n);  // the probabilities, normalised
+          if (t == n_iter - 1) break;
+          // (K, L_t, R_t) -> (C_t, X_{t+1}, R_{t+1}); R_1 = X_1
+          const scalar_t* r_in = t == 0 ? Xb.data_ptr<scalar_t>() : rp;
+          scalar_t* cp = C[t].narrow(0, b0, nb).data_ptr<scalar_t>();
+          scalar_t* xp = X[t + 1].narrow(0, b0, nb).data_ptr<scalar_t>();
+          update_rows<scalar_t>(kp, Lb.data_ptr<scalar_t>(), r_in, taub, cp, xp, rp, nb * n, d, tr, n);
+        }
+      }
+    });
+  });
+  return {P, X, L, C};
+}
+
+// delta_i = G_i . L_i for each of `rows` rows of width d (the softmax backward's row term: sum_j dP_ij P_ij).
+template <typename T>
+void row_dots(const T* G, const T* L, T* out, int64_t rows, int64_t d) {
+  using Vec = Vectorized<T>;
+  const int64_t W = Vec::size();
+  T lanes[Vec::size()];
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* g = G + r * d;
+    const T* l = L + r * d;
+    Vec acc(T(0));
+    int64_t j = 0;
+    for (; j + W <= d; j += W) acc = at::vec::fmadd(Vec::loadu(g + j), Vec::loadu(l + j), acc);
+    acc.store(lanes);
+    T sum = 0;
+    for (int64_t w = 0; w < W; ++w) sum += lanes[w];
+    for (; j < d; ++j) sum += g[j] * l[j];
+    out[r] = sum;
+  }
+}
+
+// PAPSaved's whole backward (fused.py; the same steps as its Python loop) from what pap_forward_saved kept:
+// each block of heads runs every step in reverse while its gradients stay in the cache - the row terms
+// delta, dP = G V^T, dV += P^T G, the symmetric softmax backward (softmax_backward_sym_heads), dX = dP X,
+// the update's backward (update_backward_heads) - the blocks in parallel over torch's threads, each task
+// with block-sized scratch for dP, dX, dL and dR. G: (BH, N, D), the gradient of L[n_iter - 1].
+// Returns (dK, dV, dtau); dtau is empty unless need_tau.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pap_backward_saved(
+    at::Tensor G, at::Tensor V, at::Tensor tau, at::Tensor P, at::Tensor X, at::Tensor L, at::Tensor C,
+    int64_t block, double scale, bool need_tau) {
+  check_block(G, G, "G");
+  for (auto* p : {&V, &tau, &P, &X, &L}) check_block(*p, G, "pap_backward_saved");
+  TORCH_CHECK(G.dim() == 3 && V.sizes() == G.sizes(), "pap_backward_saved: G and V (BH, N, D) expected");
+  const int64_t bh = G.size(0), n = G.size(1), d = G.size(2), n_iter = P.size(0);
+  TORCH_CHECK(n_iter >= 1 && P.sizes() == at::IntArrayRef({n_iter, bh, n, n}),
+              "pap_backward_saved: P (n_iter, BH, N, N) expected");
+  TORCH_CHECK(X.sizes() == at::IntArrayRef({n_iter, bh, n, d}) && L.sizes() == X.sizes(),
+              "pap_backward_saved: X and L (n_iter, BH, N, D) expected");
+  if (n_iter > 1) {
+    check_block(C, G, "C");
+    TORCH_CHECK(C.sizes() == at::IntArrayRef({n_iter - 1, bh, n, d}), "pap_backward_saved: C (n_iter - 1, BH, N, D)");
+  }
+  TORCH_CHECK(tau.dim() == 3 && tau.size(0) == bh && (tau.size(1) == 1 || tau.size(1) == n) && tau.size(2) == 1,
+              "pap_backward_saved: tau (BH, 1 | N, 1) expected");
+  TORCH_CHECK(block >= 1 && scale > 0, "pap_backward_saved: bad block or scale");
+  at::Tensor gK = at::empty_like(G), gV = at::empty_like(G);
+  at::Tensor gTau = need_tau ? at::zeros_like(tau) : at::empty({0}, G.options());
+  const int64_t tr = tau.size(1), nblocks = (bh + block - 1) / block, width = std::min(block, bh);
+  AT_DISPATCH_FLOATING_TYPES(G.scalar_type(), "pap_backward_saved", [&] {
+    kpca_attention::parallel_for_with_state(0, nblocks, 1, [&](int64_t i0, int64_t i1) {  // ATen ops inside
+      at::Tensor dP = at::empty({width, n, n}, G.options()), dX = at::empty({width, n, d}, G.options());
+      at::Tensor dL = at::empty({n_iter > 1 ? width : 0, n, d}, G.options()), dR = at::empty_like(dL);
+      std::vector<scalar_t> delta(width * n);
+      for (int64_t bi = i0; bi < i1; ++bi) {
+        const int64_t b0 = bi * block, nb = std::min(block, bh - b0);
+        at::Tensor Vb = V.narrow(0, b0, nb), gVb = gV.narrow(0, b0, nb), dPb = dP.narrow(0, 0, nb);
+        at::Tensor dXb = dX.narrow(0, 0, nb), dLb = n_iter > 1 ? dL.narrow(0, 0, nb) : dL;
+        scalar_t* dx = dXb.data_ptr<scalar_t>();
+        scalar_t* gk = gK.data_ptr<scalar_t>() + b0 * n * d;
+        scalar_t* gt = need_tau ? gTau.data_ptr<scalar_t>() + b0 * tr : nullptr;
+        const scalar_t* taub = tau.data_ptr<scalar_t>() + b0 * tr;
+        for (int64_t t = n_iter - 1; t >= 0; --t) {
+          const bool last = t == n_iter - 1;
+          at::Tensor Gb = last ? G.narrow(0, b0, nb) : dLb;
+          at::Tensor Pt = P[t].narrow(0, b0, nb), Xt = X[t].narrow(0, b0, nb);
+          const scalar_t* ct = (t == 0 ? X[0] : C[t - 1]).narrow(0, b0, nb).data_ptr<scalar_t>();
+          row_dots<scalar_t>(Gb.data_ptr<scalar_t>(), L[t].narrow(0, b0, nb).data_ptr<scalar_t>(), delta.data(),
+                             nb * n, d);
+          at::bmm_out(dPb, Gb, Vb.transpose(1, 2));
+          if (last) at::bmm_out(gVb, Pt.transpose(1, 2), Gb);
+          else gVb.baddbmm_(Pt.transpose(1, 2), Gb);
+          softmax_backward_sym_heads<scalar_t>(dPb.data_ptr<scalar_t>(), Pt.data_ptr<scalar_t>(), delta.data(), nb, n,
+                                               static_cast<scalar_t>(scale));
+          at::bmm_out(dXb, dPb, Xt);
+          // dL and dR for step t - 1 (G, which is dL, was read above: the update's backward may write it now)
+          scalar_t* dr = (last && t == 0) ? nullptr : dR.data_ptr<scalar_t>();
+          scalar_t* dl = t > 0 ? dLb.data_ptr<scalar_t>() : nullptr;
+          update_backward_heads<scalar_t>(dx, dr, ct, taub, gk, dl, gt, nb, n, d, tr, !last, !last, t > 0);
+        }
+      }
+    });
+  });
+  return {gK, gV, gTau};
+}
+
 // How many threads the kernels' parallel loops run on now: torch's intra-op thread count where this library
 // was compiled with OpenMP (setup.py), 1 where it was not (at::parallel_for then runs inline).
 int64_t parallel_threads() {
@@ -436,6 +580,10 @@ TORCH_LIBRARY(kpca_attention, m) {
   m.def("update_(Tensor K, Tensor L, Tensor R, Tensor tau, Tensor(a!) C, Tensor(b!) X, Tensor(c!) R_next)"
         " -> (Tensor(a!), Tensor(b!), Tensor(c!))");
   m.def("pap_forward(Tensor K, Tensor V, Tensor tau, int n_iter, int block, float scale, float cutoff) -> Tensor");
+  m.def("pap_forward_saved(Tensor K, Tensor V, Tensor tau, int n_iter, int block, float scale, float cutoff,"
+        " Tensor(a!) P, Tensor(b!) X, Tensor(c!) L, Tensor(d!) C) -> (Tensor(a!), Tensor(b!), Tensor(c!), Tensor(d!))");
+  m.def("pap_backward_saved(Tensor G, Tensor V, Tensor tau, Tensor P, Tensor X, Tensor L, Tensor C, int block,"
+        " float scale, bool need_tau) -> (Tensor, Tensor, Tensor)");
   m.def("softmax_backward_sym_(Tensor(a!) dP, Tensor P, Tensor delta, float scale) -> Tensor(a!)");
   m.def("update_backward_(Tensor dX, Tensor(a!) dR, Tensor C, Tensor tau, Tensor(b!) g_k, Tensor(c!) dL,"
         " Tensor(d!) g_tau, bool dr_in, bool accumulate_k, bool prev) -> ()");
@@ -447,6 +595,8 @@ TORCH_LIBRARY_IMPL(kpca_attention, CPU, m) {
   m.impl("cutoff_probs_", &cutoff_probs_);
   m.impl("update_", &update_);
   m.impl("pap_forward", &pap_forward);
+  m.impl("pap_forward_saved", &pap_forward_saved);
+  m.impl("pap_backward_saved", &pap_backward_saved);
   m.impl("update_backward_", &update_backward_);
   m.impl("softmax_backward_sym_", &softmax_backward_sym_);
 }
