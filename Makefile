@@ -18,7 +18,7 @@ debian:
 	fi
 
 $(STAMP): requirements.txt pyproject.toml setup.py src/kpca_attention/pap/csrc/pap_kernels.cpp \
-  src/kpca_attention/attention/csrc/rkde_kernels.cpp
+  src/kpca_attention/attention/csrc/rkde_kernels.cpp src/kpca_attention/attention/csrc/pid_kernels.cpp
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
 	# torchattacks pins an old torch: install it without its dependencies (they are in requirements.txt).

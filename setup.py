@@ -1,5 +1,5 @@
-"""Builds the optional C++ kernels - PAP's (src/kpca_attention/pap/csrc) and robust KDE attention's
-(src/kpca_attention/attention/csrc) - into one extension; everything else is in pyproject.toml.
+"""Builds the optional C++ kernels - PAP's (src/kpca_attention/pap/csrc), robust KDE attention's and
+PIDformer's (src/kpca_attention/attention/csrc) - into one extension; everything else is in pyproject.toml.
 
 The extension is optional: without a C++ compiler, on a CPU other than x86-64, or where torch cannot be
 imported at build time (pip's build isolation: install with ``--no-build-isolation``, as the Makefile
@@ -11,8 +11,9 @@ import platform
 
 from setuptools import setup
 
-#: one extension, the project's CPU kernels: PAP's, and robust KDE attention's (a fragment of the same library)
-SOURCES = ["src/kpca_attention/pap/csrc/pap_kernels.cpp", "src/kpca_attention/attention/csrc/rkde_kernels.cpp"]
+#: one extension, the project's CPU kernels: PAP's, robust KDE attention's and PIDformer's (fragments of one library)
+SOURCES = ["src/kpca_attention/pap/csrc/pap_kernels.cpp", "src/kpca_attention/attention/csrc/rkde_kernels.cpp",
+           "src/kpca_attention/attention/csrc/pid_kernels.cpp"]
 ext_modules, cmdclass = [], {}
 x86 = platform.machine().lower() in ("x86_64", "amd64")
 if x86 and os.environ.get("KPCA_ATTENTION_BUILD_KERNELS", "1") != "0":

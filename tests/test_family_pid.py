@@ -14,9 +14,11 @@ from family_checks import (
     stack_gradcheck,
 )
 from family_reference import layer_attention, merge
+from torch.utils._python_dispatch import TorchDispatchMode  # torch's own op-interception hook
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import NeuTRENOAttention, PIDAttention, get_mechanism
+from kpca_attention.pap import kernels
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -87,3 +89,65 @@ def test_defaults() -> None:
 @pytest.mark.parametrize("name", ["pid_lm", "pid_symlm"])
 def test_causal_lm_has_no_leak_from_the_future(name: str) -> None:
     assert_no_leak_from_the_future(causal_lm(name, n_layer=4), n=12, t=4)
+
+
+class _Ops(TorchDispatchMode):
+    """The names of the operators a block of code runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.skipif(not kernels.available(), reason="the compiled kernels are not built here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mode", ["no_grad", "inference"])
+def test_one_pass_feedback_equals_the_eager_ops(dtype: torch.dtype, mode: str) -> None:
+    # without autograd and hooks the feedback is one compiled pass (csrc/pid_kernels.cpp) over strided
+    # views (the values are a slice of the qkv projection); the same outputs as the eager ops, every layer
+    # (the first with no integral and no previous error yet, a skipped layer, the later ones with both)
+    layers = [layer.to(dtype) for layer in stack(n_layers=5, applied=[0, 1, 2, 4], kp=0.7, ki=0.3, kd=0.2)]
+    xs = [x.to(dtype) for x in inputs(layers)]
+    context = torch.no_grad if mode == "no_grad" else torch.inference_mode
+    with context():
+        spy = _Ops()
+        with spy:
+            fast = run_stack(layers, xs)
+        with kernels.eager_only():
+            slow = run_stack(layers, xs)
+    assert "pid_feedback_" in spy.names
+    with torch.enable_grad():
+        with_grad = run_stack(layers, xs)  # the autograd path: the eager ops
+    tol = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    for f, s, g in zip(fast, slow, with_grad, strict=True):
+        torch.testing.assert_close(f, s, **tol)
+        torch.testing.assert_close(f, g.detach(), **tol)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="the compiled kernels are not built here")
+def test_a_hook_on_the_error_keeps_the_eager_ops() -> None:
+    # a hook may read or change e^l: the one-pass kernel would bypass it, so a hooked layer runs the eager ops
+    layers = stack(n_layers=3, kp=0.7, ki=0.3, kd=0.2)
+    xs = inputs(layers)
+    seen = []
+    handle = layers[2].hook_error.register_forward_hook(lambda _m, _i, out: seen.append(out) or out * 2)
+    try:
+        with torch.no_grad():
+            spy = _Ops()
+            with spy:
+                hooked = run_stack(layers, xs)
+    finally:
+        handle.remove()
+    assert len(seen) == 1 and "pid_feedback_" in spy.names  # layer 1 took the kernel, layer 2 the hook
+    with torch.no_grad(), kernels.eager_only():
+        handle = layers[2].hook_error.register_forward_hook(lambda _m, _i, out: out * 2)
+        try:
+            eager = run_stack(layers, xs)
+        finally:
+            handle.remove()
+    for a, b in zip(hooked, eager, strict=True):
+        torch.testing.assert_close(a, b)

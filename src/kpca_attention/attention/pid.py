@@ -29,10 +29,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..checks import Real
+from ..pap import kernels, tracing
+from ..pap.inputs import cpu_float
 from .base import fresh_or_inplace_add
 from .hooks import HookPoint
 from .registry import register_mechanism
@@ -70,6 +73,9 @@ class PIDAttention(StatefulAttention):
                                              dropout_p=self.dropout_p)
         if "v0" not in state:  # the first layer: the reference, e^0 = 0 (nothing to store)
             return out, {**state, "v0": v}
+        if self.applied and (fused := self._feedback(out, v, state)) is not None:
+            err, integral = fused
+            return out, {**state, "pid_integral": integral, "pid_error": err}
         err = self.hook_error(state["v0"] - v)
         integral = self.hook_integral(err if "pid_integral" not in state else state["pid_integral"] + err)
         if self.applied:
@@ -79,6 +85,26 @@ class PIDAttention(StatefulAttention):
             if "pid_error" in state:
                 out = out.sub_(state["pid_error"], alpha=self.kd)  # assigned: FX keeps in-place results used
         return out, {**state, "pid_integral": integral, "pid_error": err}
+
+    def _feedback(self, out: Tensor, v: Tensor, state: State) -> tuple[Tensor, Tensor] | None:
+        """The feedback below in one compiled pass (``csrc/pid_kernels.cpp``): ``out`` updated in place,
+        ``(e, I)`` returned. Only where nothing records or reads the terms - no autograd, no tracing, no hook
+        on ``hook_error`` / ``hook_integral`` - on CPU float tensors whose last dimension is contiguous, and
+        where the kernels are built; else None (the eager ops run)."""
+        ops = kernels.active()
+        if ops is None or not hasattr(ops, "pid_feedback_") or self.hook_error.active \
+                or self.hook_integral.active or tracing():
+            return None
+        prev = [state.get("pid_integral"), state.get("pid_error")]
+        terms = [t for t in (out, v, state["v0"], *prev) if t is not None]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in terms):
+            return None  # autograd records the feedback: the eager ops
+        if any(not cpu_float(t) or t.dtype != out.dtype or t.shape != out.shape or t.stride(-1) != 1
+               for t in terms):
+            return None
+        empty = out.new_empty(0)
+        return ops.pid_feedback_(out, state["v0"], v, *(empty if t is None else t for t in prev),
+                                 self.kp + self.kd, self.ki, self.kd)
 
     def extra_repr(self) -> str:
         return f"kp={self.kp}, ki={self.ki}, kd={self.kd}, {super().extra_repr()}"
