@@ -189,8 +189,6 @@ class PAPSaved(torch.autograd.Function):
         scale, cutoff = 1.0 / math.sqrt(d), softmax_cutoff(k.dtype)
         kf, vf = k.reshape(bh, n, d), v.reshape(bh, n, d)
         tau_f, ntau_f = flat_tau(tau, b, h)
-        blocks = block_slices(bh, n, n)
-        masks = [tuple(mask_block(mask, (b, h), bs, qs) for mask in (hidden, bias)) for bs, qs in blocks]
         P = saved_buffers.take(n_iter * bh * n * n, k).view(n_iter, bh, n, n)
         kern = kernels.active() if compiled else None
         if kern is not None and hidden is None and bias is None and kf.is_contiguous() \
@@ -205,6 +203,8 @@ class PAPSaved(torch.autograd.Function):
             ctx.save_for_backward(kf, vf, tau_f, P, X_all, L_all, C_all)
             ctx.n_iter, ctx.tau_shape, ctx.stacked, ctx.block = n_iter, tau.shape, True, one.stop - one.start
             return L_all[-1].view(b, h, n, d)
+        blocks = block_slices(bh, n, n)
+        masks = [tuple(mask_block(mask, (b, h), bs, qs) for mask in (hidden, bias)) for bs, qs in blocks]
         m = k.new_empty(bh, n, 1)
         l_sum = torch.empty_like(m)
         X0 = clamp_tau(kf, tau_f)  # step 1 (L0 = W0 = 0): X_1 = R_1 = C_0 = clamp(K)
