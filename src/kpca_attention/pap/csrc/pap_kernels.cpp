@@ -357,6 +357,18 @@ void divide_rows(T* O, const T* l, int64_t rows, int64_t d) {
   });
 }
 
+// One symmetric softmax step of a block, as both whole-loop forwards take it: S = X X^T (a GEMM), the cutoff
+// softmax's unnormalised probabilities over S with the row maxima m and sums l (cutoff_exp_rows), L = (S V) / l.
+template <typename T>
+void softmax_step(const at::Tensor& X, const at::Tensor& V, at::Tensor& S, at::Tensor& L, T* m, T* l, T scale,
+                  T cutoff) {
+  const int64_t rows = X.size(0) * X.size(1), n = S.size(-1);
+  at::bmm_out(S, X, X.transpose(1, 2));
+  cutoff_exp_rows<T>(S.data_ptr<T>(), m, l, rows, n, scale, cutoff);
+  at::bmm_out(L, S, V);
+  divide_rows<T>(L.data_ptr<T>(), l, rows, L.size(-1));
+}
+
 // PAP's whole no-grad forward, symmetric and unmasked (fused.py's pap_fused: the same arithmetic and
 // buffer roles). The heads are independent, so each block of `block` heads runs all its n_iter steps
 // before the next block starts - S = X X^T (a GEMM), the cutoff softmax's probabilities
@@ -402,11 +414,7 @@ at::Tensor pap_forward(at::Tensor K, at::Tensor V, at::Tensor tau, int64_t n_ite
           at::Tensor& X = x_is_a ? Ab : Cb;
           at::Tensor& R = r_is_a ? Ab : Cb;
           at::Tensor& spare = t == 0 ? Cb : X;
-          at::bmm_out(Sb, X, X.transpose(1, 2));
-          cutoff_exp_rows<scalar_t>(Sb.data_ptr<scalar_t>(), mb, lb, nb * n, n, static_cast<scalar_t>(scale),
-                                    static_cast<scalar_t>(cutoff));
-          at::bmm_out(Lb, Sb, Vb);
-          divide_rows<scalar_t>(Lb.data_ptr<scalar_t>(), lb, nb * n, dv);
+          softmax_step<scalar_t>(X, Vb, Sb, Lb, mb, lb, static_cast<scalar_t>(scale), static_cast<scalar_t>(cutoff));
           if (t == n_iter - 1) break;
           // (K, L_t, R_t) -> (R_{t+1}, X_{t+1}): C_t and R_{t+1} into the spare (R_{t+1} kept), X_{t+1} over R_t
           scalar_t* sp = spare.data_ptr<scalar_t>();
@@ -459,11 +467,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pap_forward_saved(
         clamp_rows<scalar_t>(kp, taub, X[0].narrow(0, b0, nb).data_ptr<scalar_t>(), nb * n, d, tr, n);
         for (int64_t t = 0; t < n_iter; ++t) {
           at::Tensor Xb = X[t].narrow(0, b0, nb), Lb = L[t].narrow(0, b0, nb), Sb = P[t].narrow(0, b0, nb);
-          at::bmm_out(Sb, Xb, Xb.transpose(1, 2));
-          cutoff_exp_rows<scalar_t>(Sb.data_ptr<scalar_t>(), mb, lb, nb * n, n, static_cast<scalar_t>(scale),
-                                    static_cast<scalar_t>(cutoff));
-          at::bmm_out(Lb, Sb, Vb);
-          divide_rows<scalar_t>(Lb.data_ptr<scalar_t>(), lb, nb * n, d);
+          softmax_step<scalar_t>(Xb, Vb, Sb, Lb, mb, lb, static_cast<scalar_t>(scale), static_cast<scalar_t>(cutoff));
           divide_rows<scalar_t>(Sb.data_ptr<scalar_t>(), lb, nb * n, n);  // the probabilities, normalised
           if (t == n_iter - 1) break;
           // (K, L_t, R_t) -> (C_t, X_{t+1}, R_{t+1}); R_1 = X_1
