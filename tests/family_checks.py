@@ -1,8 +1,8 @@
 """Checks shared by the robust-attention family's tests (tests/test_family_*.py, issue 25), each taking the
 mechanism's layers, model or name as a parameter: running a stack of stateful layers, the padding mask of
 a test case, comparing a stack with its float64 transcription, gradcheck, the causal LM's no-leak
-property and a timm model's forward. The transcriptions themselves stay in each test file and in
-:mod:`family_reference` (independent of the code under test)."""
+property, a timm model's forward and the names of the operators a block of code runs. The transcriptions
+themselves stay in each test file and in :mod:`family_reference` (independent of the code under test)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 import timm
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode  # torch's own op-interception hook
 
 from kpca_attention.models import create_model
 
@@ -99,3 +100,15 @@ def timm_forward(name: str) -> tuple[nn.Module, Tensor]:
     out = model(torch.randn(2, 1, 28, 28))
     assert out.shape == (2, 10) and torch.isfinite(out).all()
     return model, out
+
+
+class OpNames(TorchDispatchMode):
+    """The names of the operators a block of code runs (``with OpNames() as ops: ...; ops.names``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))

@@ -11,7 +11,14 @@ import family_checks
 import pytest
 import torch
 import torch.nn.functional as F
-from family_checks import assert_no_leak_from_the_future, case_mask, causal_lm, layer_gradcheck, timm_forward
+from family_checks import (
+    OpNames,
+    assert_no_leak_from_the_future,
+    case_mask,
+    causal_lm,
+    layer_gradcheck,
+    timm_forward,
+)
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import KdeAttention, RobustAttention, get_mechanism, run_with_cache
@@ -374,3 +381,32 @@ def test_rkde_adds_a_float_masks_finite_biases_to_the_logits():
     e = torch.exp(2 * scale * p["q"] @ khat.transpose(-1, -2) + bias)
     want = merge(layer, ((w_j * e) @ p["v"]) / (w_m * e).sum(-1, keepdim=True))
     torch.testing.assert_close(layer(x, attn_mask=bias), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rkde_key_bias_joins_the_keys_where_it_needs_a_gradient(dtype: torch.dtype) -> None:
+    """RKDE's last step, softmax(scale q k^T + log wM) (v wJ / wM), takes the bias per key as SDPA's float
+    mask, whose CPU kernel computes no gradient for it: with one to compute the bias joins the keys (one
+    flash call at width D + 1) - the same values and gradients as the masked call, and no math path."""
+    from kpca_attention.attention.kde import _attention_with_key_bias
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 4, generator=g, dtype=dtype).requires_grad_() for _ in range(3))
+    bias = torch.log_softmax(torch.randn(2, 3, 1, 7, generator=g, dtype=dtype), -1).requires_grad_()
+    grad = torch.randn(2, 3, 7, 4, generator=g, dtype=dtype)
+    inputs = (q, k, v, bias)
+    with OpNames() as ops:
+        got = _attention_with_key_bias(q, k, v, bias, 0.0, 0.3)
+    assert "_scaled_dot_product_flash_attention_for_cpu" in ops.names and "_softmax" not in ops.names
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.3)
+    tol = {} if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, want, **tol)
+    want_grads = torch.autograd.grad(want, inputs, grad)
+    for a, b in zip(torch.autograd.grad(got, inputs, grad), want_grads, strict=True):
+        torch.testing.assert_close(a, b, **tol)
+    # the layer trains through it (the weights from the compiled column sums or from the formed kernels)
+    layer = layers(RobustAttention).to(dtype)
+    with OpNames() as ops:
+        layer(case_inputs("plain")[0].to(dtype)).sum().backward()
+    assert "_scaled_dot_product_flash_attention_for_cpu" in ops.names and "_softmax" not in ops.names
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in layer.parameters())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from family_checks import (
+    OpNames,
     assert_no_leak_from_the_future,
     assert_stack_matches,
     case_mask,
@@ -14,7 +15,6 @@ from family_checks import (
     stack_gradcheck,
 )
 from family_reference import layer_attention, merge
-from torch.utils._python_dispatch import TorchDispatchMode  # torch's own op-interception hook
 
 import kpca_attention  # noqa: F401  (registers the models)
 from kpca_attention.attention import NeuTRENOAttention, PIDAttention, get_mechanism
@@ -91,18 +91,6 @@ def test_causal_lm_has_no_leak_from_the_future(name: str) -> None:
     assert_no_leak_from_the_future(causal_lm(name, n_layer=4), n=12, t=4)
 
 
-class _Ops(TorchDispatchMode):
-    """The names of the operators a block of code runs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.add(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.skipif(not kernels.available(), reason="the compiled kernels are not built here")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("mode", ["no_grad", "inference"])
@@ -114,7 +102,7 @@ def test_one_pass_feedback_equals_the_eager_ops(dtype: torch.dtype, mode: str) -
     xs = [x.to(dtype) for x in inputs(layers)]
     context = torch.no_grad if mode == "no_grad" else torch.inference_mode
     with context():
-        spy = _Ops()
+        spy = OpNames()
         with spy:
             fast = run_stack(layers, xs)
         with kernels.eager_only():
@@ -137,7 +125,7 @@ def test_a_hook_on_the_error_keeps_the_eager_ops() -> None:
     handle = layers[2].hook_error.register_forward_hook(lambda _m, _i, out: seen.append(out) or out * 2)
     try:
         with torch.no_grad():
-            spy = _Ops()
+            spy = OpNames()
             with spy:
                 hooked = run_stack(layers, xs)
     finally:

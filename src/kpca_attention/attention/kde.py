@@ -56,7 +56,10 @@ a compiled kernel (``csrc/rkde_kernels.cpp``, built with PAP's) computes those p
 the upper triangle, never writing the kernels - 2.2-2.5x one SDPA call on the AMD EPYC (2026-11-27). Its
 backward (training, attacks) forms each head's kernels again in the cache and needs one GEMM per kernel, so
 nothing N x N is kept for the backward either. With a mask, more KIRWLS steps or without the compiled
-kernels, the kernels are formed (:func:`robust_kernels`, with its own hand-written backward).
+kernels, the kernels are formed (:func:`robust_kernels`, with its own hand-written backward). Where the
+weights need a gradient, the final call carries the marginal weights' log in the keys rather than in a
+mask, which SDPA's CPU kernel cannot differentiate (:func:`_attention_with_key_bias`; forward + backward
+2.9x one SDPA call against 3.2-3.3x on an Intel Xeon at one thread, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -106,16 +109,18 @@ def _log_gram_kernel(x: Tensor, scale: float) -> Tensor:
 
 
 def _log_gram_backward(grad: Tensor, x: Tensor, scale: float) -> Tensor:
-    """The gradient w.r.t. ``x`` of ``sum(grad * _log_gram_kernel(x, scale))``: with D = grad,
-    ``2 scale ((D + D^T) x - (rowsum D + colsum D) x)`` - two GEMMs (the transpose read by the GEMM) and two
-    row / column sums, where autograd's chain keeps several N x N temporaries. The clamp's zero gradient on
-    rounding-positive entries is not applied: they are the diagonal (or duplicate points), where the
-    derivative of ``-scale ||x_j - x_l||^2`` is exactly 0 anyway."""
+    """The gradient w.r.t. ``x`` of ``sum(grad * _log_gram_kernel(x, scale))``: with D = grad and
+    E = D + D^T, ``2 scale (E x - (rowsum E) x)`` (rowsum E = rowsum D + colsum D) - one pass forming E, one
+    GEMM and one row sum, where autograd's chain keeps several N x N temporaries. (Two GEMMs, D x and
+    D^T x, and two sums took 27.3 ms against 24.5 ms at B 64, H 3, N 197, D 64, 1 thread, Intel Xeon.) The
+    clamp's zero gradient on rounding-positive entries is not applied: they are the diagonal (or duplicate
+    points), where the derivative of ``-scale ||x_j - x_l||^2`` is exactly 0 anyway."""
     lead = x.shape[:-2]
     xf = x.flatten(0, -3) if x.dim() > 2 else x.unsqueeze(0)
     d = grad.flatten(0, -3) if grad.dim() > 2 else grad.unsqueeze(0)
-    out = torch.bmm(d, xf).baddbmm_(d.transpose(-1, -2), xf)
-    out.sub_(xf * (d.sum(-1) + d.sum(-2)).unsqueeze(-1))
+    e = d + d.transpose(-1, -2)
+    out = torch.bmm(e, xf)
+    out.sub_(xf * e.sum(-1, keepdim=True))
     return out.mul_(2 * scale).reshape(*lead, *x.shape[-2:])
 
 
@@ -230,6 +235,25 @@ def _one_step_weights_compiled(khat: Tensor, v: Tensor, scale: float, a: float, 
                  for s in (s_k, s_kv))
 
 
+def _attention_with_key_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout_p: float,
+                             scale: float) -> Tensor:
+    """``softmax(scale q k^T + bias) v`` with a bias per key, ``bias (B, H, 1, N)``: one SDPA call.
+
+    SDPA takes the bias as a float mask, but its CPU kernel computes no gradient for a mask, so a bias that
+    needs one (training, attacks) sent the call to SDPA's math path, an N x N op at a time. There the bias
+    joins the keys instead, exactly: ``scale [q, 1/scale] . [k, bias_j] = scale q.k + bias_j``, one flash
+    call at width D + 1 (values padded with a zero column, dropped after). Side by side on an Intel Xeon
+    (B 64, H 3, N 197, D 64, 1 thread): forward + backward 90 ms against 115 ms; without a gradient the
+    masked call is the faster one (24 ms against 30 ms) and stays."""
+    if (tracing() or q.device.type != "cpu" or not torch.is_grad_enabled() or not bias.requires_grad):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    width = v.shape[-1]
+    qx = torch.cat([q, q.new_full((*q.shape[:-1], 1), 1.0 / scale)], -1)
+    kx = torch.cat([k, bias.transpose(-1, -2).expand(*k.shape[:-1], 1)], -1)
+    vx = torch.cat([v, v.new_zeros((*v.shape[:-1], 1))], -1)
+    return F.scaled_dot_product_attention(qx, kx, vx, dropout_p=dropout_p, scale=scale)[..., :width]
+
+
 def _visible_keys(attn_mask: Tensor | None, is_causal: bool, n: int, device: Any) -> Tensor | None:
     if attn_mask is None and not is_causal:
         return None
@@ -328,9 +352,8 @@ class RobustAttention(QueryOptionalAttention):
         # out_i = sum_j wM_ij e^{s_ij} (wJ_ij / wM_ij) v_j / sum_j wM_ij e^{s_ij}: one softmax with the log
         # marginal weights added to the logits (2 q.khat / sqrt D, the rest of s_ij cancels)
         if vis is None:  # shared weights: a fused call on the re-weighted values
-            return F.scaled_dot_product_attention(q, khat, v * (w_j / w_m).transpose(-1, -2),
-                                                  attn_mask=torch.log(w_m), dropout_p=self.dropout_p,
-                                                  scale=2 * scale)
+            return _attention_with_key_bias(q, khat, v * (w_j / w_m).transpose(-1, -2), torch.log(w_m),
+                                            self.dropout_p, 2 * scale)
         # hidden keys have zero weights: keep 0/0 and log(0) out of the graph (their gradients would be NaN)
         w_m = torch.where(vis, w_m, 1.0)
         logits = (q @ khat.transpose(-1, -2)) * (2 * scale) + torch.log(w_m)
