@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 
 import pytest
 import torch
@@ -43,27 +44,43 @@ def test_without_keep_going_the_first_failure_stops_the_runs_after_it() -> None:
 
 
 def _die_or_sqrt(x: float) -> float:
-    """A run whose worker process dies at once (killed, out of memory) for x < 0."""
+    """A run whose worker process dies at once (killed, out of memory) for x < 0; for x > 100 one that takes
+    a second (it is still running when a worker beside it dies)."""
     if x < 0:
         os._exit(3)
+    if x > 100:
+        time.sleep(1.0)
     return math.sqrt(x)
 
 
 def test_keep_going_replaces_a_pool_whose_worker_died(capsys) -> None:
-    # a dead worker breaks the pool: it fails the runs it holds (a run beside the dead one resumes from its
-    # checkpoint on the next call) and takes no more. The first two runs die, so no run can have finished
-    # on the first pool: the last two can only have run on a new one
+    # a dead worker breaks the pool: it fails the runs it holds and takes no more; the queue goes on in a
+    # new pool, and the runs the broken pool held run again afterwards, each alone: a run whose worker dies
+    # alone too is reported failed. The first two runs die, so c and d can only have run on a new pool
     ended: list[int] = []
     names = ["dies", "dies too", "c", "d"]
     failed = run_all(names, [-1.0, -1.0, 4.0, 9.0], _die_or_sqrt, jobs=2, keep_going=True,
                      after_each=ended.append)
     assert sorted(n for n, _ in failed) == ["dies", "dies too"]
     assert all(type(e).__name__ == "BrokenProcessPool" for _, e in failed)
-    assert ended == [3, 4]
-    assert "[dies] failed (BrokenProcessPool: A process in the process pool was terminated abruptly" \
-        in capsys.readouterr().err
+    assert ended == [1, 2]
+    err = capsys.readouterr().err
+    assert "[dies] failed (BrokenProcessPool: A process in the process pool was terminated abruptly" in err
     with pytest.raises(Exception, match="terminated abruptly"):  # without keep_going: the study stops
         run_all(names[:2], [-1.0, 4.0], _die_or_sqrt, jobs=2)
+
+
+def test_keep_going_a_run_beside_a_dead_worker_finishes(capsys) -> None:
+    # "beside" is still running when the other worker dies; the broken pool fails it too, without saying
+    # whose worker died: run again alone, it finishes, and only the run that dies alone is reported
+    ended: list[int] = []
+    failed = run_all(["dies", "beside"], [-1.0, 144.0], _die_or_sqrt, jobs=2, keep_going=True,
+                     after_each=ended.append)
+    assert [n for n, _ in failed] == ["dies"]
+    assert ended == [2] or ended == [1]  # "beside" ends first or second of the two
+    err = capsys.readouterr().err
+    assert "[beside] stopped: a worker process of its pool died; it runs again alone" in err
+    assert "[beside] failed" not in err and "[dies] failed (BrokenProcessPool" in err
 
 
 def _broken_study():

@@ -193,7 +193,8 @@ def study_cmd(
              "(CPU model or GPU; refused by default: other floating-point paths).")] = False,
     keep_going: Annotated[bool, typer.Option(
         help="A run that fails does not stop the study: the other runs go on, and the study ends with the "
-             "list of failed runs (exit code 1). Default: the first failure stops it.")] = False,
+             "list of failed runs (exit code 1); runs stopped by a worker process dying beside them run "
+             "again alone. Default: the first failure stops it.")] = False,
     status: Annotated[bool, typer.Option(
         help="Only say where each (variant, seed) stands - finished, evaluating, training (its "
              "checkpoint), not started - and which machines trained it; run nothing.")] = False,

@@ -2,6 +2,11 @@
 worker processes, one thread each. By default the first run that fails stops the study (the runs already
 going finish); with ``keep_going`` a failed run is reported as it fails, the other runs go on, and the study
 ends with :class:`RunsFailed` naming every failed run - a long background study is not lost to one run.
+
+A worker process that dies (killed, out of memory) breaks its pool, which then fails every run it holds
+without saying whose worker died. With ``keep_going`` those runs are run again afterwards, each alone in a
+pool of its own (resuming from its last checkpoint): the run whose worker dies again alone is the one
+reported failed; a run that merely stood beside it finishes.
 """
 
 from __future__ import annotations
@@ -79,46 +84,63 @@ def run_all(names: Sequence[str], calls: Sequence[Any], fn: Callable[[Any], Any]
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     queue = list(zip(names, calls, strict=True))
+    # keep_going: the runs a broken pool failed, each to run again alone (whose worker died is not known)
+    suspects: list[tuple[str, Any]] = []
     ended = 0  # runs that have ended, failed or not
 
-    def drain(pool: Any) -> None:
-        """Run the queue on ``pool`` until it is empty or the pool breaks (a worker died: killed, out of
-        memory); the pool then fails the runs it holds and takes no more."""
-        # at most `jobs` runs submitted at a time: the pool queues one more than it runs, and a worker
+    def drain(pool: Any, todo: list[tuple[str, Any]], slots: int, alone: bool) -> None:
+        """Run ``todo`` on ``pool`` until it is empty or the pool breaks (a worker died: killed, out of
+        memory); the pool then fails the runs it holds and takes no more. ``alone``: the pool runs one
+        suspect by itself, so a broken pool is that run's own failure."""
+        # at most `slots` runs submitted at a time: the pool queues one more than it runs, and a worker
         # stopped by SIGTERM went on to that queued run while the stopped study waited for it
-        running: dict[Any, str] = {}
+        running: dict[Any, tuple[str, Any]] = {}
 
         def submit() -> None:
-            if queue:
+            if todo:
                 try:
-                    running[pool.submit(fn, queue[0][1])] = queue[0][0]
+                    running[pool.submit(fn, todo[0][1])] = todo[0]
                 except BrokenProcessPool:  # the next pool takes it
                     return
-                queue.pop(0)
+                todo.pop(0)
 
         nonlocal ended
-        for _ in range(jobs):
+        for _ in range(slots):
             submit()
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in finished:
-                name = running.pop(fut)
-                ended += 1
-                ok = True
+                name, call = running.pop(fut)
                 try:
                     fut.result()
-                except Exception as e:  # noqa: BLE001 - reported, or raised without keep_going
+                except BrokenProcessPool as e:
+                    if keep_going and not alone:
+                        print(f"[{name}] stopped: a worker process of its pool died; it runs again alone "
+                              "when the others are done (from its last checkpoint)", file=sys.stderr,
+                              flush=True)
+                        suspects.append((name, call))
+                        continue
+                    ended += 1
                     failure(name, e)
-                    ok = False
+                    continue
+                except Exception as e:  # noqa: BLE001 - reported, or raised without keep_going
+                    ended += 1
+                    failure(name, e)
+                    submit()
+                    continue
+                ended += 1
                 submit()
-                if ok and after_each is not None:
+                if after_each is not None:
                     after_each(ended)
 
-    while queue:  # one pool, or with keep_going a new one for the runs left after a worker died
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
+    # one pool for the queue (with keep_going a new one for the runs left after a worker died), then each
+    # suspect alone
+    while queue or suspects:
+        todo, slots, alone = (queue, jobs, False) if queue else ([suspects.pop(0)], 1, True)
+        with ProcessPoolExecutor(max_workers=slots, mp_context=mp.get_context("spawn"),
                                  initializer=_stop_on_sigterm) as pool:
             try:
-                drain(pool)
+                drain(pool, todo, slots, alone)
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the runs, not wait for them (a SIGTERM
                 # reaches this process only; their last whole checkpoints and finished items stay)
                 pool.shutdown(wait=False, cancel_futures=True)
