@@ -44,13 +44,26 @@ def test_without_keep_going_the_first_failure_stops_the_runs_after_it() -> None:
 
 
 def _die_or_sqrt(x: float) -> float:
-    """A run whose worker process dies at once (killed, out of memory) for x < 0; for x > 100 one that takes
-    a second (it is still running when a worker beside it dies)."""
+    """A run whose worker process dies at once (killed, out of memory) for x < 0."""
     if x < 0:
         os._exit(3)
-    if x > 100:
-        time.sleep(1.0)
     return math.sqrt(x)
+
+
+def _dies_or_waits_beside(call: tuple[str, str]) -> str:
+    """Two runs, ordered by a marker file: "beside" writes it and waits (a minute; the broken pool's end
+    kills its worker first), "dies" waits for it and then its worker dies. Run again once the marker
+    exists, "beside" finishes at once and "dies" dies at once."""
+    role, marker = call
+    if role == "beside":
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            time.sleep(60)
+        return role
+    deadline = time.monotonic() + 60
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os._exit(3)
 
 
 def test_keep_going_replaces_a_pool_whose_worker_died(capsys) -> None:
@@ -70,14 +83,15 @@ def test_keep_going_replaces_a_pool_whose_worker_died(capsys) -> None:
         run_all(names[:2], [-1.0, 4.0], _die_or_sqrt, jobs=2)
 
 
-def test_keep_going_a_run_beside_a_dead_worker_finishes(capsys) -> None:
-    # "beside" is still running when the other worker dies; the broken pool fails it too, without saying
-    # whose worker died: run again alone, it finishes, and only the run that dies alone is reported
+def test_keep_going_a_run_beside_a_dead_worker_finishes(tmp_path, capsys) -> None:
+    # "beside" is running when the other worker dies; the broken pool fails it too, without saying whose
+    # worker died: run again alone, it finishes, and only the run that dies alone is reported
     ended: list[int] = []
-    failed = run_all(["dies", "beside"], [-1.0, 144.0], _die_or_sqrt, jobs=2, keep_going=True,
-                     after_each=ended.append)
+    marker = str(tmp_path / "beside-started")
+    failed = run_all(["dies", "beside"], [("dies", marker), ("beside", marker)], _dies_or_waits_beside,
+                     jobs=2, keep_going=True, after_each=ended.append)
     assert [n for n, _ in failed] == ["dies"]
-    assert ended == [2] or ended == [1]  # "beside" ends first or second of the two
+    assert len(ended) == 1  # after "beside" finished (first or second of the two to end)
     err = capsys.readouterr().err
     assert "[beside] stopped: a worker process of its pool died; it runs again alone" in err
     assert "[beside] failed" not in err and "[dies] failed (BrokenProcessPool" in err

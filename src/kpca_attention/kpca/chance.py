@@ -318,9 +318,9 @@ def chance_test(
     """Is ``measured`` above, at or below its chance level ``null`` (paired, one value per unit)?
 
     Two one-sided Wilcoxon signed-rank tests of ``measured - null`` (``scipy.stats.wilcoxon``'s values, by
-    :func:`kpca_attention.stats.signed_rank_p`), each
-    at ``alpha / 2`` (together a two-sided test at ``alpha``). "above chance" means better
-    alignment than chance (larger, or smaller for measures where lower is better).
+    :func:`kpca_attention.stats.signed_rank_p`), each at ``alpha / 2`` (together a two-sided test at
+    ``alpha``). "above chance" means better alignment than chance (larger, or smaller for measures where
+    lower is better).
 
     Returns:
         ``verdict`` (one of :data:`CHANCE_WORDS`), ``n`` units, ``measured`` and ``null`` means,
