@@ -51,14 +51,14 @@ def _die_or_sqrt(x: float) -> float:
 
 
 def _dies_or_waits_beside(call: tuple[str, str]) -> str:
-    """Two runs, ordered by a marker file: "beside" writes it and waits (a minute; the broken pool's end
-    kills its worker first), "dies" waits for it and then its worker dies. Run again once the marker
-    exists, "beside" finishes at once and "dies" dies at once."""
+    """Two runs, ordered by a marker file: "beside" writes it and sleeps ten seconds, "dies" waits for it
+    and then its worker dies, so "beside" is running when it does. Run again once the marker exists,
+    "beside" finishes at once and "dies" dies at once."""
     role, marker = call
     if role == "beside":
         if not os.path.exists(marker):
             open(marker, "w").close()
-            time.sleep(60)
+            time.sleep(10)
         return role
     deadline = time.monotonic() + 60
     while not os.path.exists(marker) and time.monotonic() < deadline:
@@ -85,7 +85,9 @@ def test_keep_going_replaces_a_pool_whose_worker_died(capsys) -> None:
 
 def test_keep_going_a_run_beside_a_dead_worker_finishes(tmp_path, capsys) -> None:
     # "beside" is running when the other worker dies; the broken pool fails it too, without saying whose
-    # worker died: run again alone, it finishes, and only the run that dies alone is reported
+    # worker died: run again alone, it finishes, and only the run that dies alone is reported. (CPython's
+    # pool may notice a worker it spawned last only at its next event: then "beside" simply finishes its
+    # sleep first, and the outcome is the same. The code before 5c0013b reported "beside" failed.)
     ended: list[int] = []
     marker = str(tmp_path / "beside-started")
     failed = run_all(["dies", "beside"], [("dies", marker), ("beside", marker)], _dies_or_waits_beside,
@@ -93,7 +95,6 @@ def test_keep_going_a_run_beside_a_dead_worker_finishes(tmp_path, capsys) -> Non
     assert [n for n, _ in failed] == ["dies"]
     assert len(ended) == 1  # after "beside" finished (first or second of the two to end)
     err = capsys.readouterr().err
-    assert "[beside] stopped: a worker process of its pool died; it runs again alone" in err
     assert "[beside] failed" not in err and "[dies] failed (BrokenProcessPool" in err
 
 
