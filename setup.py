@@ -8,6 +8,8 @@ does), the package installs without it and PAP runs its eager ops (kpca_attentio
 
 import os
 import platform
+import sys
+import traceback
 
 from setuptools import setup
 
@@ -39,6 +41,42 @@ if x86 and os.environ.get("KPCA_ATTENTION_BUILD_KERNELS", "1") != "0":
             ext.optional = True  # a compiler error is a warning: the eager ops run instead
             ext_modules.append(ext)
         # without ninja, a compiler error is distutils' CompileError, which an optional extension tolerates
-        cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}
+        class BuildSideBySide(BuildExtension.with_options(use_ninja=False)):
+            """torch's BuildExtension, building the extensions side by side: each after the first in a
+            forked child process with its own build folder (the two builds compile the same sources, and
+            distutils builds one extension after the other: ~2 minutes each on a 2-core VM). A child that
+            fails is an optional extension's failure, a warning, as in the serial build."""
+
+            def _build_extensions_serial(self):
+                if not hasattr(os, "fork") or len(self.extensions) < 2:
+                    return super()._build_extensions_serial()
+                from setuptools.errors import CompileError
+
+                children = []
+                for ext in self.extensions[1:]:
+                    pid = os.fork()
+                    if pid == 0:  # the child: its own object files, then its build's status
+                        status = 1
+                        try:
+                            self.build_temp = os.path.join(self.build_temp, ext.name)
+                            self.build_extension(ext)
+                            status = 0
+                        except BaseException:
+                            traceback.print_exc()
+                        finally:
+                            sys.stdout.flush()
+                            sys.stderr.flush()
+                            os._exit(status)
+                    children.append((ext, pid))
+                first = self.extensions[0]
+                with self._filter_build_errors(first):
+                    self.build_extension(first)
+                for ext, pid in children:
+                    status = os.waitpid(pid, 0)[1]
+                    if status != 0:
+                        with self._filter_build_errors(ext):
+                            raise CompileError(f"building {ext.name} failed (wait status {status})")
+
+        cmdclass = {"build_ext": BuildSideBySide}
 
 setup(ext_modules=ext_modules, cmdclass=cmdclass)
