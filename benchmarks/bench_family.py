@@ -76,8 +76,10 @@ MECHANISMS: dict[str, Row] = {
     "twicing": Row("Twicing", 2.3, lambda dim, h: TwicingAttention(dim, h)),
     "kde": Row("KDE", 1.3, lambda dim, h: KdeAttention(dim, h)),
     "rkde": Row("RKDE-Huber", 3.5, lambda dim, h: RobustAttention(dim, h)),
-    # the same with its Gram kernels formed in memory (no compiled column sums): what the forward was before
-    "rkde_formed": Row("RKDE-Huber, kernels formed", 3.5, lambda dim, h: RobustAttention(dim, h),
+    # the same on eager ops alone (no compiled kernels: another CPU, KPCA_ATTENTION_KERNELS=0): the forward's
+    # column sums a few heads at a time, the training path's Gram kernels formed (row "kernels formed" until
+    # 2026-12-01, when the forward formed all of them)
+    "rkde_formed": Row("RKDE-Huber, eager ops", 3.5, lambda dim, h: RobustAttention(dim, h),
                        compiled=False),
     # W_p built for 197 tokens (DeiT-tiny); another --tokens resizes it (a square grid plus the class token)
     "rvt": Row("Position-aware scaling", 2.5, lambda dim, h: PositionAwareAttention(dim, h, num_tokens=197)),

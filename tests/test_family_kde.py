@@ -410,3 +410,23 @@ def test_rkde_key_bias_joins_the_keys_where_it_needs_a_gradient(dtype: torch.dty
         layer(case_inputs("plain")[0].to(dtype)).sum().backward()
     assert "_scaled_dot_product_flash_attention_for_cpu" in ops.names and "_softmax" not in ops.names
     assert all(p.grad is not None and p.grad.isfinite().all() for p in layer.parameters())
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(official_norm=True), dict(symmetric=True)])
+def test_without_compiled_kernels_or_gradient_rkde_sums_kernels_by_blocks(opts: dict, monkeypatch) -> None:
+    """Without the compiled kernels (another CPU, KPCA_ATTENTION_KERNELS=0) and without a gradient, RKDE's
+    one-step weights come from column sums taken a few heads at a time: the kernels of all heads are never
+    formed at once, and the output is the formed path's (float64, uneven blocks: 4 heads by 3)."""
+    import kpca_attention.attention.kde as kde
+    from kpca_attention.pap import kernels
+
+    layer = layers(RobustAttention, **opts)
+    x = case_inputs("plain")[0]
+    with kernels.eager_only():
+        want = layer(x)  # parameters that need a gradient: the kernels are formed
+        with monkeypatch.context() as m, torch.no_grad():
+            m.setattr(kde, "robust_kernels", lambda *a: pytest.fail("the kernels of all heads were formed"))
+            m.setattr(kde, "COLSUM_BLOCK", 3)
+            got = layer(x)
+    torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, reference(layer, x))
