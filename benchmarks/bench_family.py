@@ -76,9 +76,9 @@ MECHANISMS: dict[str, Row] = {
     "twicing": Row("Twicing", 2.3, lambda dim, h: TwicingAttention(dim, h)),
     "kde": Row("KDE", 1.3, lambda dim, h: KdeAttention(dim, h)),
     "rkde": Row("RKDE-Huber", 3.5, lambda dim, h: RobustAttention(dim, h)),
-    # the same on eager ops alone (no compiled kernels: another CPU, KPCA_ATTENTION_KERNELS=0): the forward's
-    # column sums a few heads at a time, the training path's Gram kernels formed (row "kernels formed" until
-    # 2026-12-01, when the forward formed all of them)
+    # the same on eager ops alone (no compiled kernels: another CPU, KPCA_ATTENTION_KERNELS=0): the column
+    # sums and their backward a few heads at a time (row "kernels formed" until 2026-12-01, when all the
+    # heads' Gram kernels were formed)
     "rkde_formed": Row("RKDE-Huber, eager ops", 3.5, lambda dim, h: RobustAttention(dim, h),
                        compiled=False),
     # W_p built for 197 tokens (DeiT-tiny); another --tokens resizes it (a square grid plus the class token)

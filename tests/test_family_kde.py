@@ -4,6 +4,7 @@ and active with the paper's, gradcheck, masks, no leak from the future, timm mod
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -299,7 +300,8 @@ def test_rkde_takes_the_weights_from_the_column_sums(opts: dict, monkeypatch) ->
         with torch.no_grad():
             got32 = copy.deepcopy(layer).float()(x.float())
     torch.testing.assert_close(got, reference(layer, x))
-    with kernels.eager_only():
+    with monkeypatch.context() as m:  # the path that forms the kernels
+        m.setattr(kde, "_one_step_weights", lambda *args: None)
         ref, ref_grads = output_and_grads(x)
         with torch.no_grad():
             eager32 = copy.deepcopy(layer).float()(x.float())
@@ -342,19 +344,23 @@ def test_rkde_column_sums_run_on_several_threads_under_autograd_and_inference_mo
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
-def test_column_sums_backward_passes_gradcheck() -> None:
+@pytest.mark.parametrize("compiled", [True, False])
+def test_column_sums_backward_passes_gradcheck(compiled: bool, monkeypatch) -> None:
+    import kpca_attention.attention.kde as kde
     from kpca_attention.attention.kde import _KernelColumnSums
     from kpca_attention.pap import kernels
 
-    if kernels.active() is None:
+    if compiled and kernels.active() is None:
         pytest.skip("the compiled kernels are not built here, or KPCA_ATTENTION_KERNELS=0")
+    monkeypatch.setattr(kde, "COLSUM_BLOCK", 2)  # the eager blocks: 3 heads by 2
     g = torch.Generator().manual_seed(5)
     khat = torch.nn.functional.normalize(torch.randn(3, 11, 4, generator=g, dtype=torch.float64), dim=-1)
     v = torch.randn(3, 11, 6, generator=g, dtype=torch.float64)
     inputs = (khat.requires_grad_(), v.requires_grad_())
-    assert torch.autograd.gradcheck(lambda a, b: _KernelColumnSums.apply(a, b, 0.3), inputs)
-    # one of the two sums used (the other's gradient None)
-    assert torch.autograd.gradcheck(lambda a, b: _KernelColumnSums.apply(a, b, 0.3)[1], inputs)
+    with contextlib.nullcontext() if compiled else kernels.eager_only():
+        assert torch.autograd.gradcheck(lambda a, b: _KernelColumnSums.apply(a, b, 0.3), inputs)
+        # one of the two sums used (the other's gradient None)
+        assert torch.autograd.gradcheck(lambda a, b: _KernelColumnSums.apply(a, b, 0.3)[1], inputs)
 
 
 # ---- third mutation review (2026-11-30): each test fails on a mutant no earlier test caught
@@ -413,20 +419,36 @@ def test_rkde_key_bias_joins_the_keys_where_it_needs_a_gradient(dtype: torch.dty
 
 
 @pytest.mark.parametrize("opts", [dict(), dict(official_norm=True), dict(symmetric=True)])
-def test_without_compiled_kernels_or_gradient_rkde_sums_kernels_by_blocks(opts: dict, monkeypatch) -> None:
-    """Without the compiled kernels (another CPU, KPCA_ATTENTION_KERNELS=0) and without a gradient, RKDE's
-    one-step weights come from column sums taken a few heads at a time: the kernels of all heads are never
-    formed at once, and the output is the formed path's (float64, uneven blocks: 4 heads by 3)."""
+def test_without_compiled_kernels_rkde_takes_the_column_sums_by_blocks(opts: dict, monkeypatch) -> None:
+    """Without the compiled kernels (another CPU, KPCA_ATTENTION_KERNELS=0) RKDE's one-step weights come from
+    column sums taken a few heads at a time, forward and backward: the kernels of all heads are never formed
+    at once, and the output and the gradients (input and every parameter) are the formed path's (float64,
+    uneven blocks: 4 heads by 3)."""
     import kpca_attention.attention.kde as kde
     from kpca_attention.pap import kernels
 
     layer = layers(RobustAttention, **opts)
     x = case_inputs("plain")[0]
+
+    def output_and_grads() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        layer.zero_grad()
+        xx = x.clone().requires_grad_()
+        out = layer(xx)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        return out.detach(), [xx.grad] + [p.grad.clone() for p in layer.parameters()]
+
     with kernels.eager_only():
-        want = layer(x)  # parameters that need a gradient: the kernels are formed
-        with monkeypatch.context() as m, torch.no_grad():
+        with monkeypatch.context() as m:
+            m.setattr(kde, "_one_step_weights", lambda *args: None)
+            want, want_grads = output_and_grads()  # the kernels formed
+        with monkeypatch.context() as m:
             m.setattr(kde, "robust_kernels", lambda *a: pytest.fail("the kernels of all heads were formed"))
             m.setattr(kde, "COLSUM_BLOCK", 3)
-            got = layer(x)
-    torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-12)
+            got, grads = output_and_grads()
+            with torch.no_grad():
+                got_no_grad = layer(x)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got_no_grad, want, rtol=1e-12, atol=1e-12)
+    for g, r in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(got, reference(layer, x))

@@ -55,9 +55,9 @@ mask and with one KIRWLS step (the default), the weights need the kernels only t
 a compiled kernel (``csrc/rkde_kernels.cpp``, built with PAP's) computes those per head in the cache, over
 the upper triangle, never writing the kernels - 2.2-2.5x one SDPA call on the AMD EPYC (2026-11-27). Its
 backward (training, attacks) forms each head's kernels again in the cache and needs one GEMM per kernel, so
-nothing N x N is kept for the backward either. Without the compiled kernels and without a gradient, the
-column sums are taken a few heads at a time in eager ops (:func:`_column_sums_by_blocks`). With a mask,
-more KIRWLS steps, or a gradient and no compiled kernels, the kernels are formed (:func:`robust_kernels`,
+nothing N x N is kept for the backward either. Without the compiled kernels, the same column sums and
+their backward are taken a few heads at a time in eager ops (:func:`_column_sums_by_blocks`). With a mask
+or more KIRWLS steps (and while tracing, or off the CPU), the kernels are formed (:func:`robust_kernels`,
 with its own hand-written backward). Where the
 weights need a gradient, the final call carries the marginal weights' log in the keys rather than in a
 mask, which SDPA's CPU kernel cannot differentiate (:func:`_attention_with_key_bias`; forward + backward
@@ -199,16 +199,61 @@ def kirwls_weights(kern: Tensor, vis: Tensor | None, a: float, loss: str, n_iter
 torch.fx.wrap("kirwls_weights")
 
 
+def _compiled_column_sums(x: Tensor) -> Any:
+    """The compiled kernels' operators where they take RKDE's column sums of ``x`` (built and on, float32 /
+    float64 on the CPU), else None."""
+    ops = kernels.active()
+    return ops if ops is not None and hasattr(ops, "rkde_colsums_backward") and cpu_float(x) else None
+
+
+def _column_sums_by_blocks(khat: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """The compiled ``rkde_colsums`` in eager ops: each block of :data:`COLSUM_BLOCK` heads forms its two
+    kernels, sums them and drops them, so every pass over a block runs in the cache. (Forming all the
+    heads' kernels first and summing them took 50.7 ms against 31.5 ms at B 64, H 3, N 197, D 64, one
+    thread, Intel Xeon.)"""
+    bh, n = khat.shape[0], khat.shape[1]
+    s_k, s_kv = khat.new_empty(bh, n), khat.new_empty(bh, n)
+    for i in range(0, bh, COLSUM_BLOCK):
+        block = slice(i, i + COLSUM_BLOCK)
+        log_k = _log_gram_kernel(khat[block], scale)
+        kern_kv = _log_gram_kernel(v[block], scale).add_(log_k).exp_()
+        torch.sum(kern_kv, -2, out=s_kv[block])
+        torch.sum(log_k.exp_(), -2, out=s_k[block])
+    return s_k, s_kv
+
+
+def _column_sums_backward_by_blocks(khat: Tensor, v: Tensor, g_k: Tensor, g_kv: Tensor,
+                                    scale: float) -> tuple[Tensor, Tensor]:
+    """The compiled ``rkde_colsums_backward`` in eager ops, a block of heads at a time: with the column sums'
+    gradients g (BH, N), the kernels' gradients are ``g_l K_jl`` (each column scaled), and
+    :func:`_log_gram_backward` takes them to the points (the joint kernel's to khat and to v)."""
+    g_khat, g_v = torch.empty_like(khat), torch.empty_like(v)
+    for i in range(0, khat.shape[0], COLSUM_BLOCK):
+        block = slice(i, i + COLSUM_BLOCK)
+        log_k = _log_gram_kernel(khat[block], scale)
+        d_kv = _log_gram_kernel(v[block], scale).add_(log_k).exp_().mul_(g_kv[block].unsqueeze(-2))
+        d_k = log_k.exp_().mul_(g_k[block].unsqueeze(-2)).add_(d_kv)
+        g_khat[block] = _log_gram_backward(d_k, khat[block], scale)
+        g_v[block] = _log_gram_backward(d_kv, v[block], scale)
+    return g_khat, g_v
+
+
+#: heads per block in the eager column sums (4-8 fastest; two 8 x 197 x 197 float32 kernels: 2.5 MB)
+COLSUM_BLOCK = 8
+
+
 class _KernelColumnSums(torch.autograd.Function):
     """The column sums of RKDE's two Gram kernels, ``(s_k, s_kv) (BH, N)`` of ``khat (BH, N, D)`` and
-    ``v (BH, N, Dv)``, by the compiled kernels (csrc/rkde_kernels.cpp): the forward never forms the kernels,
-    the backward forms each head's again in the cache; nothing N x N is saved in between."""
+    ``v (BH, N, Dv)``, by the compiled kernels (csrc/rkde_kernels.cpp: the forward never forms the kernels,
+    the backward forms each head's again in the cache) or, without them, by the same blocks in eager ops
+    (:func:`_column_sums_by_blocks`); nothing N x N is saved in between."""
 
     @staticmethod
     def forward(ctx, khat: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
         ctx.save_for_backward(khat, v)
         ctx.scale = scale
-        return kernels.active().rkde_colsums(khat, v, scale)
+        ops = ctx.ops = _compiled_column_sums(khat)  # the backward takes the same path
+        return ops.rkde_colsums(khat, v, scale) if ops is not None else _column_sums_by_blocks(khat, v, scale)
 
     @staticmethod
     @once_differentiable
@@ -216,47 +261,23 @@ class _KernelColumnSums(torch.autograd.Function):
         khat, v = ctx.saved_tensors
         g_k = torch.zeros(khat.shape[:-1], dtype=khat.dtype) if g_k is None else g_k
         g_kv = torch.zeros(khat.shape[:-1], dtype=khat.dtype) if g_kv is None else g_kv
-        g_khat, g_v = kernels.active().rkde_colsums_backward(khat, v, g_k, g_kv, ctx.scale)
+        if ctx.ops is not None:
+            g_khat, g_v = ctx.ops.rkde_colsums_backward(khat, v, g_k, g_kv, ctx.scale)
+        else:
+            g_khat, g_v = _column_sums_backward_by_blocks(khat, v, g_k, g_kv, ctx.scale)
         return g_khat, g_v, None
-
-
-def _column_sums_by_blocks(khat: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    """The column sums of RKDE's two Gram kernels, ``(s_k, s_kv) (BH, N)`` (the compiled ``rkde_colsums``'
-    result), in eager ops without autograd: each block of :data:`COLSUM_BLOCK` heads forms its kernels, sums
-    them and drops them, so every pass over a block runs in the cache. Forming all the heads' kernels first
-    and summing them took 50.7 ms against 31.5 ms (B 64, H 3, N 197, D 64, 1 thread, Intel Xeon)."""
-    bh, n = khat.shape[0], khat.shape[1]
-    s_k, s_kv = khat.new_empty(bh, n), khat.new_empty(bh, n)
-    for i in range(0, bh, COLSUM_BLOCK):
-        log_k = _log_gram_kernel(khat[i:i + COLSUM_BLOCK], scale)
-        kern_kv = _log_gram_kernel(v[i:i + COLSUM_BLOCK], scale).add_(log_k).exp_()
-        torch.sum(kern_kv, -2, out=s_kv[i:i + COLSUM_BLOCK])
-        torch.sum(log_k.exp_(), -2, out=s_k[i:i + COLSUM_BLOCK])
-    return s_k, s_kv
-
-
-#: heads per block in :func:`_column_sums_by_blocks` (4-8 fastest there; 2 x 8 x 197 x 197 floats: 2.5 MB)
-COLSUM_BLOCK = 8
 
 
 def _one_step_weights(khat: Tensor, v: Tensor, scale: float, a: float, loss: str,
                       official_norm: bool) -> tuple[tuple[Tensor, Tensor], ...] | None:
     """``((wM, rM), (wJ, rJ))`` (weights, distances) of one KIRWLS step without a mask from the kernels'
-    column sums: from uniform weights 1/N, t = w K is the column sums / N. By the compiled kernels
-    (:class:`_KernelColumnSums`, with a backward) where they apply (built, not tracing, float32 / float64 on
-    the CPU), else on the CPU without a gradient to compute by :func:`_column_sums_by_blocks`; None
-    elsewhere: then the kernels are formed."""
+    column sums (:class:`_KernelColumnSums`, compiled or eager): from uniform weights 1/N, t = w K is the
+    column sums / N. None while tracing and off the CPU: then the kernels are formed."""
     if tracing() or khat.device.type != "cpu":
         return None
     lead, n = khat.shape[:-2], khat.shape[-2]
     flat_k, flat_v = khat.reshape(-1, n, khat.shape[-1]), v.reshape(-1, n, v.shape[-1])
-    ops = kernels.active()
-    if ops is not None and hasattr(ops, "rkde_colsums_backward") and cpu_float(khat):
-        s_k, s_kv = _KernelColumnSums.apply(flat_k, flat_v, scale)
-    elif not (torch.is_grad_enabled() and (khat.requires_grad or v.requires_grad)):
-        s_k, s_kv = _column_sums_by_blocks(flat_k, flat_v, scale)
-    else:
-        return None
+    s_k, s_kv = _KernelColumnSums.apply(flat_k, flat_v, scale)
     w = torch.full((*lead, 1, n), 1.0 / n, dtype=khat.dtype)
     return tuple(_kirwls_step(w, (s / n).view(*lead, 1, n), None, a, loss, official_norm)
                  for s in (s_k, s_kv))
