@@ -550,3 +550,44 @@ def test_the_chance_figure_compares_each_measure_with_its_nulls_on_the_same_inpu
     assert cos["measured"] == [0.4, 0.2] and cos["null_rot"] == [0.3, 0.25] and cos["verdict"] == "rot"
     assert "null_perm" not in cos  # its measured value by construction
     assert chance_by_layer({"records": {k: v for k, v in rec.items() if k != "layer"}}) == {}
+
+
+def test_claims_from_claims_draws_a_stored_table_again_without_its_analyses(tmp_path, copy_committed):
+    """results/ does not commit the analyses (over 5 MB), so a committed claims folder could not be drawn
+    again with newer plotting or reading notes (kpca-vision's seed plots kept the old legend). --from-claims
+    writes claims.md and the plots over seeds from claims.json alone, the tests over seeds computed again."""
+    import kpca_attention.kpca.load as load_mod
+
+    folder = copy_committed("kpca-vision", tmp_path / "v")
+    stored = json.loads((folder / "claims.json").read_text())
+    for f in folder.glob("seeds_*.png"):
+        f.unlink()
+    (folder / "claims.md").unlink()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(load_mod, "load_for_analysis", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+        res = CliRunner().invoke(app, ["claims", "--from-claims", str(folder), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    # the folder drawn from is left as it was; the table and its tests over seeds come out as stored
+    assert not (folder / "claims.md").exists()
+    assert json.loads((tmp_path / "out" / "claims.json").read_text()) == stored
+    table = (tmp_path / "out" / "claims.md").read_text()
+    assert "## Over training seeds" in table and "### Against symvit, paired by training seed" in table
+    for png in ("seeds_symvit.png", "seeds_rpc_official.png", "seeds_vit.png", "seeds_vs_symvit.png"):
+        assert (tmp_path / "out" / png).stat().st_size > 1000
+    # in place by default
+    assert CliRunner().invoke(app, ["claims", "--from-claims", str(folder)]).exit_code == 0
+    assert (folder / "claims.md").read_text() == table
+    # user errors: one line each, exit 2
+    for args, words in ((["--from-claims", str(tmp_path / "none")], "no claims.json"),
+                        (["symvit", "--from-claims", str(folder)], "not both"),
+                        (["--from-claims", str(folder), "--from-analysis", str(folder)], "not both"),
+                        (["--from-claims", str(folder), "--resume"], "give one of them")):
+        res = CliRunner().invoke(app, ["claims", *args])
+        assert res.exit_code == 2 and words in res.output, (args, res.output)
+    bad = dict(stored, models=[{"model": "m", "rows": 3}])
+    (folder / "claims.json").write_text(json.dumps(bad))
+    res = CliRunner().invoke(app, ["claims", "--from-claims", str(folder)])
+    assert res.exit_code == 2 and "damaged or edited" in res.output, res.output
+    (folder / "claims.json").write_text(json.dumps(dict(stored, models="three")))
+    res = CliRunner().invoke(app, ["claims", "--from-claims", str(folder)])
+    assert res.exit_code == 2 and "damaged or edited" in res.output, res.output

@@ -341,11 +341,7 @@ def _rejudge(folder: Path, report: bool, baseline: str | None, dest: Path | None
     files = sorted(folder.glob("analysis_*.json")) if folder.is_dir() else []
     if not files:
         raise ValueError(f"{folder}: no analysis_<model>.json to judge again (claims writes them into its --out)")
-    stored = read_json(folder / "claims.json") or {}
-    if not (isinstance(stored, dict) and isinstance(stored.get("models", []), list)
-            and all(isinstance(m, dict) and isinstance(m.get("model"), str) for m in stored.get("models", []))):
-        raise ValueError(f"{folder / 'claims.json'} is not a claims table this tool wrote (damaged or edited): "
-                         "remove it to judge every analysis in the folder")
+    stored = _stored_claims(folder, "remove it to judge every analysis in the folder")
     before = {m["model"]: m for m in stored.get("models", [])}
     if baseline is None:  # the comparison the folder's claims were written with
         baseline = (stored.get("over_seeds_baseline") or {}).get("baseline")
@@ -381,6 +377,38 @@ def _rejudge(folder: Path, report: bool, baseline: str | None, dest: Path | None
         if report:
             typer.echo(f"report: {write_report(res, output_path(dest or folder, model_label(name)))}")
     typer.echo(write_claims(verdicts, dest or folder, baseline=baseline).read_text())
+
+
+def _stored_claims(folder: Path, remedy: str) -> dict[str, Any]:
+    """FOLDER's claims.json (``{}`` when there is none), its outline checked (a list of models, each named)."""
+    stored = read_json(folder / "claims.json") or {}
+    if not (isinstance(stored, dict) and isinstance(stored.get("models", []), list)
+            and all(isinstance(m, dict) and isinstance(m.get("model"), str) for m in stored.get("models", []))):
+        raise ValueError(f"{folder / 'claims.json'} is not a claims table this tool wrote (damaged or edited): "
+                         + remedy)
+    return stored
+
+
+def _redraw(folder: Path, baseline: str | None, dest: Path | None = None) -> None:
+    """``claims --from-claims FOLDER``: claims.md and the plots over seeds again from FOLDER's claims.json
+    alone, written into ``dest`` (default FOLDER): each model's verdict rows as stored, the tests over seeds
+    (and against the baseline) computed again from the stored per-seed values with the current engine. For a
+    folder whose analyses were not kept (they are large and results/ does not commit them)."""
+    from ..report.kpca import write_claims
+
+    if not (folder / "claims.json").is_file():
+        raise ValueError(f"{folder}: no claims.json to draw again (claims writes it into its --out)")
+    stored = _stored_claims(folder, "run claims on the models again")
+    if not stored.get("models"):
+        raise ValueError(f"{folder / 'claims.json'} judges no model: nothing to draw")
+    if baseline is None:  # the comparison the folder's claims were written with
+        baseline = (stored.get("over_seeds_baseline") or {}).get("baseline")
+    try:
+        path = write_claims(stored["models"], dest or folder, baseline=baseline)
+    except (KeyError, TypeError, AttributeError, IndexError) as e:  # a field of the wrong kind
+        raise ValueError(f"{folder / 'claims.json'} is not a claims table this tool wrote (damaged or edited): "
+                         f"{type(e).__name__} {e}") from e
+    typer.echo(path.read_text())
 
 
 def _stored_analysis(file: Path) -> dict[str, Any]:
@@ -419,10 +447,14 @@ CLAIMS_OUT = Path("runs/claims")  # beside runs/robustness and runs/benchmark
 def claims_cmd(
     models: list[str] = typer.Argument(None, help="models to judge (names or checkpoint paths)"),
     out: Path = typer.Option(CLAIMS_OUT, "--out", "-o", help="folder for claims.md and claims.json (with "
-                             "--from-analysis: default FOLDER itself)"),
+                             "--from-analysis or --from-claims: default FOLDER itself)"),
     from_analysis: Path = typer.Option(
         None, "--from-analysis", help="judge the analyses a claims run stored in this folder again (no model "
         "is loaded): the verdicts with the current rules"),
+    from_claims: Path = typer.Option(
+        None, "--from-claims", help="write claims.md and the plots over seeds again from this folder's "
+        "claims.json alone (no analysis needed; no per-model reports): the rows as stored, the tests over "
+        "seeds with the current engine"),
     texts: Path = typer.Option(None, "--texts", help="texts for text models (default: King James Bible)"),
     images: Path = typer.Option(None, "--images", help="image folder for image models"),
     dataset: str = typer.Option(None, "--dataset", help="image dataset for image models"),
@@ -460,9 +492,17 @@ def claims_cmd(
     from ..report.kpca import write_claims, write_report
     from ..train.resolve import untrained_copy
 
-    if (from_analysis is None) == (not models):
-        raise ValueError("give the models to judge, or --from-analysis FOLDER to judge stored analyses again "
-                         "(not both)")
+    if sum((from_analysis is not None, from_claims is not None, bool(models))) != 1:
+        raise ValueError("give the models to judge, or --from-analysis FOLDER to judge stored analyses again, "
+                         "or --from-claims FOLDER to draw a stored table again (one of them, not both)")
+    if from_claims is not None:
+        if resume or untrained_baseline:
+            raise ValueError("--resume and --untrained-baseline are for analysis runs; --from-claims draws the "
+                             "table stored in FOLDER again: give one of them")
+        given = out != CLAIMS_OUT
+        if given:
+            check_output(out, "--out", folder=True)
+        return _redraw(from_claims, baseline, out if given else None)
     if from_analysis is not None:
         if resume:
             raise ValueError("--resume continues an analysis run (claims MODEL ... --out FOLDER); "
